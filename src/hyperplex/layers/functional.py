@@ -1,0 +1,100 @@
+"""Functional PHM kernels: the maths of H = Σᵢ Aᵢ ⊗ Sᵢ without module state.
+
+Shapes (PHM eq. 3.2–3.3; ``d`` = in_features, ``k`` = out_features):
+
+- ``rule``   ``(n, n, n)``       ``rule[i]`` is ``A_i``
+- ``weight`` ``(n, k/n, d/n)``   ``weight[i]`` is ``S_i``
+- ``H``      ``(k, d)``          ``H[a·k/n + q, c·d/n + j] = Σᵢ rule[i, a, c] · weight[i, q, j]``
+
+Three ways to compute ``y = x Hᵀ + b``:
+
+- :func:`phm_linear_reference` — literally ``Σᵢ torch.kron(Aᵢ, Sᵢ)``; slow, for tests.
+- :func:`materialize_weight` + ``F.linear`` — forms ``H`` with one matmul and one permute
+  (no ``n``-times-larger intermediate), then a dense matmul. Compute-bound regimes
+  (training batches) prefer it: its cost is a dense layer's plus ``O(n·k·d)`` to form ``H``.
+- :func:`phm_linear_structured` — never forms ``H``: one matmul over the ``n`` input blocks
+  reads each ``Sᵢ`` once, then the ``n × n`` mixing by the rule. It moves ``k·d/n`` weight
+  numbers instead of ``k·d``, so memory-bound regimes (few rows, decoding) prefer it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["materialize_weight", "phm_linear", "phm_linear_reference", "phm_linear_structured", "signed_permutation"]
+
+
+def _sizes(rule: Tensor, weight: Tensor) -> tuple[int, int, int]:
+    n, k_n, d_n = weight.shape
+    return n, k_n, d_n
+
+
+def signed_permutation(rule: Tensor) -> tuple[Tensor, Tensor] | None:
+    """``(index, sign)`` of shape ``(n, n)`` if every ``rule[:, a, c]`` has exactly one non-zero
+    entry equal to ±1 (true of all Cayley–Dickson algebras), else ``None``.
+
+    Then block ``(a, c)`` of ``H`` is ``sign[a, c] · S[index[a, c]]`` and forming ``H`` needs
+    no arithmetic beyond a gather and a sign flip.
+    """
+    nonzero = rule != 0
+    if not bool((nonzero.sum(0) == 1).all()) or not bool((rule.abs()[nonzero] == 1).all()):
+        return None
+    index = nonzero.to(torch.uint8).argmax(0)  # (n, n): which i feeds block (a, c)
+    sign = rule.gather(0, index.unsqueeze(0)).squeeze(0)
+    return index, sign
+
+
+def materialize_weight(rule: Tensor, weight: Tensor, permutation: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """Form ``H = Σᵢ rule[i] ⊗ weight[i]`` as a ``(k, d)`` matrix, differentiably.
+
+    One ``(n², n) @ (n, k·d/n²)`` matmul produces the ``n²`` blocks, one permute lays them
+    out; the largest intermediate has ``k·d`` entries. If ``permutation`` (from
+    :func:`signed_permutation`) is given, the blocks are gathered instead of multiplied.
+    """
+    n, k_n, d_n = _sizes(rule, weight)
+    if n == 1:
+        return weight.reshape(k_n, d_n) * rule.reshape(())
+    if permutation is not None:
+        index, sign = permutation
+        blocks = weight[index.reshape(-1)] * sign.reshape(-1, 1, 1).to(weight.dtype)  # (n·n, k/n, d/n)
+        blocks = blocks.view(n, n, k_n, d_n)
+    else:
+        mix = rule.permute(1, 2, 0).reshape(n * n, n)  # [(a, c), i]
+        blocks = (mix.to(weight.dtype) @ weight.reshape(n, k_n * d_n)).view(n, n, k_n, d_n)  # (a, c, q, j)
+    return blocks.permute(0, 2, 1, 3).reshape(n * k_n, n * d_n)  # (a, q, c, j) → (k, d)
+
+
+def phm_linear_structured(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x Hᵀ + b`` without forming ``H``. ``x``: ``(..., d)`` → ``(..., k)``.
+
+    ``Z[b, c, i, :] = X_c Sᵢᵀ`` for all blocks ``c`` and terms ``i`` in one matmul that reads
+    ``weight`` once (viewed as ``(k, d/n)``, no copy); then
+    ``y_a = Σ_{c,i} rule[i, a, c] Z[:, c, i]`` mixes the ``n²`` partial products.
+    """
+    n, k_n, d_n = _sizes(rule, weight)
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, n * d_n)
+    partial = F.linear(rows.reshape(-1, d_n), weight.reshape(n * k_n, d_n))  # (B·n_c, n_i·k/n)
+    partial = partial.view(-1, n * n, k_n)  # (B, (c, i), q)
+    mix = rule.permute(1, 2, 0).reshape(n, n * n).to(partial.dtype)  # [a, (c, i)]
+    out = torch.matmul(mix, partial).reshape(*lead, n * k_n)  # (B, a, q) → (..., k)
+    if bias is not None:
+        out = out + bias.to(out.dtype)
+    return out
+
+
+def phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None, mode: str = "materialized") -> Tensor:
+    """Functional PHM layer: ``mode`` is ``"materialized"`` or ``"structured"``; both are exact."""
+    if mode == "structured":
+        return phm_linear_structured(x, rule, weight, bias)
+    if mode == "materialized":
+        return F.linear(x, materialize_weight(rule, weight), bias)
+    raise ValueError(f"unknown mode {mode!r}; valid: 'materialized', 'structured'")
+
+
+def phm_linear_reference(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """Reference ``x (Σᵢ kron(Aᵢ, Sᵢ))ᵀ + b`` with ``torch.kron``, as in the paper's eq. 3.3."""
+    H = sum(torch.kron(rule[i], weight[i]) for i in range(rule.shape[0]))
+    return F.linear(x, H, bias)

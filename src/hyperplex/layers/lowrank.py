@@ -1,0 +1,95 @@
+"""``LowRankLinear``: the standard low-rank (truncated-SVD) baseline ``W ≈ U V``.
+
+The reviewer's objection to the PHM paper (seminar slides, 004) is that it never compares
+with low-rank factorisation at equal parameter count; :func:`matching_rank` gives that rank.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hyperplex.layers.phm import RuleSpec, phm_parameter_count
+
+__all__ = ["LowRankLinear", "lowrank_parameter_count", "matching_rank"]
+
+
+def lowrank_parameter_count(in_features: int, out_features: int, rank: int, bias: bool = True) -> int:
+    """``rank · (d + k) (+ k)``."""
+    return rank * (in_features + out_features) + (out_features if bias else 0)
+
+
+def matching_rank(in_features: int, out_features: int, n: int, rule: RuleSpec = "learned", bias: bool = True) -> int:
+    """Largest rank whose :class:`LowRankLinear` has no more parameters than the matching
+    ``PHMLinear(in_features, out_features, n, bias, rule)`` (at least 1)."""
+    budget = phm_parameter_count(in_features, out_features, n, rule, bias) - (out_features if bias else 0)
+    return max(1, budget // (in_features + out_features))
+
+
+class LowRankLinear(nn.Module):
+    """``y = x (U V)ᵀ + b`` with ``U``: ``(k, rank)``, ``V``: ``(rank, d)``.
+
+    Init: ``V ~ U(−1/√d, 1/√d)`` (as ``nn.Linear``) and ``U ~ N(0, 1/rank)`` so the entries of
+    ``U V`` have ``nn.Linear``'s variance ``1/(3d)``; bias as ``nn.Linear``.
+
+    Shape: input ``(*, d)``, output ``(*, k)``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        if not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"rank must be a positive integer, got {rank!r}")
+        if rank > min(in_features, out_features):
+            raise ValueError(f"rank={rank} exceeds min(in_features={in_features}, out_features={out_features})")
+        factory = {"device": device, "dtype": dtype}
+        self.in_features, self.out_features, self.rank = in_features, out_features, rank
+        self.left = nn.Parameter(torch.empty(out_features, rank, **factory))  # U
+        self.right = nn.Parameter(torch.empty(rank, in_features, **factory))  # V
+        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.in_features)
+        with torch.no_grad():
+            self.right.uniform_(-bound, bound)
+            self.left.normal_(0.0, 1.0 / math.sqrt(self.rank))
+            if self.bias is not None:
+                self.bias.uniform_(-bound, bound)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, bias={self.bias is not None}"
+
+    def dense_weight(self) -> Tensor:
+        """``U V`` as an ``(out_features, in_features)`` matrix."""
+        return self.left @ self.right
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.linear(F.linear(input, self.right), self.left, self.bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, rank: int) -> tuple["LowRankLinear", float]:
+        """Truncated SVD of the dense weight (optimal by Eckart–Young); returns ``(layer, ‖W − UV‖_F / ‖W‖_F)``."""
+        W = linear.weight.detach()
+        layer = cls(linear.in_features, linear.out_features, rank, bias=linear.bias is not None, device=W.device, dtype=W.dtype)
+        U, sigma, Vh = torch.linalg.svd(W.double(), full_matrices=False)
+        root = sigma[:rank].sqrt()
+        with torch.no_grad():
+            layer.left.copy_(U[:, :rank] * root)
+            layer.right.copy_(root[:, None] * Vh[:rank])
+            if layer.bias is not None:
+                layer.bias.copy_(linear.bias.detach())
+        total = sigma.square().sum()
+        error = float((sigma[rank:].square().sum() / total).sqrt()) if total > 0 else 0.0
+        return layer, error
+
+    def to_linear(self) -> nn.Linear:
+        W = self.dense_weight().detach()
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device=W.device, dtype=W.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(W)
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear

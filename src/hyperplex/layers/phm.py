@@ -1,0 +1,290 @@
+"""``PHMLinear``: the parameterized hypercomplex multiplication layer (Zhang et al. 2021, §3.2).
+
+``y = H x + b`` with ``H = Σᵢ Aᵢ ⊗ Sᵢ`` (eq. 3.2–3.3): ``n`` rule matrices ``Aᵢ`` (n × n) and
+``n`` blocks ``Sᵢ`` (k/n × d/n), so the layer holds ``k·d/n + n³`` weights instead of ``k·d``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hyperplex.algebra import ALGEBRAS, algebra_rule
+from hyperplex.layers.functional import materialize_weight, phm_linear_structured, signed_permutation
+
+__all__ = ["PHMLinear", "phm_parameter_count", "kronecker_decompose", "FORWARD_MODES"]
+
+FORWARD_MODES = ("auto", "structured", "materialized")
+RuleSpec = str | Tensor
+
+
+def _resolve_n_and_rule(in_features: int, out_features: int, n: int, rule: RuleSpec) -> Tensor | None:
+    """Validate sizes and rule; return the fixed rule tensor (or ``None`` for a learned rule)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    if in_features % n or out_features % n:
+        valid = [m for m in range(1, math.gcd(in_features, out_features) + 1) if in_features % m == 0 and out_features % m == 0]
+        raise ValueError(
+            f"n={n} must divide both in_features={in_features} and out_features={out_features}; "
+            f"valid n for these sizes: {valid}"
+        )
+    if isinstance(rule, Tensor):
+        if rule.shape != (n, n, n):
+            raise ValueError(f"a rule tensor for n={n} must have shape ({n}, {n}, {n}), got {tuple(rule.shape)}")
+        if not bool(rule.detach().ne(0).any()):
+            raise ValueError("the rule tensor is all zeros: H would be zero whatever the weights")
+        return rule.detach().clone()
+    if rule == "learned":
+        return None
+    if rule not in ALGEBRAS:
+        raise ValueError(f"unknown rule {rule!r}; valid: 'learned', {', '.join(repr(a) for a in ALGEBRAS)}, or an (n, n, n) tensor")
+    if ALGEBRAS[rule] != n:
+        raise ValueError(f"rule {rule!r} needs n={ALGEBRAS[rule]}, got n={n}")
+    return algebra_rule(rule)
+
+
+def phm_parameter_count(in_features: int, out_features: int, n: int, rule: RuleSpec = "learned", bias: bool = True) -> int:
+    """Trainable parameters of ``PHMLinear(in_features, out_features, n, bias, rule)``.
+
+    ``k·d/n + n³ (+ k)`` for a learned rule with ``n > 1``; ``k·d/n (+ k)`` for a fixed rule
+    and for ``n = 1``, where the 1×1 rule is redundant (PHM §3.4) and the layer is dense.
+    """
+    fixed = _resolve_n_and_rule(in_features, out_features, n, rule)
+    learned_rule = fixed is None and n > 1
+    return out_features * in_features // n + (n**3 if learned_rule else 0) + (out_features if bias else 0)
+
+
+def kronecker_decompose(matrix: Tensor, n: int) -> tuple[Tensor, Tensor, float]:
+    """Best ``n``-term Kronecker-sum approximation ``matrix ≈ Σᵢ Aᵢ ⊗ Sᵢ`` (Van Loan & Pitsianis 1993).
+
+    Rearranging ``H`` (k × d) into ``R`` (n² × k·d/n²) with ``R[(a, c), (q, j)] = H[a·k/n + q, c·d/n + j]``
+    turns a Kronecker sum into a sum of rank-one terms ``vec(Aᵢ) vec(Sᵢ)ᵀ``, so by Eckart–Young the
+    truncated SVD of ``R`` is optimal in Frobenius norm. Singular values are split evenly
+    (``√σ`` to each factor). Returns ``rule (n, n, n)``, ``weight (n, k/n, d/n)`` and the relative
+    error ``‖H − Ĥ‖_F / ‖H‖_F`` (computed from the discarded singular values).
+    """
+    k, d = matrix.shape
+    k_n, d_n = k // n, d // n
+    R = matrix.detach().double().reshape(n, k_n, n, d_n).permute(0, 2, 1, 3).reshape(n * n, k_n * d_n)
+    U, sigma, Vh = torch.linalg.svd(R, full_matrices=False)
+    root = sigma[:n].sqrt()
+    rule = (U[:, :n] * root).T.reshape(n, n, n)  # rule[i, a, c]
+    weight = (Vh[:n] * root[:, None]).reshape(n, k_n, d_n)
+    total = sigma.square().sum()
+    error = float((sigma[n:].square().sum() / total).sqrt()) if total > 0 else 0.0
+    return rule, weight, error
+
+
+class PHMLinear(nn.Module):
+    r"""Parameterized hypercomplex multiplication layer: ``y = x Hᵀ + b``, ``H = Σᵢ Aᵢ ⊗ Sᵢ``.
+
+    A drop-in replacement for :class:`torch.nn.Linear` with about ``1/n`` of its parameters.
+
+    Args:
+        in_features: size ``d`` of each input sample; divisible by ``n``.
+        out_features: size ``k`` of each output sample; divisible by ``n``.
+        n: number of Kronecker terms (the hypercomplex dimension). ``n = 1`` is a dense layer.
+        bias: learn an additive bias of size ``k``.
+        rule: ``"learned"`` (the ``Aᵢ`` are parameters), an algebra name from
+            :data:`hyperplex.algebra.ALGEBRAS` (``"quaternion"`` with ``n = 4`` is the quaternion
+            feed-forward layer of Tay et al. eq. 3), or an ``(n, n, n)`` tensor; fixed rules are
+            stored as the buffer ``phm_rule``.
+        forward_mode: ``"auto"`` (choose per call by shape and grad mode), ``"structured"``
+            (never form ``H``) or ``"materialized"`` (form ``H``, then one dense matmul; reuse it
+            while no parameter changes when no gradient is needed). All are exact.
+
+    Attributes:
+        phm_rule: ``(n, n, n)``; ``phm_rule[i]`` is ``Aᵢ``. Parameter if learned, else buffer.
+        phm_weight: ``(n, k/n, d/n)``; ``phm_weight[i]`` is ``Sᵢ``.
+        bias: ``(k,)`` or ``None``.
+
+    Initialisation (:meth:`reset_parameters`): the entries of ``H`` get the variance that
+    ``nn.Linear``'s default init gives its weight, ``1 / (3d)``, so swapping layers keeps
+    activation scales. ``Var(H) = Σᵢ Var(Aᵢ[a, c]) · Var(S)``. Learned rules start as
+    ``Aᵢ ~ N(0, 1/n)`` — random, because identical or zero ``Aᵢ`` would give every term the
+    same (or no) gradient and ``H`` would stay a single Kronecker product; variance ``1/n`` so
+    the ``n`` terms sum to ``Var(S)`` — and ``S ~ U(−1/√d, 1/√d)`` exactly as ``nn.Linear``.
+    Fixed rules scale ``S`` by ``1/√f`` with ``f`` the mean of ``Σᵢ Aᵢ[a, c]²`` (1 for every
+    Cayley–Dickson algebra). The bias is ``U(−1/√d, 1/√d)`` as in ``nn.Linear``.
+
+    Shape:
+        input ``(*, d)``, output ``(*, k)``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        n: int,
+        bias: bool = True,
+        rule: RuleSpec = "learned",
+        device=None,
+        dtype=None,
+        forward_mode: Literal["auto", "structured", "materialized"] = "auto",
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        fixed = _resolve_n_and_rule(in_features, out_features, n, rule)
+        self.in_features, self.out_features, self.n = in_features, out_features, n
+        self.rule_name = rule if isinstance(rule, str) else "custom"
+        self.forward_mode = forward_mode
+        if fixed is None and n > 1:
+            self.phm_rule = nn.Parameter(torch.empty(n, n, n, **factory))
+        else:  # fixed algebra, custom tensor, or n = 1 where the 1×1 rule is redundant (PHM §3.4)
+            if fixed is None:
+                fixed = torch.ones(1, 1, 1)
+            self.register_buffer("phm_rule", fixed.to(**{k: v for k, v in factory.items() if v is not None}).to(
+                dtype=dtype or torch.get_default_dtype()))
+        self.phm_weight = nn.Parameter(torch.empty(n, out_features // n, in_features // n, **factory))
+        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        self._cache: tuple[tuple, Tensor] | None = None
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def forward_mode(self) -> str:
+        return self._forward_mode
+
+    @forward_mode.setter
+    def forward_mode(self, mode: str) -> None:
+        if mode not in FORWARD_MODES:
+            raise ValueError(f"unknown forward_mode {mode!r}; valid: {', '.join(FORWARD_MODES)}")
+        self._forward_mode = mode
+
+    @property
+    def rule_is_learned(self) -> bool:
+        return isinstance(self.phm_rule, nn.Parameter)
+
+    def extra_repr(self) -> str:
+        params = sum(p.numel() for p in self.parameters())
+        dense = self.in_features * self.out_features + (self.out_features if self.bias is not None else 0)
+        rule = "learned" if self.rule_is_learned else ("dense" if self.n == 1 and self.rule_name == "learned" else self.rule_name)
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, n={self.n}, rule={rule}, "
+            f"bias={self.bias is not None}, params={params} ({dense / params:.2f}x fewer than dense)"
+        )
+
+    # ------------------------------------------------------------------ init
+    def reset_parameters(self) -> None:
+        """Initialise as documented in the class docstring (variance of ``H`` = ``nn.Linear``'s)."""
+        bound = 1.0 / math.sqrt(self.in_features)
+        with torch.no_grad():
+            if self.rule_is_learned:
+                self.phm_rule.normal_(0.0, 1.0 / math.sqrt(self.n))
+                scale = 1.0
+            else:
+                f = float(self.phm_rule.double().square().sum(0).mean())
+                scale = 1.0 / math.sqrt(f)
+            self.phm_weight.uniform_(-bound * scale, bound * scale)
+            if self.bias is not None:
+                self.bias.uniform_(-bound, bound)
+        self.invalidate_cache()
+
+    # ------------------------------------------------------------------ weights
+    def dense_weight(self) -> Tensor:
+        """``H`` as an ``(out_features, in_features)`` matrix (differentiable)."""
+        return materialize_weight(self.phm_rule, self.phm_weight, self._permutation())
+
+    def _permutation(self):
+        if self.rule_is_learned or self.n == 1 or torch.compiler.is_compiling():
+            return None
+        key = (self.phm_rule._version, self.phm_rule.data_ptr())
+        if getattr(self, "_perm_key", None) != key:
+            self._perm, self._perm_key = signed_permutation(self.phm_rule), key
+        return self._perm
+
+    def invalidate_cache(self) -> None:
+        """Drop the cached ``H``. Needed only after changing parameters through ``.data``,
+        which bypasses the version counters the cache checks."""
+        self._cache = None
+
+    def _cached_dense_weight(self) -> Tensor:
+        key = (
+            self.phm_rule.data_ptr(), self.phm_rule._version, self.phm_weight.data_ptr(), self.phm_weight._version,
+            self.phm_weight.dtype, self.phm_weight.device, torch.is_inference_mode_enabled(),
+        )
+        if self._cache is None or self._cache[0] != key:
+            with torch.no_grad():
+                self._cache = (key, self.dense_weight())
+        return self._cache[1]
+
+    def train(self, mode: bool = True):
+        self.invalidate_cache()
+        return super().train(mode)
+
+    def _apply(self, fn, *args, **kwargs):
+        self.invalidate_cache()
+        self._perm_key = None
+        return super()._apply(fn, *args, **kwargs)
+
+    # ------------------------------------------------------------------ forward
+    def _needs_weight_grad(self) -> bool:
+        return torch.is_grad_enabled() and (self.phm_weight.requires_grad or self.phm_rule.requires_grad)
+
+    def choose_mode(self, rows: int) -> str:
+        """The path ``forward`` takes for an input with ``rows`` rows: ``"structured"``,
+        ``"materialized"`` or ``"cached"`` (materialized, reusing ``H``)."""
+        mode = self.forward_mode
+        if mode == "auto":
+            mode = "structured" if self.n > 1 and rows <= 64 else "materialized"
+        if mode == "materialized" and not self._needs_weight_grad() and not torch.compiler.is_compiling():
+            return "cached"
+        return mode
+
+    def forward(self, input: Tensor) -> Tensor:
+        if input.shape[-1] != self.in_features:
+            raise ValueError(f"expected input with last dimension {self.in_features}, got shape {tuple(input.shape)}")
+        if self.n == 1:  # exactly nn.Linear
+            return F.linear(input, self.phm_weight.view(self.out_features, self.in_features), self.bias)
+        mode = self.choose_mode(input.numel() // self.in_features)
+        if mode == "structured":
+            return phm_linear_structured(input, self.phm_rule, self.phm_weight, self.bias)
+        weight = self._cached_dense_weight() if mode == "cached" else self.dense_weight()
+        return F.linear(input, weight, self.bias)
+
+    # ------------------------------------------------------------------ conversion
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, n: int, rule: RuleSpec = "learned", **kwargs) -> tuple["PHMLinear", float]:
+        """Convert a dense layer; returns ``(layer, relative_error)`` with
+        ``relative_error = ‖W − H‖_F / ‖W‖_F``.
+
+        A learned rule gets the best ``n``-term Kronecker sum (:func:`kronecker_decompose`,
+        exact when ``W`` is such a sum); a fixed rule gets the least-squares ``Sᵢ`` for that rule.
+        The bias is copied.
+        """
+        W = linear.weight.detach()
+        layer = cls(linear.in_features, linear.out_features, n, bias=linear.bias is not None, rule=rule,
+                    device=W.device, dtype=W.dtype, **kwargs)
+        k_n, d_n = layer.out_features // n, layer.in_features // n
+        with torch.no_grad():
+            if n == 1:
+                layer.phm_weight.copy_(W.view(1, k_n, d_n))
+                error = 0.0
+            elif layer.rule_is_learned:
+                rule_t, weight, error = kronecker_decompose(W, n)
+                layer.phm_rule.copy_(rule_t)
+                layer.phm_weight.copy_(weight)
+            else:  # min ‖R − vec(A) Sᵀ‖ over S for the fixed rule: S = A⁺ R
+                R = W.double().reshape(n, k_n, n, d_n).permute(0, 2, 1, 3).reshape(n * n, k_n * d_n)
+                A = layer.phm_rule.double().permute(1, 2, 0).reshape(n * n, n)  # columns vec(Aᵢ)
+                S = torch.linalg.lstsq(A, R).solution
+                layer.phm_weight.copy_(S.reshape(n, k_n, d_n))
+                error = float(torch.linalg.norm(R - A @ S) / torch.linalg.norm(R).clamp_min(1e-300))
+            if layer.bias is not None:
+                layer.bias.copy_(linear.bias.detach())
+        layer.invalidate_cache()
+        return layer, error
+
+    def to_linear(self) -> nn.Linear:
+        """An ``nn.Linear`` computing the same function (weight ``H``, same bias)."""
+        W = self.dense_weight().detach()
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device=W.device, dtype=W.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(W)
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear

@@ -1,0 +1,344 @@
+"""PHMLinear: equivalences (n=1 ≡ nn.Linear, all paths ≡ Σ kron), gradients, init, errors, conversion."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from hyperplex import PHMLinear, phm_parameter_count
+from hyperplex.algebra import ALGEBRAS, algebra_rule
+from hyperplex.layers import kronecker_decompose, phm_linear_reference
+
+RULES_BY_N = {1: ["learned", "real"], 2: ["learned", "complex"], 4: ["learned", "quaternion"],
+              8: ["learned", "octonion"], 16: ["learned", "sedenion"]}
+CASES = [(n, rule) for n, rules in RULES_BY_N.items() for rule in rules]
+
+
+def make(n, rule, d=32, k=16, dtype=torch.float64, **kw):
+    torch.manual_seed(n)
+    return PHMLinear(d, k, n, rule=rule, dtype=dtype, **kw)
+
+
+# ---------------------------------------------------------------- n = 1 is nn.Linear
+def test_n1_is_exactly_linear():
+    torch.manual_seed(0)
+    dense = nn.Linear(24, 12)
+    phm = PHMLinear(24, 12, 1)
+    assert sum(p.numel() for p in phm.parameters()) == 24 * 12 + 12
+    with torch.no_grad():
+        phm.phm_weight.copy_(dense.weight.view(1, 12, 24))
+        phm.bias.copy_(dense.bias)
+    x = torch.randn(5, 7, 24, requires_grad=True)
+    y_dense, y_phm = dense(x), phm(x)
+    assert torch.equal(y_dense, y_phm)
+    g = torch.randn_like(y_dense)
+    gx_dense, gw_dense = torch.autograd.grad(y_dense, (x, dense.weight), g)
+    gx_phm, gw_phm = torch.autograd.grad(y_phm, (x, phm.phm_weight), g)
+    assert torch.equal(gx_dense, gx_phm) and torch.equal(gw_dense, gw_phm.view(12, 24))
+
+
+# ---------------------------------------------------------------- every path equals the reference
+@pytest.mark.parametrize("n,rule", CASES)
+@pytest.mark.parametrize("mode", ["structured", "materialized", "auto"])
+def test_forward_and_gradients_match_kron_reference(n, rule, mode):
+    layer = make(n, rule, forward_mode=mode)
+    x = torch.randn(3, 5, 32, dtype=torch.float64, requires_grad=True)
+    params = [p for p in (layer.phm_rule, layer.phm_weight, layer.bias) if p.requires_grad]
+    y = layer(x)
+    ref = phm_linear_reference(x, layer.phm_rule, layer.phm_weight, layer.bias)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, [x, *params], g)
+    ref_grads = torch.autograd.grad(ref, [x, *params], g)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("n,rule", CASES)
+@pytest.mark.parametrize("mode", ["structured", "materialized"])
+def test_gradcheck(n, rule, mode):
+    layer = make(n, rule, d=16 if n < 16 else 32, k=16, forward_mode=mode)
+    x = torch.randn(2, layer.in_features, dtype=torch.float64, requires_grad=True)
+    params = [p for p in (layer.phm_rule, layer.phm_weight, layer.bias) if p.requires_grad]
+    names = [name for name, p in layer.named_parameters()]
+
+    def fn(x, *ps):
+        return torch.func.functional_call(layer, dict(zip(names, ps)), (x,))
+
+    assert torch.autograd.gradcheck(fn, (x, *params))
+
+
+def test_quaternion_layer_is_hamilton_product_of_weights_and_input():
+    """Tay et al. eq. 3: with 1×1 blocks, a quaternion PHM layer computes W ⊗ x."""
+    from hyperplex.algebra import hamilton
+
+    layer = PHMLinear(4, 4, 4, rule="quaternion", bias=False, dtype=torch.float64)
+    w = layer.phm_weight.detach().reshape(4)
+    x = torch.randn(10, 4, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), hamilton(w.expand(10, 4), x))
+
+
+# ---------------------------------------------------------------- parameter counts
+@pytest.mark.parametrize("n,rule", CASES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_parameter_count(n, rule, bias):
+    d, k = 64, 48
+    layer = PHMLinear(d, k, n, bias=bias, rule=rule)
+    expected = k * d // n + (n**3 if rule == "learned" and n > 1 else 0) + (k if bias else 0)
+    assert sum(p.numel() for p in layer.parameters()) == expected == phm_parameter_count(d, k, n, rule, bias)
+    assert f"n={n}" in repr(layer) and "fewer than dense" in repr(layer)
+
+
+def test_custom_rule_tensor_is_fixed_buffer():
+    rule = torch.randn(2, 2, 2)
+    layer = PHMLinear(8, 4, 2, rule=rule)
+    assert "phm_rule" in dict(layer.named_buffers()) and "phm_rule" not in dict(layer.named_parameters())
+    torch.testing.assert_close(layer.phm_rule, rule)
+    assert "rule=custom" in repr(layer)
+
+
+# ---------------------------------------------------------------- bad arguments
+@pytest.mark.parametrize(
+    "args,kwargs,match",
+    [
+        ((30, 16, 4), {}, r"n=4 must divide both in_features=30 and out_features=16; valid n .*\[1, 2\]"),
+        ((32, 18, 4), {}, r"out_features=18"),
+        ((32, 16, 0), {}, r"positive integer"),
+        ((32, 16, -2), {}, r"positive integer"),
+        ((32, 16, 2.0), {}, r"positive integer"),
+        ((32, 16, 4), {"rule": "quaternions"}, r"unknown rule 'quaternions'; valid: 'learned', 'real', 'complex', 'quaternion'"),
+        ((32, 16, 8), {"rule": "quaternion"}, r"rule 'quaternion' needs n=4, got n=8"),
+        ((32, 16, 4), {"rule": torch.zeros(4, 4, 4)}, r"all zeros"),
+        ((32, 16, 4), {"rule": torch.randn(4, 4)}, r"shape \(4, 4, 4\), got \(4, 4\)"),
+        ((32, 16, 4), {"rule": torch.randn(2, 2, 2)}, r"shape \(4, 4, 4\), got \(2, 2, 2\)"),
+        ((32, 16, 4), {"forward_mode": "fast"}, r"unknown forward_mode 'fast'; valid: auto, structured, materialized"),
+    ],
+)
+def test_bad_arguments_raise_value_error(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PHMLinear(*args, **kwargs)
+
+
+def test_wrong_input_size_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"last dimension 32, got shape \(2, 31\)"):
+        PHMLinear(32, 16, 4)(torch.randn(2, 31))
+
+
+# ---------------------------------------------------------------- initialisation
+@pytest.mark.parametrize("n,rule", [(2, "learned"), (4, "learned"), (8, "learned"), (16, "learned"),
+                                    (4, "quaternion"), (8, "octonion"), (16, "sedenion")])
+def test_init_variance_matches_dense(n, rule):
+    """Averaged over seeds, Var(H) = 1/(3d) (nn.Linear's kaiming_uniform(a=√5)) and outputs keep their scale."""
+    d, k, seeds = 64, 32, 200
+    torch.manual_seed(0)
+    x = torch.randn(256, d)
+    h_var = out_var = 0.0
+    for _ in range(seeds):
+        layer = PHMLinear(d, k, n, rule=rule, bias=False)
+        with torch.no_grad():
+            h_var += layer.dense_weight().square().mean().item() / seeds
+            out_var += layer(x).square().mean().item() / seeds
+    dense_out = sum(nn.Linear(d, k, bias=False)(x).square().mean().item() for _ in range(seeds)) / seeds
+    assert h_var == pytest.approx(1 / (3 * d), rel=0.1)
+    assert out_var == pytest.approx(dense_out, rel=0.1)
+
+
+def test_learned_rule_init_is_random_normal_with_variance_one_over_n():
+    torch.manual_seed(0)
+    rules = torch.stack([PHMLinear(64, 64, 8).phm_rule.detach() for _ in range(50)])
+    assert rules.mean().abs() < 0.02
+    assert rules.var().item() == pytest.approx(1 / 8, rel=0.05)
+
+
+# ---------------------------------------------------------------- conversion
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_from_linear_is_exact_on_kronecker_sums(n):
+    torch.manual_seed(n)
+    rule, weight = torch.randn(n, n, n, dtype=torch.float64), torch.randn(n, 6, 5, dtype=torch.float64)
+    H = sum(torch.kron(rule[i], weight[i]) for i in range(n))
+    dense = nn.Linear(5 * n, 6 * n, dtype=torch.float64)
+    with torch.no_grad():
+        dense.weight.copy_(H)
+    layer, error = PHMLinear.from_linear(dense, n)
+    assert error < 1e-10
+    torch.testing.assert_close(layer.dense_weight(), H)
+    x = torch.randn(4, 5 * n, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), dense(x))
+
+
+def _frob_error(W, rule, weight):
+    n = rule.shape[0]
+    H = sum(torch.kron(rule[i], weight[i]) for i in range(n))
+    return torch.linalg.norm(W - H) / torch.linalg.norm(W)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_from_linear_is_optimal_on_random_weights(n):
+    """Reported error is the true error, the solution is stationary, and no optimised n-term sum beats it."""
+    torch.manual_seed(0)
+    dense = nn.Linear(16, 8, dtype=torch.float64)
+    W = dense.weight.detach()
+    layer, error = PHMLinear.from_linear(dense, n)
+    rule = layer.phm_rule.detach().clone().requires_grad_()
+    weight = layer.phm_weight.detach().clone().requires_grad_()
+    loss = _frob_error(W, rule, weight)
+    assert loss.item() == pytest.approx(error, rel=1e-9)
+    g_rule, g_weight = torch.autograd.grad(loss, (rule, weight))
+    assert g_rule.abs().max() < 1e-8 and g_weight.abs().max() < 1e-8
+    for seed in range(3):  # gradient descent from random starts converges no lower
+        torch.manual_seed(seed)
+        r = torch.randn(n, n, n, dtype=torch.float64, requires_grad=True)
+        s = (0.3 * torch.randn(n, 8 // n, 16 // n, dtype=torch.float64)).requires_grad_()
+        opt = torch.optim.Adam([r, s], lr=0.02)
+        for _ in range(600):
+            opt.zero_grad()
+            e = _frob_error(W, r, s)
+            e.backward()
+            opt.step()
+        assert e.item() >= error - 1e-9
+
+
+def test_from_linear_with_fixed_rule_is_least_squares():
+    torch.manual_seed(0)
+    dense = nn.Linear(16, 8, dtype=torch.float64)
+    layer, error = PHMLinear.from_linear(dense, 4, rule="quaternion")
+    assert not layer.rule_is_learned
+    weight = layer.phm_weight.detach().clone().requires_grad_()
+    loss = _frob_error(dense.weight.detach(), layer.phm_rule, weight)
+    assert loss.item() == pytest.approx(error, rel=1e-9)
+    (g,) = torch.autograd.grad(loss, weight)
+    assert g.abs().max() < 1e-10  # normal equations hold
+
+
+def test_kronecker_decompose_error_matches_singular_values():
+    torch.manual_seed(0)
+    W = torch.randn(12, 8, dtype=torch.float64)
+    rule, weight, error = kronecker_decompose(W, 2)
+    assert error == pytest.approx(_frob_error(W, rule, weight).item(), rel=1e-9)
+
+
+@pytest.mark.parametrize("n,rule", [(1, "learned"), (4, "learned"), (4, "quaternion")])
+def test_to_linear_computes_the_same_function(n, rule):
+    layer = make(n, rule)
+    linear = layer.to_linear()
+    assert isinstance(linear, nn.Linear) and linear.weight.shape == (16, 32)
+    x = torch.randn(3, 32, dtype=torch.float64)
+    torch.testing.assert_close(linear(x), layer(x))
+
+
+# ---------------------------------------------------------------- state, dtype, autocast, compile
+@pytest.mark.parametrize("rule", ["learned", "quaternion"])
+def test_state_dict_round_trip(rule):
+    a, b = PHMLinear(16, 8, 4, rule=rule), PHMLinear(16, 8, 4, rule=rule)
+    assert set(a.state_dict()) == {"phm_rule", "phm_weight", "bias"}
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(3, 16)
+    assert torch.equal(a(x), b(x))
+
+
+def test_to_dtype():
+    layer = PHMLinear(16, 8, 4)
+    x = torch.randn(3, 16)
+    y32 = layer(x)
+    layer.to(torch.float64)
+    assert layer.phm_weight.dtype == layer.phm_rule.dtype == torch.float64
+    for mode in ["structured", "materialized"]:
+        layer.forward_mode = mode
+        y64 = layer(x.double())
+        assert y64.dtype == torch.float64
+        torch.testing.assert_close(y64.float(), y32, rtol=1e-5, atol=1e-6)
+        with torch.no_grad():  # cached path must follow the dtype change too
+            assert layer(x.double()).dtype == torch.float64
+
+
+@pytest.mark.parametrize("mode", ["structured", "materialized"])
+@pytest.mark.parametrize("rule", ["learned", "quaternion"])
+def test_bf16_autocast_on_cpu(mode, rule):
+    torch.manual_seed(0)
+    layer = PHMLinear(64, 32, 4, rule=rule, forward_mode=mode)
+    x = torch.randn(8, 64)
+    ref = layer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), ref, rtol=0.05, atol=0.05)
+    y.float().sum().backward()
+    assert layer.phm_weight.grad is not None and torch.isfinite(layer.phm_weight.grad).all()
+
+
+def test_torch_compile_fullgraph():
+    torch.manual_seed(0)
+    layer = PHMLinear(32, 16, 4)
+    x = torch.randn(4, 32)
+    for mode in ["structured", "materialized"]:
+        layer.forward_mode = mode
+        compiled = torch.compile(layer, fullgraph=True)
+        y = compiled(x)
+        torch.testing.assert_close(y, layer(x))
+        y.sum().backward()
+        assert layer.phm_rule.grad is not None
+        layer.zero_grad()
+
+
+# ---------------------------------------------------------------- dispatch and the cached H
+def test_auto_dispatch_by_rows_and_grad_mode():
+    layer = PHMLinear(64, 64, 4)
+    assert layer.choose_mode(1) == "structured"
+    assert layer.choose_mode(4096) == "materialized"
+    with torch.no_grad():
+        assert layer.choose_mode(1) == "structured"
+        assert layer.choose_mode(4096) == "cached"
+    layer.forward_mode = "materialized"
+    assert layer.choose_mode(1) == "materialized"
+
+
+def test_cache_is_reused_and_never_stale():
+    torch.manual_seed(0)
+    layer = PHMLinear(32, 16, 4, forward_mode="materialized").eval()
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        y1 = layer(x)
+        H1 = layer._cache[1]
+        layer(x)
+        assert layer._cache[1] is H1  # reused, not re-formed
+    # An optimizer step changes the parameters in place: the next call must see it.
+    layer.train()
+    opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+    layer(x).square().sum().backward()
+    opt.step()
+    layer.eval()
+    with torch.no_grad():
+        y2 = layer(x)
+        torch.testing.assert_close(y2, phm_linear_reference(x, layer.phm_rule, layer.phm_weight, layer.bias))
+        assert not torch.allclose(y1, y2)
+        # Manual in-place edits and load_state_dict bump version counters too.
+        layer.phm_rule.mul_(2)
+        torch.testing.assert_close(layer(x), phm_linear_reference(x, layer.phm_rule, layer.phm_weight, layer.bias))
+        other = PHMLinear(32, 16, 4)
+        layer.load_state_dict(other.state_dict())
+        torch.testing.assert_close(layer(x), other(x))
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), other(x))
+    # Outside inference mode, with gradients wanted, the cache is bypassed and gradients flow.
+    layer(x).sum().backward()
+    assert layer.phm_weight.grad is not None
+
+
+def test_frozen_layer_uses_cache_and_passes_input_gradients():
+    layer = PHMLinear(32, 16, 4, forward_mode="materialized").requires_grad_(False)
+    x = torch.randn(5, 32, requires_grad=True)
+    assert layer.choose_mode(5) == "cached"
+    layer(x).sum().backward()
+    torch.testing.assert_close(x.grad, layer.dense_weight().sum(0).expand(5, 32))
+
+
+@pytest.mark.parametrize("name", list(ALGEBRAS))
+def test_fixed_rule_materialization_uses_signed_permutation(name):
+    n = ALGEBRAS[name]
+    layer = PHMLinear(16 * max(1, 2 // n) if n < 16 else 32, 16, n, rule=name, dtype=torch.float64)
+    torch.testing.assert_close(layer.phm_rule, algebra_rule(name, dtype=torch.float64))
+    if n > 1:
+        assert layer._permutation() is not None
+    H = sum(torch.kron(layer.phm_rule[i], layer.phm_weight[i]) for i in range(n))
+    torch.testing.assert_close(layer.dense_weight(), H)

@@ -1,0 +1,5 @@
+import sys
+
+from hyperplex.cli import main
+
+sys.exit(main())

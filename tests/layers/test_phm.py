@@ -285,12 +285,20 @@ def test_torch_compile_fullgraph():
 def test_auto_dispatch_by_rows_and_grad_mode():
     layer = PHMLinear(64, 64, 4)
     assert layer.choose_mode(1) == "structured"
+    assert layer.choose_mode(256) == "structured"  # 256 · 4 ≤ 1024
+    assert layer.choose_mode(257) == "materialized"
     assert layer.choose_mode(4096) == "materialized"
     with torch.no_grad():
         assert layer.choose_mode(1) == "structured"
+        assert layer.choose_mode(64) == "structured"  # 64 · 4 ≤ 256
+        assert layer.choose_mode(65) == "cached"
         assert layer.choose_mode(4096) == "cached"
     layer.forward_mode = "materialized"
     assert layer.choose_mode(1) == "materialized"
+    layer.forward_mode = "structured"
+    with torch.no_grad():
+        assert layer.choose_mode(4096) == "structured"
+    assert PHMLinear(8, 8, 1).choose_mode(1) == "dense"
 
 
 def test_cache_is_reused_and_never_stale():

@@ -225,13 +225,25 @@ class PHMLinear(nn.Module):
     def _needs_weight_grad(self) -> bool:
         return torch.is_grad_enabled() and (self.phm_weight.requires_grad or self.phm_rule.requires_grad)
 
+    #: ``auto`` takes the structured path while ``rows · n`` is at most this (with / without weight gradients).
+    STRUCTURED_ROW_LIMIT_TRAINING = 1024
+    STRUCTURED_ROW_LIMIT_INFERENCE = 256
+
     def choose_mode(self, rows: int) -> str:
         """The path ``forward`` takes for an input with ``rows`` rows: ``"structured"``,
-        ``"materialized"`` or ``"cached"`` (materialized, reusing ``H``)."""
+        ``"materialized"``, ``"cached"`` (materialized, reusing ``H``) or ``"dense"`` (``n = 1``)."""
+        if self.n == 1:
+            return "dense"
+        cacheable = not self._needs_weight_grad() and not torch.compiler.is_compiling()
         mode = self.forward_mode
         if mode == "auto":
-            mode = "structured" if self.n > 1 and rows <= 64 else "materialized"
-        if mode == "materialized" and not self._needs_weight_grad() and not torch.compiler.is_compiling():
+            # Few rows: reading k·d/n weights instead of k·d wins. Many rows: the matmul is
+            # compute-bound and forming H once (or reusing it) costs less than the structured
+            # path's n² mixing. Crossovers measured on CPU with benchmarks/bench_phm.py
+            # (docs/performance.md); the cached H has no forming cost, so it wins earlier.
+            limit = self.STRUCTURED_ROW_LIMIT_INFERENCE if cacheable else self.STRUCTURED_ROW_LIMIT_TRAINING
+            mode = "structured" if rows * self.n <= limit else "materialized"
+        if mode == "materialized" and cacheable:
             return "cached"
         return mode
 

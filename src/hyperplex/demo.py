@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from hyperplex.algebra import algebra_rule
+from hyperplex.algebra import algebra_rule, multiply
 from hyperplex.layers import PHMLinear
 
 __all__ = ["DemoResult", "learn_rotation", "learn_rule", "run_demo"]
@@ -79,7 +79,7 @@ def learn_rule(algebra: str, steps: int, seed: int = 0, batch: int = 256) -> Dem
     result = DemoResult(f"{algebra} product", n, rule.numel(), true_rule=true_rule)
     for _ in range(steps):
         q, p = torch.randn(batch, n, generator=gen), torch.randn(batch, n, generator=gen)
-        target = torch.einsum("iac,bi,bc->ba", true_rule, q, p)  # q ⊗ p
+        target = multiply(q, p, true_rule)  # q ⊗ p
         H = torch.einsum("iac,bi->bac", rule, q)  # Σᵢ Aᵢ ⊗ [qᵢ], one H per example
         loss = nn.functional.mse_loss(torch.einsum("bac,bc->ba", H, p), target)
         opt.zero_grad()

@@ -58,6 +58,12 @@ def phm_parameter_count(in_features: int, out_features: int, n: int, rule: RuleS
     return out_features * in_features // n + (n**3 if learned_rule else 0) + (out_features if bias else 0)
 
 
+def _rearrange(matrix: Tensor, n: int) -> Tensor:
+    """Van Loan–Pitsianis rearrangement (float64): ``R[(a, c), (q, j)] = H[a·k/n + q, c·d/n + j]``."""
+    k_n, d_n = matrix.shape[0] // n, matrix.shape[1] // n
+    return matrix.detach().double().reshape(n, k_n, n, d_n).permute(0, 2, 1, 3).reshape(n * n, k_n * d_n)
+
+
 def kronecker_decompose(matrix: Tensor, n: int) -> tuple[Tensor, Tensor, float]:
     """Best ``n``-term Kronecker-sum approximation ``matrix ≈ Σᵢ Aᵢ ⊗ Sᵢ`` (Van Loan & Pitsianis 1993).
 
@@ -67,9 +73,8 @@ def kronecker_decompose(matrix: Tensor, n: int) -> tuple[Tensor, Tensor, float]:
     (``√σ`` to each factor). Returns ``rule (n, n, n)``, ``weight (n, k/n, d/n)`` and the relative
     error ``‖H − Ĥ‖_F / ‖H‖_F`` (computed from the discarded singular values).
     """
-    k, d = matrix.shape
-    k_n, d_n = k // n, d // n
-    R = matrix.detach().double().reshape(n, k_n, n, d_n).permute(0, 2, 1, 3).reshape(n * n, k_n * d_n)
+    k_n, d_n = matrix.shape[0] // n, matrix.shape[1] // n
+    R = _rearrange(matrix, n)
     U, sigma, Vh = torch.linalg.svd(R, full_matrices=False)
     root = sigma[:n].sqrt()
     rule = (U[:, :n] * root).T.reshape(n, n, n)  # rule[i, a, c]
@@ -281,7 +286,7 @@ class PHMLinear(nn.Module):
                 layer.phm_rule.copy_(rule_t)
                 layer.phm_weight.copy_(weight)
             else:  # min ‖R − vec(A) Sᵀ‖ over S for the fixed rule: S = A⁺ R
-                R = W.double().reshape(n, k_n, n, d_n).permute(0, 2, 1, 3).reshape(n * n, k_n * d_n)
+                R = _rearrange(W, n)
                 A = layer.phm_rule.double().permute(1, 2, 0).reshape(n * n, n)  # columns vec(Aᵢ)
                 S = torch.linalg.lstsq(A, R).solution
                 layer.phm_weight.copy_(S.reshape(n, k_n, d_n))

@@ -282,22 +282,28 @@ def test_torch_compile_fullgraph():
 
 
 # ---------------------------------------------------------------- dispatch and the cached H
-def test_auto_dispatch_by_rows_and_grad_mode():
-    layer = PHMLinear(64, 64, 4)
-    assert layer.choose_mode(1) == "structured"
-    assert layer.choose_mode(256) == "structured"  # 256 · 4 ≤ 1024
-    assert layer.choose_mode(257) == "materialized"
-    assert layer.choose_mode(4096) == "materialized"
+def test_auto_dispatch_by_rows_weight_size_and_grad_mode():
+    # Shapes only (the layer is never called), so large sizes cost nothing but the allocation.
+    big = PHMLinear(1024, 1024, 4)  # k·d = 2^20
+    assert big.choose_mode(1) == "structured"
+    assert big.choose_mode(128) == "structured"  # 128 · 2^13 ≤ 2^20 and 128 · 4 ≤ 1024
+    assert big.choose_mode(129) == "materialized"  # weight budget: 129 rows > 2^20 / 2^13
+    assert big.choose_mode(4096) == "materialized"
+    assert PHMLinear(1024, 1024, 16).choose_mode(65) == "materialized"  # 65 · 16 > 1024
     with torch.no_grad():
-        assert layer.choose_mode(1) == "structured"
-        assert layer.choose_mode(64) == "structured"  # 64 · 4 ≤ 256
-        assert layer.choose_mode(65) == "cached"
-        assert layer.choose_mode(4096) == "cached"
-    layer.forward_mode = "materialized"
-    assert layer.choose_mode(1) == "materialized"
-    layer.forward_mode = "structured"
+        assert big.choose_mode(1) == "structured"
+        assert big.choose_mode(4) == "structured"  # 4 · 2^18 ≤ 2^20
+        assert big.choose_mode(5) == "cached"
+        assert big.choose_mode(4096) == "cached"
+    small = PHMLinear(512, 512, 4)  # k·d = 2^18: cache-resident, H is cheap to read
+    assert small.choose_mode(32) == "structured" and small.choose_mode(33) == "materialized"
     with torch.no_grad():
-        assert layer.choose_mode(4096) == "structured"
+        assert small.choose_mode(1) == "cached"
+    big.forward_mode = "materialized"
+    assert big.choose_mode(1) == "materialized"
+    big.forward_mode = "structured"
+    with torch.no_grad():
+        assert big.choose_mode(4096) == "structured"
     assert PHMLinear(8, 8, 1).choose_mode(1) == "dense"
 
 

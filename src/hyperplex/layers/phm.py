@@ -230,9 +230,20 @@ class PHMLinear(nn.Module):
     def _needs_weight_grad(self) -> bool:
         return torch.is_grad_enabled() and (self.phm_weight.requires_grad or self.phm_rule.requires_grad)
 
-    #: ``auto`` takes the structured path while ``rows · n`` is at most this (with / without weight gradients).
+    #: ``auto`` takes the structured path only while ``rows · n`` is at most this (with / without
+    #: weight gradients) ...
     STRUCTURED_ROW_LIMIT_TRAINING = 1024
     STRUCTURED_ROW_LIMIT_INFERENCE = 256
+    #: ... and while ``rows ≤ k·d / WEIGHT_PER_ROW`` (k·d = elements of ``H``). The structured path
+    #: saves reading ``H`` from memory; a small ``H`` sits in cache and reading it is cheap, so the
+    #: row budget grows with the weight's size (inference: 512² → 0 rows, 1024² → 4, 4096² → 64;
+    #: training: 512² → 32 rows, 1024² → 128). Fitted on CPU with benchmarks/bench_phm.py
+    #: (docs/performance.md).
+    WEIGHT_PER_ROW_TRAINING = 2 ** 13
+    WEIGHT_PER_ROW_INFERENCE = 2 ** 18
+    #: In inference, an ``H`` of at most this many elements (2 MiB in fp32, a per-core L2) is read
+    #: from cache at little cost, so the cached path wins even for one row.
+    CACHE_RESIDENT_WEIGHT = 2 ** 19
 
     def choose_mode(self, rows: int) -> str:
         """The path ``forward`` takes for an input with ``rows`` rows: ``"structured"``,
@@ -242,12 +253,19 @@ class PHMLinear(nn.Module):
         cacheable = not self._needs_weight_grad() and not torch.compiler.is_compiling()
         mode = self.forward_mode
         if mode == "auto":
-            # Few rows: reading k·d/n weights instead of k·d wins. Many rows: the matmul is
-            # compute-bound and forming H once (or reusing it) costs less than the structured
-            # path's n² mixing. Crossovers measured on CPU with benchmarks/bench_phm.py
-            # (docs/performance.md); the cached H has no forming cost, so it wins earlier.
-            limit = self.STRUCTURED_ROW_LIMIT_INFERENCE if cacheable else self.STRUCTURED_ROW_LIMIT_TRAINING
-            mode = "structured" if rows * self.n <= limit else "materialized"
+            # Few rows on a large weight: reading k·d/n weights instead of k·d wins (memory-bound).
+            # Many rows, or a cache-resident weight: the matmul is compute-bound and forming H once
+            # (or reusing the cached H, which costs nothing to form) beats the structured path's
+            # n² mixing.
+            if cacheable:
+                limit, per_row = self.STRUCTURED_ROW_LIMIT_INFERENCE, self.WEIGHT_PER_ROW_INFERENCE
+            else:
+                limit, per_row = self.STRUCTURED_ROW_LIMIT_TRAINING, self.WEIGHT_PER_ROW_TRAINING
+            weight = self.in_features * self.out_features
+            structured = rows * self.n <= limit and rows * per_row <= weight
+            if cacheable and weight <= self.CACHE_RESIDENT_WEIGHT:
+                structured = False
+            mode = "structured" if structured else "materialized"
         if mode == "materialized" and cacheable:
             return "cached"
         return mode

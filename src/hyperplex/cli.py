@@ -1,9 +1,16 @@
-"""Command-line interface: ``hyperplex {demo}``."""
+"""Command-line interface: ``hyperplex {demo,train,evaluate,translate,params,average,bench}``.
+
+Errors end with one line on stderr saying what is wrong and where, and exit code 1 (2 for
+usage errors); ``--debug`` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import runpy
 import sys
+from pathlib import Path
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -13,31 +20,189 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from hyperplex import runner
+
+    metrics = runner.train(args.config, args.overrides, args.model_dir, args.data_root, args.resume)
+    if metrics:
+        print(json.dumps({k: round(v, 4) for k, v in metrics.items()}))
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from hyperplex import runner
+
+    metrics = runner.evaluate(args.model_dir, args.checkpoint, args.split, args.data_root, args.beam_size)
+    print(json.dumps({k: round(v, 4) for k, v in metrics.items()}))
+    return 0
+
+
+def _translate(args: argparse.Namespace) -> int:
+    from hyperplex import runner
+
+    runner.translate(args.model_dir, args.input, args.output, args.checkpoint, args.beam_size, args.plot_attention)
+    return 0
+
+
+def _params(args: argparse.Namespace) -> int:
+    from hyperplex import runner
+
+    print(runner.params(args.config, args.overrides, args.vocab_size, args.tgt_vocab_size, args.num_classes))
+    return 0
+
+
+def _average(args: argparse.Namespace) -> int:
+    from hyperplex import runner
+
+    print(runner.average(args.inputs, args.output))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    scripts = Path(__file__).resolve().parents[2] / "benchmarks"
+    script = scripts / f"bench_{args.name}.py"
+    if not script.is_file():
+        available = sorted(p.stem.removeprefix("bench_") for p in scripts.glob("bench_*.py")) if scripts.is_dir() else []
+        hint = f"; available: {', '.join(available)}" if available else " (benchmarks need a source checkout)"
+        raise FileNotFoundError(f"no benchmark {script}{hint}")
+    sys.argv = [str(script), *args.bench_args]
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
+    p.add_argument("overrides", nargs="*", metavar="--SECTION.KEY=VALUE",
+                   help="override any config key, e.g. --training.lr=3e-4 --model.linear.n=8")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hyperplex", description="Parameterized hypercomplex multiplication (PHM) layers for NLP.")
-    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback on errors")
+    parser = argparse.ArgumentParser(
+        prog="hyperplex", parents=[common],
+        description="Parameterized hypercomplex multiplication (PHM) layers and quaternion networks for NLP.")
     sub = parser.add_subparsers(dest="command", required=True)
+
     demo = sub.add_parser(
-        "demo",
+        "demo", parents=[common],
         help="PHM paper Fig. 2 on generated data: learn a 3-D rotation and the quaternion/octonion rules",
         description="Learn a 3-D rotation with a PHM layer, and learn the quaternion (n=4) and octonion (n=8) "
-        "multiplication rules from examples of products; print a table and write plots.",
-    )
+        "multiplication rules from examples of products; print a table and write plots.")
     demo.add_argument("--quick", action="store_true", help="fewer training steps (about 2.5 s instead of 3.5 s; used by the tests)")
     demo.add_argument("--out", default="runs/demo", help="folder for the plots (default: runs/demo)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     demo.set_defaults(func=_demo)
+
+    data_root = dict(default=None, help="folder that relative data paths in the config are read from "
+                     "(default: $HYPERPLEX_DATA, else ../shared/data if present)")
+    train = sub.add_parser("train", parents=[common], help="train a model from a YAML config",
+                           description="Train (or --resume) the experiment a YAML config describes. Everything "
+                           "is written to the model folder: config.yaml, train.log, metrics.csv, TensorBoard "
+                           "events, last/best checkpoints, vocabularies and plots.")
+    train.add_argument("config", help="YAML config (see configs/ and docs/config.md)")
+    train.add_argument("--model-dir", help="model folder (overrides the config's model_dir)")
+    train.add_argument("--data-root", **data_root)
+    train.add_argument("--resume", action="store_true",
+                       help="continue from MODEL_DIR/last.safetensors exactly (same data order, optimizer and RNG)")
+    _add_overrides(train)
+    train.set_defaults(func=_train)
+
+    evaluate = sub.add_parser("evaluate", parents=[common], help="metrics of a trained model on its validation split",
+                              description="Load a model folder and print its validation metrics as JSON "
+                              "(translation: BLEU/chrF with the configured beam, loss, perplexity).")
+    evaluate.add_argument("model_dir", help="model folder written by `hyperplex train`")
+    evaluate.add_argument("--split", default="dev", choices=["dev", "train"], help="which split (default dev)")
+    evaluate.add_argument("--checkpoint", default="best", help="best (default), last, or a checkpoint file")
+    evaluate.add_argument("--beam-size", type=int, help="override testing.beam_size")
+    evaluate.add_argument("--data-root", **data_root)
+    evaluate.set_defaults(func=_evaluate)
+
+    translate = sub.add_parser("translate", parents=[common], help="translate sentences with a trained model",
+                               description="Translate one sentence per line from a file or stdin to a file or "
+                               "stdout, with the model folder's tokenisers, vocabularies and decoding settings.")
+    translate.add_argument("model_dir", help="model folder written by `hyperplex train`")
+    translate.add_argument("-i", "--input", help="input file (default: stdin)")
+    translate.add_argument("-o", "--output", help="output file (default: stdout)")
+    translate.add_argument("--checkpoint", default="best", help="best (default), last, or a checkpoint file")
+    translate.add_argument("--beam-size", type=int, help="override testing.beam_size (1 = greedy)")
+    translate.add_argument("--plot-attention", metavar="PNG", help="draw the attention heat-map of the first sentence")
+    translate.set_defaults(func=_translate)
+
+    params = sub.add_parser("params", parents=[common], help="parameter counts per component of a config's model",
+                            description="Build the model a config describes (no data is read) and print its "
+                            "parameters per component: embeddings, attention, FFN/recurrent, output layer, PHM "
+                            "rules, total with and without embeddings.")
+    params.add_argument("config", help="YAML config")
+    params.add_argument("--vocab-size", type=int, help="vocabulary size (default: data.vocab_size)")
+    params.add_argument("--tgt-vocab-size", type=int, help="target vocabulary size (default: the same)")
+    params.add_argument("--num-classes", type=int, help="classes (default: data.labels, at least 2)")
+    _add_overrides(params)
+    params.set_defaults(func=_params)
+
+    average = sub.add_parser("average", parents=[common], help="average the weights of several checkpoints",
+                             description="Average model weights of checkpoint files (or of every "
+                             "best-*.safetensors in a model folder) into one weights file.")
+    average.add_argument("inputs", nargs="+", help="checkpoint files and/or model folders")
+    average.add_argument("-o", "--output", required=True, help="output .safetensors file (or folder)")
+    average.set_defaults(func=_average)
+
+    bench = sub.add_parser("bench", parents=[common], help="run a benchmark script from benchmarks/",
+                           description="Run benchmarks/bench_NAME.py (a source checkout) with the given arguments, "
+                           "e.g. `hyperplex bench phm --quick`.")
+    bench.add_argument("name", help="phm, lstm or transformer")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    bench.set_defaults(func=_bench)
     return parser
 
 
+def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate ``--section.key=value`` overrides (any dotted long option) from the other arguments."""
+    rest, overrides = [], []
+    it = iter(argv)
+    for arg in it:
+        if arg.startswith("--") and "." in arg.split("=", 1)[0]:
+            if "=" not in arg:  # --training.lr 3e-4
+                value = next(it, None)
+                if value is None:
+                    raise SystemExit(f"hyperplex: error: override {arg} needs a value (--section.key=value)")
+                arg = f"{arg}={value}"
+            overrides.append(arg)
+        else:
+            rest.append(arg)
+    return rest, overrides
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":  # pass everything after the name through untouched
+        overrides: list[str] = []
+        args = build_parser().parse_args(argv)
+    else:
+        argv, overrides = _split_overrides(argv)
+        args = build_parser().parse_args(argv)
+    if hasattr(args, "overrides"):
+        stray = [o for o in args.overrides if not o.startswith("--")]
+        if stray:
+            build_parser().error(f"unexpected argument {stray[0]!r} (overrides look like --section.key=value)")
+        args.overrides = overrides
+    elif overrides:
+        build_parser().error(f"{args.command} takes no config overrides (got {overrides[0]})")
+    debug = getattr(args, "debug", False)
     try:
         return args.func(args)
-    except (ValueError, OSError) as err:
-        if args.debug:
+    except KeyboardInterrupt:
+        print(f"hyperplex {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - the CLI's contract: one line, no traceback
+        if debug:
             raise
-        print(f"hyperplex {args.command}: error: {err}", file=sys.stderr)
+        message = str(err) or type(err).__name__
+        if isinstance(err, FileNotFoundError) and err.filename and str(err.filename) not in message:
+            message = f"{message}: {err.filename}"
+        known = isinstance(err, (ValueError, OSError, RuntimeError))
+        suffix = "" if known else f" ({type(err).__name__}; run with --debug for the traceback)"
+        print(f"hyperplex {args.command}: error: {message.splitlines()[0] if message else ''}{suffix}", file=sys.stderr)
         return 1
 
 

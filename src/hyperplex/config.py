@@ -1,0 +1,223 @@
+"""Typed configuration: YAML → dataclasses, with errors that name the key.
+
+Every config section is a dataclass whose fields carry ``metadata={"help": ...}``. This module
+validates plain dicts into them generically (unknown keys name the closest valid key; wrong
+types name the key and the expected type), applies dotted command-line overrides
+(``--training.lr=3e-4``) and renders the config reference (``docs/config.md``) from the same
+classes, so the reference cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the file/key and what was expected."""
+
+
+# ---------------------------------------------------------------------------- YAML
+def load_yaml(path: str | Path) -> dict:
+    """Read a YAML mapping; a missing file or malformed YAML raises :class:`ConfigError` with the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"malformed YAML at {where}: {err.problem}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read YAML {path}: {err}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of config sections at the top level, got {type(data).__name__}")
+    return data
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``["training.lr=3e-4", "model.linear.n=8"]`` → nested dict. Values are parsed as YAML scalars."""
+    result: dict = {}
+    for item in items:
+        key, sep, value = item.lstrip("-").partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form --section.key=value")
+        try:
+            parsed = yaml.safe_load(value) if value != "" else ""
+        except yaml.YAMLError:
+            parsed = value
+        node = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} conflicts with another override of {part!r}")
+        node[parts[-1]] = parsed
+    return result
+
+
+def merge(base: dict, override: dict) -> dict:
+    """Recursive dict merge (override wins); neither input is modified."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------- typing
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if dataclasses.is_dataclass(tp):
+        return "mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Check/convert ``value`` against the annotation ``tp``; ``key`` is the dotted path for errors."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(repr(c) for c in choices)}{hint}")
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, key)
+            except ConfigError as err:
+                errors.append(err)
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is list:
+        (item_type,) = typing.get_args(tp)
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+        return [_convert(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        return from_dict(tp, value, key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected bool (true/false), got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{key}: expected int, got {type(value).__name__} {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected float, got {type(value).__name__} {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected str, got {type(value).__name__} {value!r}")
+        return value
+    if tp is dict or typing.get_origin(tp) is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+
+
+def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
+    """Validate ``data`` (a dict from YAML) into the dataclass ``cls``.
+
+    Unknown keys raise :class:`ConfigError` naming the key and the closest valid key; wrong types
+    name the key and the expected type; the dataclass's own ``__post_init__`` checks run last and
+    their ``ValueError`` is re-raised with the section's dotted path.
+    """
+    section = prefix or cls.__name__
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{section}: expected a mapping, got {type(data).__name__} {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"
+            raise ConfigError(f"unknown config key {dotted!r}{hint}")
+        kwargs[key] = _convert(value, hints[key], dotted)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{section}: {err}") from None
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass (nested) → plain dict/list/scalars, ready for YAML/JSON."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def dump_yaml(data: dict) -> str:
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+# ---------------------------------------------------------------------------- reference docs
+def reference_markdown(cls: type, prefix: str = "", heading_level: int = 3) -> str:
+    """Markdown table of every field of ``cls`` (recursing into nested dataclasses)."""
+    hints = typing.get_type_hints(cls)
+    rows, nested = [], []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        dotted = f"{prefix}.{f.name}" if prefix else f.name
+        tp = hints[f.name]
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc]
+        else:
+            default = "(required)"
+        if dataclasses.is_dataclass(tp):
+            nested.append((dotted, tp))
+            default = "see below"
+        shown = yaml.safe_dump(to_dict(default), default_flow_style=True).strip().removesuffix("...").strip() \
+            if default not in ("(required)", "see below") else default
+        help_text = f.metadata.get("help", "").replace("|", "\\|").replace("\n", " ")
+        rows.append(f"| `{dotted}` | {_type_name(tp).replace('|', chr(92) + '|')} | `{shown}` | {help_text} |")
+    text = "| key | type | default | meaning |\n|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    for dotted, tp in nested:
+        text += f"\n{'#' * heading_level} `{dotted}`\n\n" + reference_markdown(tp, dotted, heading_level)
+    return text

@@ -1,0 +1,226 @@
+"""The experiment config: one YAML file per experiment, validated into these dataclasses.
+
+Sections: ``data`` (:class:`DataConfig`), ``model`` (``architecture`` plus that architecture's
+config class, see :mod:`hyperplex.models.registry`), ``training`` (:class:`TrainingConfig`) and
+``testing`` (:class:`TestingConfig`). ``hyperplex train CONFIG --training.lr=3e-4`` overrides
+any key; the resolved config is saved as ``config.yaml`` in the model folder.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from hyperplex.config import ConfigError, from_dict, load_yaml, merge, parse_overrides, to_dict
+
+TASKS = ("translation", "classification", "pair_classification", "ranking")
+
+
+@dataclass
+class DataConfig:
+    """Where the data is and how it becomes token ids."""
+
+    task: Literal["translation", "classification", "pair_classification", "ranking"] = field(
+        default="translation", metadata={"help": "translation: sequence-to-sequence (also style transfer and the "
+                                         "arithmetic task); classification: one text → label (sentiment, agreement); "
+                                         "pair_classification: two texts → label (NLI); ranking: question/answer "
+                                         "pairs scored and ranked per question (WikiQA)"})
+    format: Literal["parallel", "tsv", "jsonl", "agreement", "arithmetic"] = field(
+        default="parallel", metadata={"help": "parallel: aligned PREFIX.SRC / PREFIX.TGT text files (plain or .gz); "
+                                      "tsv / jsonl: one example per line with named fields; agreement: Linzen "
+                                      "`VBZ|VBP<TAB>prefix`; arithmetic: generated on the fly (no files)"})
+    train: str = field(default="", metadata={"help": "training file (or prefix for parallel data), relative to the "
+                                             "data root unless absolute"})
+    dev: str = field(default="", metadata={"help": "validation file/prefix; empty = carve `dev_fraction` of train"})
+    src: str = field(default="", metadata={"help": "parallel data: source suffix/language, e.g. `en` reads PREFIX.en(.gz)"})
+    tgt: str = field(default="", metadata={"help": "parallel data: target suffix/language"})
+    text_field: str = field(default="sentence", metadata={"help": "tsv/jsonl classification: the text column"})
+    a_field: str = field(default="premise", metadata={"help": "pair tasks: first text column (premise / question)"})
+    b_field: str = field(default="hypothesis", metadata={"help": "pair tasks: second text column (hypothesis / answer)"})
+    label_field: str = field(default="label", metadata={"help": "label column"})
+    group_field: str = field(default="qid", metadata={"help": "ranking: the question-id column"})
+    labels: list[str] = field(default_factory=list, metadata={
+        "help": "known labels in class-index order; empty = the sorted set found in train. A label outside the set is "
+                "an error naming the file and line"})
+    dev_fraction: float = field(default=0.0, metadata={"help": "if `dev` is empty: fraction of train held out as the "
+                                                        "validation split (fixed by `seed`)"})
+    max_train_examples: int = field(default=0, metadata={"help": "use only this many training examples (a seeded "
+                                                              "random subset, reported in train.log); 0 = all"})
+    tokenizer: Literal["word", "char", "bpe", "unigram"] = field(
+        default="word", metadata={"help": "word: whitespace/punctuation words with a top-K vocabulary and <unk> "
+                                  "(the thesis); char: characters (arithmetic); bpe / unigram: sentencepiece "
+                                  "trained on the training split and saved with the model"})
+    lowercase: bool = field(default=False, metadata={"help": "lowercase text before tokenising"})
+    vocab_size: int = field(default=32000, metadata={"help": "word: keep the K most frequent words; "
+                                                     "bpe/unigram: sentencepiece vocabulary size"})
+    min_freq: int = field(default=1, metadata={"help": "word: drop words seen fewer times than this"})
+    shared_vocab: bool = field(default=False, metadata={"help": "translation: one vocabulary for source and target"})
+    max_length: int = field(default=100, metadata={"help": "translation: training pairs with a side longer than "
+                                                    "this (in tokens) are dropped and the count is logged"})
+    truncate: int = field(default=0, metadata={"help": "classification: keep only the first N tokens of each text "
+                                                "(IMDb); 0 = keep all"})
+    arithmetic_train_size: int = field(default=20000, metadata={"help": "arithmetic: generated training samples"})
+    arithmetic_dev_size: int = field(default=1000, metadata={"help": "arithmetic: generated validation samples "
+                                                             "(disjoint from train)"})
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.dev_fraction < 1.0:
+            raise ValueError(f"dev_fraction must be in [0, 1), got {self.dev_fraction}")
+        for key in ("vocab_size", "min_freq", "max_length"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be ≥ 1, got {getattr(self, key)}")
+        if self.format == "parallel" and self.task == "translation" and (not self.src or not self.tgt):
+            raise ValueError("parallel data needs `src` and `tgt` suffixes (e.g. src: en, tgt: de)")
+
+
+@dataclass
+class TrainingConfig:
+    """Optimisation, batching, validation, early stopping and checkpointing."""
+
+    optimizer: Literal["adam", "adamw", "sgd"] = field(default="adam", metadata={"help": "optimiser"})
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate (the thesis' SGD: 1.0)"})
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98], metadata={"help": "Adam/AdamW betas"})
+    eps: float = field(default=1e-9, metadata={"help": "Adam/AdamW epsilon"})
+    weight_decay: float = field(default=0.0, metadata={"help": "weight decay (decoupled for adamw)"})
+    momentum: float = field(default=0.0, metadata={"help": "SGD momentum"})
+    schedule: Literal["constant", "inverse_sqrt", "halving", "linear_decay"] = field(
+        default="constant", metadata={"help": "learning-rate schedule: inverse_sqrt (linear warmup, then ∝ 1/√step); "
+                                      "halving (the thesis: halve every epoch after `halve_after_epoch`); "
+                                      "linear_decay (warmup, then linear to 0 at max_steps)"})
+    warmup_steps: int = field(default=0, metadata={"help": "warmup steps for inverse_sqrt / linear_decay"})
+    halve_after_epoch: int = field(default=8, metadata={"help": "halving: first epoch whose end halves the lr"})
+    batch_size: int = field(default=64, metadata={"help": "examples (batch_type sentence) or padded tokens "
+                                                  "(batch_type token) per batch, over all processes"})
+    batch_type: Literal["sentence", "token"] = field(default="sentence", metadata={"help": "how batch_size counts"})
+    accum_steps: int = field(default=1, metadata={"help": "batches accumulated per optimiser step"})
+    max_steps: int = field(default=0, metadata={"help": "stop after this many optimiser steps; 0 = use max_epochs"})
+    max_epochs: int = field(default=10, metadata={"help": "stop after this many epochs"})
+    clip_grad_norm: float = field(default=0.0, metadata={"help": "clip the global gradient norm; 0 = off"})
+    label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing of the cross-entropy"})
+    precision: Literal["fp32", "bf16", "fp16"] = field(default="fp32", metadata={
+        "help": "autocast dtype; bf16 on CPU or CUDA, fp16 only on CUDA (with loss scaling)"})
+    validation_every: int = field(default=0, metadata={"help": "validate (and checkpoint) every N optimiser steps; "
+                                                       "0 = at the end of every epoch"})
+    checkpoint_every: int = field(default=0, metadata={"help": "also save last.safetensors every N steps between "
+                                                       "validations; 0 = only at validations"})
+    early_stopping_metric: str = field(default="", metadata={
+        "help": "validation metric that picks the best checkpoint and drives early stopping: loss, ppl, bleu, chrf, "
+                "accuracy, map, mrr; empty = the task's default (bleu, accuracy or map)"})
+    patience: int = field(default=0, metadata={"help": "stop after this many validations without improvement; 0 = never"})
+    keep_best: int = field(default=1, metadata={"help": "keep the k best checkpoints by the validation metric"})
+    log_every: int = field(default=50, metadata={"help": "log training loss every N steps"})
+    device: str = field(default="auto", metadata={"help": "auto (cuda if available), cpu, cuda, cuda:1 …"})
+    num_threads: int = field(default=0, metadata={"help": "CPU threads for torch; 0 = torch's default"})
+    deterministic: bool = field(default=False, metadata={"help": "torch.use_deterministic_algorithms (exact resume)"})
+    shuffle: bool = field(default=True, metadata={"help": "shuffle training batches every epoch (seeded)"})
+    bucket: bool = field(default=True, metadata={"help": "group examples of similar length into batches"})
+    progress_bar: bool = field(default=True, metadata={"help": "tqdm progress bar on stderr"})
+    plots: bool = field(default=True, metadata={"help": "write loss/metric curves and PHM-rule plots as PNG"})
+
+    def __post_init__(self) -> None:
+        for key in ("batch_size", "accum_steps", "max_epochs", "keep_best", "log_every"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be ≥ 1, got {getattr(self, key)}")
+        for key in ("max_steps", "warmup_steps", "validation_every", "checkpoint_every", "patience"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be ≥ 0, got {getattr(self, key)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if len(self.betas) != 2:
+            raise ValueError(f"betas must have two values, got {self.betas}")
+
+
+@dataclass
+class TestingConfig:
+    """Decoding and evaluation."""
+
+    beam_size: int = field(default=5, metadata={"help": "beam width; 1 = greedy"})
+    beam_alpha: float = field(default=0.6, metadata={"help": "length penalty ((5+|Y|)/6)^alpha (Wu et al. 2016)"})
+    max_output_length: int = field(default=100, metadata={"help": "longest output in tokens"})
+    batch_size: int = field(default=32, metadata={"help": "sentences per decoding/evaluation batch"})
+    replace_unk: bool = field(default=False, metadata={"help": "replace each output <unk> by the most-attended "
+                                                       "source token (thesis §3.6)"})
+    unk_dictionary: str = field(default="", metadata={"help": "optional `source<TAB>target` dictionary used by "
+                                                      "replace_unk"})
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be ≥ 1, got {self.beam_size}")
+        if self.max_output_length < 1 or self.batch_size < 1:
+            raise ValueError("max_output_length and batch_size must be ≥ 1")
+        if self.beam_alpha < 0:
+            raise ValueError(f"beam_alpha must be ≥ 0, got {self.beam_alpha}")
+
+
+@dataclass
+class ExperimentConfig:
+    """A whole experiment."""
+
+    name: str = field(default="experiment", metadata={"help": "name shown in logs"})
+    model_dir: str = field(default="", metadata={"help": "model folder (checkpoints, logs, vocabularies); "
+                                                 "`--model-dir` overrides"})
+    seed: int = field(default=1, metadata={"help": "seed for initialisation, data order, dropout and splits"})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data section"})
+    model: dict = field(default_factory=dict, metadata={
+        "help": "`architecture:` plus that architecture's keys (see the model sections below)"})
+    training: TrainingConfig = field(default_factory=TrainingConfig, metadata={"help": "training section"})
+    testing: TestingConfig = field(default_factory=TestingConfig, metadata={"help": "testing section"})
+
+    def __post_init__(self) -> None:
+        self.model_config: Any = None  # set by load_experiment from `model`
+
+
+def default_data_root() -> str | None:
+    """``$HYPERPLEX_DATA``, else ``../shared/data`` (relative to the working directory) if it exists."""
+    env = os.environ.get("HYPERPLEX_DATA")
+    if env:
+        return env
+    candidate = Path("..") / "shared" / "data"
+    return str(candidate) if candidate.is_dir() else None
+
+
+def resolve_data_path(path: str, data_root: str | None) -> Path:
+    """A data path from a config: absolute paths as they are; relative ones under the data root
+    (or the working directory). Raises :class:`ConfigError` listing where it looked."""
+    p = Path(path).expanduser()
+    if p.is_absolute() or not data_root:
+        return p
+    rooted = Path(data_root) / p
+    return rooted if rooted.parent.is_dir() or not p.parent.is_dir() else p
+
+
+def build_experiment(raw: dict, source: str = "config") -> ExperimentConfig:
+    """Validate a raw dict into an :class:`ExperimentConfig` with its model config resolved."""
+    from hyperplex.models.registry import model_config_from_dict
+
+    cfg = from_dict(ExperimentConfig, raw)
+    cfg.model_config = model_config_from_dict(cfg.model, cfg.data.task)
+    cfg.model = to_dict(cfg.model_config) | {"architecture": cfg.model.get("architecture")}
+    return cfg
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None, model_dir: str | None = None) -> ExperimentConfig:
+    """Read ``path``, apply dotted ``overrides`` and ``model_dir``, validate everything."""
+    raw = load_yaml(path)
+    if overrides:
+        raw = merge(raw, parse_overrides(overrides))
+    if model_dir:
+        raw["model_dir"] = model_dir
+    try:
+        cfg = build_experiment(raw)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    if not cfg.model_dir:
+        raise ConfigError(f"{path}: no model folder: set `model_dir:` in the config or pass --model-dir DIR")
+    return cfg
+
+
+def experiment_dict(cfg: ExperimentConfig) -> dict:
+    """The resolved config as a plain dict (what ``config.yaml`` in the model folder holds)."""
+    out = to_dict(cfg)
+    out["model"] = dict(cfg.model)
+    return out

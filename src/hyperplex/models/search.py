@@ -1,0 +1,250 @@
+"""Decoding for every translator of the seq2seq protocol: greedy search, batched beam search with
+the Wu et al. (2016) length penalty, and attention-based ``<unk>`` replacement (thesis §3.6).
+
+A model needs ``encode(src, src_lengths) -> state`` (tensors with the batch on dim 0, possibly in
+nested lists/tuples/dicts), ``decode_step(prev (B,), state, step) -> (log_probs (B, V), state,
+attention (B, S) | None)`` and ``bos_index``/``eos_index``. Search runs under ``torch.no_grad()``
+and does not change ``model.training`` (call ``model.eval()`` first).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["Hypothesis", "length_penalty", "reorder_state", "greedy_search", "beam_search", "decode",
+           "replace_unk", "load_unk_dictionary"]
+
+
+@dataclass
+class Hypothesis:
+    """One output sentence.
+
+    Attributes:
+        tokens: output ids without BOS and EOS.
+        score: total log-probability (EOS included when generated); for beam search divided by
+            :func:`length_penalty` of the generated length (EOS counted).
+        attention: ``(len(tokens), S_len)`` weights over the true source positions, row ``i`` the
+            step that produced ``tokens[i]``; ``None`` for models without attention.
+    """
+
+    tokens: list[int]
+    score: float
+    attention: Tensor | None = None
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """Wu et al. (2016) eq. 14: ``lp(Y) = ((5 + |Y|) / 6)^α`` (``α = 0``: no penalty)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def reorder_state(state, index: Tensor):
+    """Select rows ``index`` of every tensor in ``state`` (dicts, lists, tuples of tensors, ``None``)."""
+    if isinstance(state, Tensor):
+        return state.index_select(0, index.to(state.device))
+    if isinstance(state, dict):
+        return {key: reorder_state(value, index) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(reorder_state(value, index) for value in state)
+    return state
+
+
+def _check(src: Tensor, src_lengths: Tensor, max_output_length: int) -> None:
+    if src.dim() != 2 or src_lengths.shape != (src.shape[0],):
+        raise ValueError(f"search: expected src (B, S) and src_lengths (B,), got {tuple(src.shape)} and "
+                         f"{tuple(src_lengths.shape)}")
+    if not isinstance(max_output_length, int) or max_output_length < 1:
+        raise ValueError(f"search: max_output_length must be a positive integer, got {max_output_length!r}")
+
+
+def _attention_rows(rows: list[Tensor] | None, count: int, source_length: int) -> Tensor | None:
+    """Stack the first ``count`` attention rows, cut to the true source length: ``(count, S_len)``."""
+    if rows is None:
+        return None
+    rows = rows[:count]
+    if not rows:
+        return torch.zeros(0, source_length)
+    return torch.stack(rows)[:, :source_length].float().cpu()
+
+
+@torch.no_grad()
+def greedy_search(model, src: Tensor, src_lengths: Tensor, max_output_length: int = 100) -> list[list[Hypothesis]]:
+    """Pick the most probable token at every step.
+
+    Shapes: ``src (B, S)``, ``src_lengths (B,)``. Returns one list with one :class:`Hypothesis`
+    per sentence; its score is the unpenalised log-probability. A sentence without EOS after
+    ``max_output_length`` steps is cut there.
+    """
+    _check(src, src_lengths, max_output_length)
+    B = src.shape[0]
+    state = model.encode(src, src_lengths)
+    prev = torch.full((B,), model.bos_index, dtype=torch.long, device=src.device)
+    finished = torch.zeros(B, dtype=torch.bool, device=src.device)
+    scores = torch.zeros(B, dtype=torch.float64, device=src.device)
+    tokens, attentions = [], []
+    for step in range(max_output_length):
+        log_probs, state, attention = model.decode_step(prev, state, step)
+        best, prev = log_probs.max(dim=-1)  # (B,)
+        scores += torch.where(finished, 0.0, best.double())
+        tokens.append(prev)
+        attentions.append(attention)
+        finished |= prev == model.eos_index
+        if bool(finished.all()):
+            break
+    token_rows = torch.stack(tokens, dim=1).tolist()  # (B, steps)
+    lengths = src_lengths.tolist()
+    results = []
+    for b in range(B):
+        row = token_rows[b]
+        out = row[:row.index(model.eos_index)] if model.eos_index in row else row
+        rows = None if attentions[0] is None else [a[b] for a in attentions]
+        results.append([Hypothesis(out, float(scores[b]), _attention_rows(rows, len(out), lengths[b]))])
+    return results
+
+
+@torch.no_grad()
+def beam_search(model, src: Tensor, src_lengths: Tensor, beam_size: int = 5, beam_alpha: float = 0.6,
+                max_output_length: int = 100, n_best: int = 1) -> list[list[Hypothesis]]:
+    """Batched beam search; returns the ``n_best`` hypotheses of each sentence, best first.
+
+    The batch is decoded together: the encoder state is expanded to ``B · beam_size`` rows
+    (``index_select(0, …)``) and reordered after every step to follow the surviving beams.
+    Beams are ranked by total log-probability; a hypothesis that emits EOS among the top
+    ``beam_size`` candidates of its sentence is finished and scored ``log P / lp(|Y|)``
+    (:func:`length_penalty`, ``|Y|`` counting EOS; ``α = beam_alpha``). A sentence stops once it
+    has ``beam_size`` finished hypotheses (as fairseq); at ``max_output_length`` the surviving
+    beams are scored as they are.
+    """
+    _check(src, src_lengths, max_output_length)
+    if not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_search: beam_size must be an integer >= 1, got {beam_size!r}")
+    if not isinstance(n_best, int) or not 1 <= n_best <= beam_size:
+        raise ValueError(f"beam_search: n_best must be in [1, beam_size={beam_size}], got {n_best!r}")
+    B, K, device = src.shape[0], beam_size, src.device
+    state = model.encode(src, src_lengths)
+    state = reorder_state(state, torch.arange(B, device=device).repeat_interleave(K))  # (B·K, ...)
+    prev = torch.full((B * K,), model.bos_index, dtype=torch.long, device=device)
+    beam_scores = torch.full((B, K), float("-inf"), dtype=torch.float64, device=device)
+    beam_scores[:, 0] = 0.0  # all beams start identical: keep one
+    history = torch.zeros(B * K, 0, dtype=torch.long, device=device)  # tokens so far, (B·K, t)
+    attention_history: Tensor | None = None  # (B·K, t, S)
+    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    done = [False] * B
+    lengths = src_lengths.tolist()
+    row_offset = (torch.arange(B, device=device) * K)[:, None]  # (B, 1)
+    for step in range(max_output_length):
+        log_probs, state, attention = model.decode_step(prev, state, step)  # (B·K, V)
+        V = log_probs.shape[-1]
+        candidates = (beam_scores[:, :, None] + log_probs.double().view(B, K, V)).view(B, K * V)
+        top_scores, top_index = candidates.topk(min(2 * K, K * V), dim=1)  # (B, 2K): ≥ K are not EOS
+        origin, token = top_index // V, top_index % V
+        is_eos = token == model.eos_index
+        step_attention = None if attention is None else attention.float()
+        # finish EOS candidates ranked among the top K of a sentence still running
+        eos_hits = (is_eos[:, :K] & torch.isfinite(top_scores[:, :K])).nonzero().tolist()
+        for b, j in eos_hits:
+            if done[b]:
+                continue
+            row = b * K + int(origin[b, j])
+            rows = None
+            if step_attention is not None:
+                past = [] if attention_history is None else list(attention_history[row])
+                rows = past + [step_attention[row]]
+            tokens = history[row].tolist()
+            score = float(top_scores[b, j]) / length_penalty(step + 1, beam_alpha)
+            finished[b].append(Hypothesis(tokens, score, _attention_rows(rows, len(tokens), lengths[b])))
+            done[b] = len(finished[b]) >= K
+        if all(done):
+            break
+        # survivors: the first K candidates that are not EOS (sort key puts EOS last, keeps rank)
+        rank = torch.arange(top_scores.shape[1], device=device)[None]
+        keep = (is_eos.long() * top_scores.shape[1] + rank).argsort(dim=1)[:, :K]  # (B, K)
+        select = (row_offset + origin.gather(1, keep)).view(-1)  # rows of the previous beams, (B·K,)
+        beam_scores = top_scores.gather(1, keep)
+        beam_scores[torch.tensor(done, device=device)] = float("-inf")  # stopped sentences: no survivors
+        prev = token.gather(1, keep).view(-1)
+        state = reorder_state(state, select)
+        history = torch.cat([history.index_select(0, select), prev[:, None]], dim=1)
+        if step_attention is not None:
+            step_attention = step_attention.index_select(0, select)[:, None]
+            attention_history = step_attention if attention_history is None else torch.cat(
+                [attention_history.index_select(0, select), step_attention], dim=1)
+    else:  # max_output_length reached: score the surviving beams as they are
+        penalty = length_penalty(max_output_length, beam_alpha)
+        for b in range(B):
+            if done[b]:
+                continue
+            for k in range(K):
+                score = float(beam_scores[b, k])
+                if score == float("-inf"):
+                    continue
+                row = b * K + k
+                rows = None if attention_history is None else list(attention_history[row])
+                tokens = history[row].tolist()
+                finished[b].append(Hypothesis(tokens, score / penalty, _attention_rows(rows, len(tokens), lengths[b])))
+    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best] for hyps in finished]
+
+
+def decode(model, src: Tensor, src_lengths: Tensor, beam_size: int = 1, beam_alpha: float = 0.6,
+           max_output_length: int = 100, n_best: int = 1) -> list[list[Hypothesis]]:
+    """Greedy search for ``beam_size == 1`` (``n_best`` must then be 1), beam search otherwise."""
+    if not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"decode: beam_size must be an integer >= 1, got {beam_size!r}")
+    if not isinstance(n_best, int) or not 1 <= n_best <= beam_size:
+        raise ValueError(f"decode: n_best must be in [1, beam_size={beam_size}], got {n_best!r}")
+    if beam_size == 1:
+        return greedy_search(model, src, src_lengths, max_output_length)
+    return beam_search(model, src, src_lengths, beam_size, beam_alpha, max_output_length, n_best)
+
+
+# ---------------------------------------------------------------------------- <unk> replacement
+def replace_unk(output_tokens: list[str], source_tokens: list[str], attention: Tensor, unk_token: str = "<unk>",
+                dictionary: dict[str, str] | None = None) -> list[str]:
+    """Thesis §3.6 (Jean et al. 2015): replace each ``unk_token`` in ``output_tokens`` by the source
+    token with the highest attention weight at that output step — or by its translation in
+    ``dictionary`` when it has one.
+
+    Shapes: ``attention (T, S)`` with ``T ≥ len(output_tokens)`` (row ``i`` produced output ``i``)
+    and ``S ≥ len(source_tokens)`` (columns past the source are ignored). Ties go to the first
+    position.
+    """
+    if attention is None:
+        raise ValueError("replace_unk needs attention weights; a model without attention cannot replace <unk>")
+    if attention.dim() != 2 or attention.shape[0] < len(output_tokens) or attention.shape[1] < len(source_tokens):
+        raise ValueError(f"replace_unk: attention must be (T, S) with T >= {len(output_tokens)} output tokens and "
+                         f"S >= {len(source_tokens)} source tokens, got {tuple(attention.shape)}")
+    if not source_tokens:
+        return list(output_tokens)
+    best = attention[:, :len(source_tokens)].argmax(dim=1).tolist()
+    out = []
+    for i, token in enumerate(output_tokens):
+        if token == unk_token:
+            source = source_tokens[best[i]]
+            token = dictionary.get(source, source) if dictionary else source
+        out.append(token)
+    return out
+
+
+def load_unk_dictionary(path: str | os.PathLike) -> dict[str, str]:
+    """Read a ``source<TAB>target`` (or ``source target``) dictionary, one pair per line.
+
+    Blank lines and lines starting with ``#`` are skipped; with a tab the two fields may contain
+    spaces. The first entry of a repeated source word wins. A malformed line raises
+    ``ValueError`` naming the file and line.
+    """
+    dictionary: dict[str, str] = {}
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            text = line.rstrip("\r\n")
+            if not text.strip() or text.lstrip().startswith("#"):
+                continue
+            fields = text.split("\t") if "\t" in text else text.split()
+            fields = [f.strip() for f in fields]
+            if len(fields) != 2 or not all(fields):
+                raise ValueError(f"{path}:{number}: expected 'source<TAB>target' or 'source target' "
+                                 f"(two non-empty fields), got {text!r}")
+            dictionary.setdefault(fields[0], fields[1])
+    return dictionary

@@ -1,0 +1,171 @@
+"""What the CLI verbs do: train, evaluate, translate, params, average. Each takes plain arguments
+so it can be called from Python as well (``hyperplex.runner.train("configs/x.yaml")``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from hyperplex.config import ConfigError, load_yaml
+from hyperplex.experiment import ExperimentConfig, build_experiment, default_data_root, load_experiment
+
+CHECKPOINT_NAMES = {"best": "best.safetensors", "last": "last.safetensors"}
+
+
+def train(config: str, overrides: list[str] | None = None, model_dir: str | None = None,
+          data_root: str | None = None, resume: bool = False) -> dict:
+    """``hyperplex train``: validate the config, then train (or resume) into the model folder."""
+    from hyperplex.tasks import task_class
+    from hyperplex.train.trainer import Trainer
+
+    cfg = load_experiment(config, overrides, model_dir)
+    if resume:  # the saved config is authoritative; overrides on resume would silently fork the run
+        saved = Path(cfg.model_dir) / "config.yaml"
+        if saved.is_file():
+            cfg = _load_model_config(Path(cfg.model_dir))
+    trainer = Trainer(cfg, task_class(cfg.data.task), cfg.model_dir, data_root or default_data_root(), resume=resume)
+    return trainer.train()
+
+
+def _load_model_config(model_dir: Path) -> ExperimentConfig:
+    path = model_dir / "config.yaml"
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model folder not found: {model_dir}")
+    raw = load_yaml(path)
+    raw["model_dir"] = str(model_dir)
+    try:
+        return build_experiment(raw)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def checkpoint_path(model_dir: Path, checkpoint: str) -> Path:
+    """``best`` / ``last`` / a file name in the folder / a path."""
+    name = CHECKPOINT_NAMES.get(checkpoint, checkpoint)
+    for candidate in (model_dir / name, Path(name)):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"checkpoint {checkpoint!r} not found in {model_dir} (expected {model_dir / name})")
+
+
+def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str | None = None,
+               read_data: bool = True, logger: logging.Logger | None = None):
+    """(config, task, model) from a model folder alone. ``read_data=False`` loads only the
+    vocabularies (translation), enough to translate new text."""
+    import torch
+
+    from hyperplex.tasks import build_task
+    from hyperplex.train.checkpoint import load_model_weights
+
+    model_dir = Path(model_dir)
+    cfg = _load_model_config(model_dir)
+    log = logger or logging.getLogger("hyperplex.inference")
+    task = build_task(cfg, model_dir, data_root or default_data_root(), log)
+    if read_data or not hasattr(task, "load_vocabularies"):
+        task.prepare(fresh=False)
+    else:
+        task.load_vocabularies()
+    model = task.build_model()
+    path = checkpoint_path(model_dir, checkpoint)
+    state = load_model_weights(path)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{path} does not fit the model in {model_dir / 'config.yaml'}: missing keys {missing[:5]}, "
+                         f"unexpected keys {unexpected[:5]}")
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.training.device != "cpu" else "cpu")
+    model.to(device).eval()
+    return cfg, task, model
+
+
+def evaluate(model_dir: str, checkpoint: str = "best", split: str = "dev", data_root: str | None = None,
+             beam_size: int | None = None) -> dict:
+    """``hyperplex evaluate``: metrics of a saved model on the validation (or training) split."""
+    cfg, task, model = load_model(model_dir, checkpoint, data_root)
+    if split not in ("dev", "train"):
+        raise ValueError(f"--split must be dev or train, got {split!r}")
+    if split == "train":
+        task.dev_set = task.train_set
+        if hasattr(task, "dev_refs"):
+            raise ValueError("--split train is not supported for translation (references are not kept)")
+    if cfg.data.task == "translation":
+        return task.validate(model, beam_size=cfg.testing.beam_size if beam_size is None else beam_size)
+    return task.validate(model)
+
+
+def translate(model_dir: str, input_path: str | None = None, output_path: str | None = None,
+              checkpoint: str = "best", beam_size: int | None = None, plot_attention: str | None = None) -> int:
+    """``hyperplex translate``: read sentences (a file or stdin), write translations (a file or stdout)."""
+    cfg, task, model = load_model(model_dir, checkpoint, read_data=False)
+    if cfg.data.task != "translation":
+        raise ValueError(f"{model_dir} holds a {cfg.data.task} model; translate needs a translation model")
+    if input_path:
+        from hyperplex.data.readers import read_lines
+
+        lines = read_lines(input_path, allow_empty=True)
+    else:
+        lines = [line.rstrip("\n") for line in sys.stdin]
+    outputs, details = task.translate(model, lines, beam_size=beam_size, return_attention=True)
+    text = "".join(o + "\n" for o in outputs)
+    if output_path:
+        tmp = Path(str(output_path) + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(output_path)
+    else:
+        sys.stdout.write(text)
+    if plot_attention and lines:
+        from hyperplex.train.plots import plot_attention as draw
+
+        tokens, attention = details[0]
+        if attention is None:
+            raise ValueError("this model produces no attention weights to plot")
+        src_tokens = task.src_tok.tokenize(lines[0]) + ["</s>"]
+        draw(attention, src_tokens, tokens + ["</s>"] if attention.shape[0] > len(tokens) else tokens, plot_attention)
+    return len(outputs)
+
+
+def params(config: str, overrides: list[str] | None = None, vocab_size: int | None = None,
+           tgt_vocab_size: int | None = None, num_classes: int | None = None) -> str:
+    """``hyperplex params``: the parameter table of the model a config describes (no data is read)."""
+    from hyperplex.models.params import format_breakdown, parameter_breakdown
+    from hyperplex.models.registry import get_architecture
+
+    cfg = load_experiment(config, overrides, model_dir="(params)")
+    arch = get_architecture(cfg.model["architecture"], cfg.data.task)
+    _, model_class = arch.load()
+    v = vocab_size or cfg.data.vocab_size
+    if arch.family == "seq2seq":
+        model = model_class(cfg.model_config, v, tgt_vocab_size or v)
+    elif arch.family == "classifier":
+        model = model_class(cfg.model_config, v, num_classes or max(2, len(cfg.data.labels)))
+    else:
+        outputs = 1 if cfg.data.task == "ranking" else (num_classes or max(2, len(cfg.data.labels)))
+        model = model_class(v, outputs, config=cfg.model_config)
+    header = f"{cfg.name}: {cfg.model['architecture']} (vocabulary {v}"
+    header += f", target vocabulary {tgt_vocab_size or v})" if arch.family == "seq2seq" else ")"
+    return header + "\n" + format_breakdown(parameter_breakdown(model))
+
+
+def average(inputs: list[str], output: str) -> Path:
+    """``hyperplex average``: average the weights of checkpoints (files, or every best-*.safetensors of a folder)."""
+    from hyperplex.train.checkpoint import average_checkpoints, save_model_weights
+
+    paths: list[Path] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(p.glob("best-*.safetensors"))
+            if not found:
+                raise FileNotFoundError(f"{p}: no best-*.safetensors checkpoints to average")
+            paths += found
+        elif p.is_file():
+            paths.append(p)
+        else:
+            raise FileNotFoundError(f"checkpoint not found: {p}")
+    state = average_checkpoints(paths)
+    out = Path(output)
+    if out.is_dir():
+        out = out / "averaged.safetensors"
+    save_model_weights(out, state, {"averaged_from": json.dumps([str(p) for p in paths])})
+    return out

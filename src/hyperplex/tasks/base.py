@@ -1,0 +1,62 @@
+"""What the trainer needs from a task: data in batches, a loss, and validation metrics.
+
+One :class:`Task` subclass per kind of data (translation, classification, sentence pairs). The
+trainer (:mod:`hyperplex.train.trainer`) is the same loop for all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+#: Metrics where smaller is better; every other metric is maximised.
+MINIMISED_METRICS = ("loss", "ppl")
+
+
+def metric_mode(name: str) -> str:
+    """``"min"`` for loss-like metrics, ``"max"`` otherwise."""
+    return "min" if name in MINIMISED_METRICS else "max"
+
+
+class Task:
+    """Base class. Subclasses set :attr:`metrics` (the validation metrics they report, the first being
+    the default early-stopping metric) and implement every method below."""
+
+    name = "task"
+    metrics: tuple[str, ...] = ("loss",)
+
+    def __init__(self, cfg, model_dir: Path, data_root: str | None, logger: logging.Logger | None = None) -> None:
+        self.cfg = cfg
+        self.model_dir = Path(model_dir)
+        self.data_root = data_root
+        self.log = logger or logging.getLogger("hyperplex")
+
+    # -- data -----------------------------------------------------------------
+    def prepare(self, fresh: bool) -> None:
+        """Read and validate the data; build tokenisers/vocabularies from the training split and save them
+        in the model folder (``fresh``), or load them from it (resume, evaluate, translate)."""
+        raise NotImplementedError
+
+    def train_batches(self, epoch: int) -> list:
+        """All training batches of 1-based ``epoch``, in order; deterministic in (seed, epoch)."""
+        raise NotImplementedError
+
+    # -- model ----------------------------------------------------------------
+    def build_model(self) -> nn.Module:
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, batch) -> Tensor:
+        """Summed (not averaged) training loss of ``batch``; the trainer divides by ``batch.num_tokens``."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        """Metrics on the validation split (the model is already in eval mode)."""
+        raise NotImplementedError
+
+    def metadata(self) -> dict:
+        """JSON-serialisable facts stored in every checkpoint (e.g. vocabulary sizes, label names)."""
+        return {}

@@ -1,0 +1,180 @@
+"""Classification tasks: one text → label (sentiment, agreement), two texts → label (NLI), and
+question/answer ranking (WikiQA, scored per question with MAP/MRR)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hyperplex.data.datasets import ClassificationDataset, PairDataset
+from hyperplex.data.readers import DataError, DropReport, check_labels, read_agreement, read_jsonl, read_tsv
+from hyperplex.data.vocab import PAD_INDEX
+from hyperplex.models.registry import get_architecture
+from hyperplex.tasks.base import Task
+from hyperplex.tasks.common import data_file, lowercase_if, split_off, subset, tokenizer_and_vocab
+from hyperplex.train.metrics import accuracy, ranking_metrics
+
+
+class ClassificationTask(Task):
+    """Single-text and text-pair classification, and ranking (``data.task: ranking``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.name = self.cfg.data.task
+        self.pair = self.name in ("pair_classification", "ranking")
+        self.ranking = self.name == "ranking"
+        self.metrics = ("map", "mrr", "loss") if self.ranking else ("accuracy", "loss")
+
+    # ------------------------------------------------------------------ reading
+    def _fields(self) -> list[str]:
+        d = self.cfg.data
+        fields = [d.a_field, d.b_field] if self.pair else [d.text_field]
+        fields.append(d.label_field)
+        if self.ranking:
+            fields.append(d.group_field)
+        return fields
+
+    def _read_file(self, key: str, path: str) -> list[dict]:
+        """Records ``{"text"/"a"/"b", "label", "line", ("group")}`` of one split file."""
+        d = self.cfg.data
+        file = data_file(path, self.data_root, key=key)
+        if d.format == "agreement":
+            if self.pair:
+                raise DataError(f"data.format agreement is single-text; it cannot feed task {self.name!r}")
+            return [{"text": prefix, "label": label, "file": str(file), "line": i + 1}
+                    for i, (label, prefix) in enumerate(read_agreement(file))]
+        if d.format == "tsv":
+            rows = read_tsv(file, self._fields())
+        elif d.format == "jsonl":
+            rows = read_jsonl(file, self._fields())
+        else:
+            raise DataError(f"data.format {d.format!r} cannot be used for task {self.name!r}; use tsv, jsonl "
+                            f"or agreement")
+        out = []
+        for i, row in enumerate(rows):
+            rec = {"label": str(row[d.label_field]), "file": str(file), "line": i + 2 if d.format == "tsv" else i + 1}
+            if self.pair:
+                rec["a"], rec["b"] = str(row[d.a_field]), str(row[d.b_field])
+            else:
+                rec["text"] = str(row[d.text_field])
+            if self.ranking:
+                rec["group"] = str(row[d.group_field])
+            out.append(rec)
+        return out
+
+    def _texts(self, rec: dict) -> list[str]:
+        return [rec["a"], rec["b"]] if self.pair else [rec["text"]]
+
+    def prepare(self, fresh: bool) -> None:
+        d = self.cfg.data
+        train = self._read_file("data.train", d.train)
+        if d.dev:
+            dev = self._read_file("data.dev", d.dev)
+        elif d.dev_fraction > 0:
+            if self.ranking:  # hold out whole questions, never half a ranking
+                groups = sorted({r["group"] for r in train})
+                _, dev_groups = split_off(groups, d.dev_fraction, self.cfg.seed)
+                held = set(dev_groups)
+                train, dev = [r for r in train if r["group"] not in held], [r for r in train if r["group"] in held]
+            else:
+                train, dev = split_off(train, d.dev_fraction, self.cfg.seed)
+        else:
+            raise DataError("no validation data: set data.dev or data.dev_fraction")
+        if d.max_train_examples:
+            train = subset(train, d.max_train_examples, self.cfg.seed)
+            self.log.info(f"using a seeded subset of {len(train)} training examples")
+        if self.ranking:
+            self.labels = ["0", "1"]
+        else:
+            self.labels = list(d.labels) or sorted({r["label"] for r in train})
+        for split in (train, dev):
+            for rec in split:
+                check_labels([rec["label"]], self.labels, rec["file"], [rec["line"]])
+        lines = [lowercase_if(d, t) for rec in train for t in self._texts(rec)]
+        self.tok, self.vocab = tokenizer_and_vocab(d, lines, self.model_dir, "text", fresh)
+        self.train_set, report = self._dataset(train, "training examples")
+        self.log.info(str(report))
+        self.dev_set, dev_report = self._dataset(dev, "validation examples")
+        if dev_report.dropped:
+            self.log.info(str(dev_report))
+        self.log.info(f"vocabulary {len(self.vocab)}; labels {self.labels}; {len(self.train_set)} training / "
+                      f"{len(self.dev_set)} validation examples")
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.vocab.encode(self.tok.tokenize(lowercase_if(self.cfg.data, text)))
+        return ids[: self.cfg.data.truncate] if self.cfg.data.truncate else ids
+
+    def _dataset(self, records: list[dict], what: str):
+        report = DropReport(total=len(records), source=what)
+        columns: list[list] = [[] for _ in self._texts(records[0])] if records else [[]]
+        labels, groups, group_ids = [], [], {}
+        for rec in records:
+            encoded = [self.encode(t) for t in self._texts(rec)]
+            if any(not e for e in encoded):
+                report.empty += 1
+                continue
+            for column, e in zip(columns, encoded):
+                column.append(e)
+            labels.append(float(rec["label"]) if self.ranking else self.labels.index(rec["label"]))
+            if self.ranking:
+                groups.append(group_ids.setdefault(rec["group"], len(group_ids)))
+        if not labels:
+            raise DataError(f"no {what} left: every example has an empty text ({report})")
+        if self.pair:
+            return PairDataset(columns[0], columns[1], labels, groups if self.ranking else None), report
+        return ClassificationDataset(columns[0], labels), report
+
+    def train_batches(self, epoch: int) -> list:
+        t = self.cfg.training
+        return self.train_set.batches(t.batch_size, t.batch_type, shuffle=t.shuffle, seed=self.cfg.seed,
+                                      epoch=epoch, bucket=t.bucket)
+
+    # ------------------------------------------------------------------ model
+    @property
+    def num_outputs(self) -> int:
+        return 1 if self.ranking else len(self.labels)
+
+    def build_model(self) -> nn.Module:
+        _, model_class = get_architecture(self.cfg.model["architecture"], self.name).load()
+        if self.pair:
+            return model_class(len(self.vocab), self.num_outputs, config=self.cfg.model_config, pad_index=PAD_INDEX)
+        return model_class(self.cfg.model_config, len(self.vocab), self.num_outputs, pad_index=PAD_INDEX)
+
+    def logits(self, model: nn.Module, batch) -> Tensor:
+        if self.pair:
+            return model(batch["a"], batch["a_lengths"], batch["b"], batch["b_lengths"])
+        return model(batch["tokens"], batch["lengths"])
+
+    def loss(self, model: nn.Module, batch) -> Tensor:
+        logits = self.logits(model, batch).float()
+        if self.ranking:  # binary cross-entropy on the relevance label
+            return F.binary_cross_entropy_with_logits(logits.reshape(-1), batch["labels"].float(), reduction="sum")
+        return F.cross_entropy(logits, batch["labels"], reduction="sum",
+                               label_smoothing=self.cfg.training.label_smoothing)
+
+    @torch.no_grad()
+    def predict(self, model: nn.Module, dataset) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(scores or logits (N, C), labels (N,), groups (N,) or None) in dataset order."""
+        device = next(model.parameters()).device
+        n = len(dataset)
+        out = torch.zeros(n, self.num_outputs)
+        for batch in dataset.batches(self.cfg.testing.batch_size):
+            out[torch.tensor(batch.indices)] = self.logits(model, batch.to(device)).float().cpu().reshape(
+                len(batch), self.num_outputs)
+        groups = getattr(dataset, "groups", None)
+        return out, dataset.labels, groups
+
+    @torch.no_grad()
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        logits, labels, groups = self.predict(model, self.dev_set)
+        if self.ranking:
+            scores = logits.reshape(-1)
+            loss = F.binary_cross_entropy_with_logits(scores, labels.float()).item()
+            result = ranking_metrics(groups.tolist(), scores.tolist(), labels.long().tolist())
+            return {"map": 100.0 * result["map"], "mrr": 100.0 * result["mrr"], "loss": loss}
+        loss = F.cross_entropy(logits, labels).item()
+        return {"accuracy": 100.0 * accuracy(logits.argmax(-1).tolist(), labels.tolist()), "loss": loss}
+
+    def metadata(self) -> dict:
+        return {"vocab_size": len(self.vocab), "labels": self.labels}

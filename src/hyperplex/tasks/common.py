@@ -1,0 +1,72 @@
+"""Pieces every task shares: locating files, carving splits, tokenisers and vocabularies."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from hyperplex.data.readers import DataError
+from hyperplex.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
+from hyperplex.data.vocab import Vocabulary
+from hyperplex.experiment import DataConfig, resolve_data_path
+
+
+def data_file(path: str, data_root: str | None, suffix: str = "", key: str = "data.train") -> Path:
+    """The file a config names, trying ``PATH.SUFFIX`` then ``PATH.SUFFIX.gz``; a clear error if absent."""
+    if not path:
+        raise DataError(f"{key} is empty: the config must name a file")
+    base = resolve_data_path(path, data_root)
+    name = f"{base}.{suffix}" if suffix else str(base)
+    for candidate in (Path(name), Path(name + ".gz")):
+        if candidate.is_file():
+            return candidate
+    root = f" (data root {data_root})" if data_root else " (no data root: set --data-root or HYPERPLEX_DATA)"
+    raise DataError(f"{key}: file not found: {name}{'' if name.endswith('.gz') else ' or ' + name + '.gz'}{root}")
+
+
+def split_off(examples: list, fraction: float, seed: int) -> tuple[list, list]:
+    """(train, dev): a seeded random ``fraction`` of ``examples`` held out (at least one example)."""
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    n_dev = max(1, round(len(examples) * fraction))
+    if n_dev >= len(examples):
+        raise DataError(f"dev_fraction {fraction} leaves no training examples out of {len(examples)}")
+    dev = sorted(order[:n_dev])
+    keep = sorted(order[n_dev:])
+    return [examples[i] for i in keep], [examples[i] for i in dev]
+
+
+def subset(examples: list, size: int, seed: int) -> list:
+    """A seeded random subset of ``size`` examples in corpus order (all if ``size`` is 0 or too large)."""
+    if not size or size >= len(examples):
+        return examples
+    order = sorted(random.Random(seed + 7919).sample(range(len(examples)), size))
+    return [examples[i] for i in order]
+
+
+def tokenizer_options(cfg: DataConfig) -> dict:
+    if cfg.tokenizer in ("bpe", "unigram"):
+        return {"vocab_size": cfg.vocab_size, "model_type": cfg.tokenizer}
+    if cfg.tokenizer == "word":
+        return {"lowercase": cfg.lowercase}
+    return {}
+
+
+def tokenizer_and_vocab(cfg: DataConfig, lines: list[str] | None, model_dir: Path, name: str,
+                        fresh: bool) -> tuple[Tokenizer, Vocabulary]:
+    """Train/build (``fresh``) and save, or load, the tokeniser ``name`` and its vocabulary."""
+    if fresh:
+        kind = "sentencepiece" if cfg.tokenizer in ("bpe", "unigram") else cfg.tokenizer
+        tokenizer = build_tokenizer(kind, lines, **tokenizer_options(cfg))
+        max_size = cfg.vocab_size if cfg.tokenizer == "word" else None
+        vocab = tokenizer.build_vocab(lines, max_size=max_size, min_freq=cfg.min_freq)
+        tokenizer.save(model_dir, name)
+        vocab.save(model_dir / f"{name}_vocab.json")
+        return tokenizer, vocab
+    return load_tokenizer(model_dir, name), Vocabulary.load(model_dir / f"{name}_vocab.json")
+
+
+def lowercase_if(cfg: DataConfig, text: str) -> str:
+    """Apply ``data.lowercase`` to raw text (sources, targets and references alike, so BLEU compares
+    lowercased output with lowercased references)."""
+    return text.lower() if cfg.lowercase else text

@@ -1,0 +1,195 @@
+"""Sequence-to-sequence tasks: translation, style transfer and the generated arithmetic task.
+
+Validation during training reports teacher-forced ``loss``/``ppl`` and decodes the dev split
+greedily for ``bleu``/``chrf`` (sacreBLEU on detokenised text) and exact-match ``accuracy``;
+``hyperplex evaluate`` decodes with the configured beam.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hyperplex.data.datasets import Seq2SeqDataset
+from hyperplex.data.readers import DataError, DropReport, read_parallel
+from hyperplex.data.vocab import BOS_INDEX, EOS, EOS_INDEX, PAD_INDEX, UNK, UNK_INDEX
+from hyperplex.models.registry import get_architecture
+from hyperplex.tasks.base import Task
+from hyperplex.tasks.common import data_file, lowercase_if, split_off, subset, tokenizer_and_vocab
+from hyperplex.train.metrics import corpus_bleu, corpus_chrf, perplexity
+
+
+class TranslationTask(Task):
+    name = "translation"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # The arithmetic task is judged by exact match; translation by BLEU.
+        self.metrics = ("accuracy", "bleu", "chrf", "loss", "ppl") if self.cfg.data.format == "arithmetic" \
+            else ("bleu", "chrf", "accuracy", "loss", "ppl")
+
+    # ------------------------------------------------------------------ data
+    def _read(self) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        d = self.cfg.data
+        if d.format == "arithmetic":
+            from hyperplex.data.mlu import generate_mlu
+
+            train, dev = generate_mlu(d.arithmetic_train_size, d.arithmetic_dev_size, seed=self.cfg.seed)
+            return list(train), list(dev)
+        if d.format != "parallel":
+            raise DataError(f"data.format {d.format!r} cannot be used for translation; use parallel or arithmetic")
+        train = read_parallel(data_file(d.train, self.data_root, d.src, "data.train"),
+                              data_file(d.train, self.data_root, d.tgt, "data.train"))
+        if d.dev:
+            dev = read_parallel(data_file(d.dev, self.data_root, d.src, "data.dev"),
+                                data_file(d.dev, self.data_root, d.tgt, "data.dev"))
+        elif d.dev_fraction > 0:
+            train, dev = split_off(train, d.dev_fraction, self.cfg.seed)
+        else:
+            raise DataError("no validation data: set data.dev or data.dev_fraction")
+        return train, dev
+
+    def load_vocabularies(self) -> None:
+        """Load the saved tokenisers/vocabularies only (enough to translate; no data is read)."""
+        d = self.cfg.data
+        self.src_tok, self.src_vocab = tokenizer_and_vocab(d, None, self.model_dir, "src", fresh=False)
+        if d.shared_vocab:
+            self.tgt_tok, self.tgt_vocab = self.src_tok, self.src_vocab
+        else:
+            self.tgt_tok, self.tgt_vocab = tokenizer_and_vocab(d, None, self.model_dir, "tgt", fresh=False)
+
+    def prepare(self, fresh: bool) -> None:
+        d = self.cfg.data
+        train, dev = self._read()
+        if d.max_train_examples:
+            train = subset(train, d.max_train_examples, self.cfg.seed)
+            self.log.info(f"using a seeded subset of {len(train)} training pairs")
+        train = [(lowercase_if(d, s), lowercase_if(d, t)) for s, t in train]
+        self.dev_pairs = [(lowercase_if(d, s), lowercase_if(d, t)) for s, t in dev]
+        if d.shared_vocab:
+            lines = [s for s, _ in train] + [t for _, t in train]
+            self.src_tok, self.src_vocab = tokenizer_and_vocab(d, lines, self.model_dir, "src", fresh)
+            self.tgt_tok, self.tgt_vocab = self.src_tok, self.src_vocab
+        else:
+            self.src_tok, self.src_vocab = tokenizer_and_vocab(d, [s for s, _ in train], self.model_dir, "src", fresh)
+            self.tgt_tok, self.tgt_vocab = tokenizer_and_vocab(d, [t for _, t in train], self.model_dir, "tgt", fresh)
+        src_ids, tgt_ids, report = self._encode_pairs(train, drop_long=True)
+        self.log.info(str(report))
+        if not src_ids:
+            raise DataError(f"no training pairs left after filtering ({report})")
+        self.train_set = Seq2SeqDataset(src_ids, tgt_ids)
+        dev_src, dev_tgt, dev_report = self._encode_pairs(self.dev_pairs, drop_long=False)
+        if dev_report.dropped:
+            self.log.info(f"validation: {dev_report}")
+        self.dev_set = Seq2SeqDataset(dev_src, dev_tgt)
+        self.dev_refs = [self.dev_pairs[i][1] for i in self._dev_kept]
+        self.log.info(f"vocabularies: source {len(self.src_vocab)}, target {len(self.tgt_vocab)}; "
+                      f"{len(self.train_set)} training / {len(self.dev_set)} validation pairs")
+
+    def _encode_pairs(self, pairs, drop_long: bool):
+        d = self.cfg.data
+        src_ids, tgt_ids, kept = [], [], []
+        report = DropReport(total=len(pairs), max_length=d.max_length if drop_long else None,
+                            source="training pairs" if drop_long else "validation pairs")
+        for i, (s, t) in enumerate(pairs):
+            s_tok, t_tok = self.src_tok.tokenize(s), self.tgt_tok.tokenize(t)
+            if not s_tok or not t_tok:
+                report.empty += 1
+                continue
+            if drop_long and (len(s_tok) > d.max_length or len(t_tok) > d.max_length):
+                report.too_long += 1
+                continue
+            src_ids.append(self.src_vocab.encode(s_tok, add_eos=True))
+            tgt_ids.append(self.tgt_vocab.encode(t_tok))
+            kept.append(i)
+        if not drop_long:
+            self._dev_kept = kept
+        return src_ids, tgt_ids, report
+
+    def train_batches(self, epoch: int) -> list:
+        t = self.cfg.training
+        return self.train_set.batches(t.batch_size, t.batch_type, shuffle=t.shuffle, seed=self.cfg.seed,
+                                      epoch=epoch, bucket=t.bucket)
+
+    # ------------------------------------------------------------------ model
+    def build_model(self) -> nn.Module:
+        _, model_class = get_architecture(self.cfg.model["architecture"], self.name).load()
+        return model_class(self.cfg.model_config, len(self.src_vocab), len(self.tgt_vocab), pad_index=PAD_INDEX,
+                           unk_index=UNK_INDEX, bos_index=BOS_INDEX, eos_index=EOS_INDEX)
+
+    def loss(self, model: nn.Module, batch) -> Tensor:
+        logits = model(batch["src"], batch["src_lengths"], batch["tgt_in"])  # (B, T, V)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch["tgt_out"].reshape(-1),
+                               ignore_index=PAD_INDEX, reduction="sum",
+                               label_smoothing=self.cfg.training.label_smoothing)
+
+    @torch.no_grad()
+    def validate(self, model: nn.Module, beam_size: int = 1) -> dict[str, float]:
+        nll, tokens = 0.0, 0
+        device = next(model.parameters()).device
+        for batch in self.dev_set.batches(self.cfg.testing.batch_size):
+            batch = batch.to(device)
+            logits = model(batch["src"], batch["src_lengths"], batch["tgt_in"])
+            nll += F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch["tgt_out"].reshape(-1),
+                                   ignore_index=PAD_INDEX, reduction="sum").item()
+            tokens += batch.num_tokens
+        hypotheses = self.translate_ids(model, self.dev_set.src_ids, beam_size=beam_size,
+                                        src_tokens=[self.src_tok.tokenize(self.dev_pairs[i][0]) for i in self._dev_kept])
+        refs = self.dev_refs
+        exact = sum(h.strip() == r.strip() for h, r in zip(hypotheses, refs)) / len(refs)
+        return {"bleu": corpus_bleu(hypotheses, refs).score, "chrf": corpus_chrf(hypotheses, refs).score,
+                "accuracy": 100.0 * exact, "loss": nll / max(tokens, 1), "ppl": perplexity(nll, tokens)}
+
+    # ------------------------------------------------------------------ decoding
+    def translate(self, model: nn.Module, lines: list[str], **kwargs):
+        """Raw source sentences → detokenised translations (see :meth:`translate_ids` for ``kwargs``)."""
+        tokens = [self.src_tok.tokenize(lowercase_if(self.cfg.data, line)) for line in lines]
+        ids = [self.src_vocab.encode(t, add_eos=True) for t in tokens]  # an empty line becomes just EOS
+        return self.translate_ids(model, ids, src_tokens=tokens, **kwargs)
+
+    @torch.no_grad()
+    def translate_ids(self, model: nn.Module, src_ids: list[list[int]], beam_size: int | None = None,
+                      src_tokens: list[list[str]] | None = None, return_attention: bool = False,
+                      progress: bool = False):
+        """Decode source id sequences in order; returns detokenised strings (and per-sentence
+        ``(output tokens, attention (T, S))`` when ``return_attention``). ``src_tokens`` (the
+        tokenised sources, before vocabulary lookup) are what ``<unk>`` replacement copies."""
+        from hyperplex.models.search import decode, load_unk_dictionary, replace_unk
+
+        te = self.cfg.testing
+        beam = te.beam_size if beam_size is None else beam_size
+        dictionary = load_unk_dictionary(te.unk_dictionary) if te.replace_unk and te.unk_dictionary else None
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        data = Seq2SeqDataset(src_ids)
+        outputs: list = [None] * len(src_ids)
+        attentions: list = [None] * len(src_ids)
+        batches = data.batches(te.batch_size, "sentence", bucket=True)
+        if progress:
+            from tqdm import tqdm
+
+            batches = tqdm(batches, unit="batch", desc="decoding", file=__import__("sys").stderr, disable=None)
+        for batch in batches:
+            b = batch.to(device)
+            results = decode(model, b["src"], b["src_lengths"], beam_size=beam, beam_alpha=te.beam_alpha,
+                             max_output_length=te.max_output_length)
+            for row, index in enumerate(batch.indices):
+                hyp = results[row][0]
+                tokens = self.tgt_vocab.decode(hyp.tokens)
+                if te.replace_unk and hyp.attention is not None:
+                    source = src_tokens[index] if src_tokens is not None else \
+                        self.src_vocab.decode(src_ids[index], strip_specials=True)
+                    tokens = replace_unk(tokens, list(source) + [EOS], hyp.attention, unk_token=UNK,
+                                         dictionary=dictionary)
+                outputs[index] = tokens
+                attentions[index] = hyp.attention
+        model.train(was_training)
+        texts = [self.tgt_tok.detokenize(t) for t in outputs]
+        if return_attention:
+            return texts, list(zip(outputs, attentions))
+        return texts
+
+    def metadata(self) -> dict:
+        return {"src_vocab_size": len(self.src_vocab), "tgt_vocab_size": len(self.tgt_vocab)}

@@ -1,0 +1,413 @@
+"""One training loop for every task and model.
+
+Adam/AdamW/SGD with stateless schedules (exact resume), gradient accumulation and clipping,
+bf16/fp16 autocast, validation every N steps, early stopping, best-k checkpoints, logs to
+``train.log`` / ``metrics.csv`` / TensorBoard, a tqdm bar, and data-parallel training with
+``torchrun`` (DDP). Resuming restores the parameters, optimiser, data position and every RNG, so a
+run killed at any instant and resumed from ``last.safetensors`` ends where an uninterrupted run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import logging
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hyperplex.config import dump_yaml
+from hyperplex.experiment import ExperimentConfig, experiment_dict
+from hyperplex.tasks.base import Task, metric_mode
+from hyperplex.train.checkpoint import CheckpointManager, load_checkpoint, restore_rng
+from hyperplex.train.optim import apply_lr, build_optimizer, build_schedule
+
+LAST = "last.safetensors"
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. the loss became NaN); the message says where and what was kept."""
+
+
+@dataclass
+class TrainState:
+    """Everything besides tensors that an exact resume needs (stored in the checkpoint)."""
+
+    step: int = 0  # optimiser steps done
+    epoch: int = 1  # current epoch (1-based)
+    batch_index: int = 0  # next batch of the current epoch
+    best_metric: float | None = None
+    bad_validations: int = 0  # validations since the last improvement
+    finished: bool = False
+
+
+def _distributed() -> tuple[int, int]:
+    """(rank, world size) from the torchrun environment; initialises the process group once."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() and os.environ.get("HYPERPLEX_BACKEND") != "gloo" else "gloo"
+        dist.init_process_group(backend=backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def resolve_device(name: str, rank: int = 0) -> torch.device:
+    """``auto`` → CUDA (this rank's GPU under torchrun) if available, else CPU; unknown devices are errors."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"training.device: unknown device {name!r} (expected auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"training.device is {name!r} but CUDA is not available on this machine")
+    return device
+
+
+def setup_logger(model_dir: Path, rank: int) -> logging.Logger:
+    """Logger writing to ``model_dir/train.log`` and stderr (rank 0 only)."""
+    log = logging.getLogger("hyperplex")
+    log.setLevel(logging.INFO)
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+        handler.close()
+    log.propagate = False
+    if rank != 0:
+        log.addHandler(logging.NullHandler())
+        return log
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
+    file_handler = logging.FileHandler(model_dir / "train.log", encoding="utf-8")
+    file_handler.setFormatter(fmt)
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(file_handler)
+    log.addHandler(stream)
+    return log
+
+
+def check_writable(model_dir: Path) -> None:
+    """Create the model folder and prove it is writable before any work is done."""
+    try:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        probe = model_dir / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise OSError(f"model folder {model_dir} is not writable: {err.strerror or err}") from None
+
+
+class MetricsWriter:
+    """``metrics.csv`` in long format (``step,epoch,split,name,value``) plus TensorBoard scalars."""
+
+    FIELDS = ("step", "epoch", "split", "name", "value")
+
+    def __init__(self, model_dir: Path, resume_step: int | None, tensorboard: bool = True) -> None:
+        self.path = model_dir / "metrics.csv"
+        if resume_step is not None and self.path.exists():
+            # Rows written after the checkpoint we resume from belong to a run that was killed.
+            with open(self.path, newline="", encoding="utf-8") as f:
+                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
+            tmp = self.path.with_suffix(".csv.tmp")
+            with open(tmp, "w", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, self.FIELDS)
+                writer.writeheader()
+                writer.writerows(rows)
+            os.replace(tmp, self.path)
+        elif not self.path.exists() or resume_step is None:
+            with open(self.path, "w", newline="", encoding="utf-8") as f:
+                csv.writer(f).writerow(self.FIELDS)
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(model_dir / "tensorboard"), purge_step=resume_step)
+            except ImportError:  # tensorboard is a dependency, but do not die over logging
+                logging.getLogger("hyperplex").warning("tensorboard not installed: no TensorBoard logs")
+
+    def write(self, step: int, epoch: int, split: str, values: dict[str, float]) -> None:
+        with open(self.path, "a", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            for name, value in values.items():
+                writer.writerow((step, epoch, split, name, f"{value:.6g}"))
+                if self.tb is not None:
+                    self.tb.add_scalar(f"{split}/{name}", value, step)
+        if self.tb is not None:
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+class Trainer:
+    """Train ``task``'s model as ``cfg`` says, writing everything into ``model_dir``."""
+
+    def __init__(self, cfg: ExperimentConfig, task_factory, model_dir: str | Path, data_root: str | None,
+                 resume: bool = False) -> None:
+        self.cfg, self.tcfg = cfg, cfg.training
+        self.model_dir = Path(model_dir)
+        self.resume = resume
+        self.rank, self.world = _distributed()
+        if self.rank == 0:
+            check_writable(self.model_dir)
+        last = self.model_dir / LAST
+        if resume and not last.exists():
+            raise FileNotFoundError(f"--resume: no checkpoint {last} to resume from")
+        if not resume and last.exists():
+            raise FileExistsError(f"{self.model_dir} already holds a trained model ({LAST}); pass --resume to "
+                                  f"continue it, or choose another --model-dir (nothing was overwritten)")
+        self.log = setup_logger(self.model_dir, self.rank)
+        self.device = resolve_device(self.tcfg.device, self.rank)
+        if self.tcfg.precision == "fp16" and self.device.type != "cuda":
+            raise ValueError("training.precision fp16 needs a CUDA device; use bf16 or fp32 on CPU")
+        if self.tcfg.num_threads:
+            torch.set_num_threads(self.tcfg.num_threads)
+        if self.tcfg.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        self.task: Task = task_factory(cfg, self.model_dir, data_root, self.log)
+        metric = self.tcfg.early_stopping_metric or self.task.metrics[0]
+        if metric not in self.task.metrics:
+            raise ValueError(f"training.early_stopping_metric {metric!r} is not reported by task "
+                             f"{self.task.name!r}; choose one of {', '.join(self.task.metrics)}")
+        self.metric, self.mode = metric, metric_mode(metric)
+
+    # ------------------------------------------------------------------ helpers
+    def _seed(self) -> None:
+        seed = self.cfg.seed
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+
+    def _autocast(self):
+        if self.tcfg.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.tcfg.precision == "bf16" else torch.float16
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def _improved(self, value: float, best: float | None) -> bool:
+        if best is None:
+            return True
+        return value < best if self.mode == "min" else value > best
+
+    def _extra(self, state: TrainState) -> dict:
+        return {"trainer": asdict(state), "config": experiment_dict(self.cfg), "task": self.task.metadata(),
+                "format": "hyperplex-checkpoint-1"}
+
+    # ------------------------------------------------------------------ main loop
+    def train(self) -> dict:
+        """Run (or resume) training; returns the final validation metrics."""
+        cfg, tcfg, log = self.cfg, self.tcfg, self.log
+        self._seed()
+        self.task.prepare(fresh=not self.resume)
+        model = self.task.build_model().to(self.device)
+        self.model = model
+        optimizer = build_optimizer(model.parameters(), tcfg.optimizer, tcfg.lr, betas=tuple(tcfg.betas),
+                                    eps=tcfg.eps, weight_decay=tcfg.weight_decay, momentum=tcfg.momentum)
+        schedule = self._schedule()
+        state = TrainState()
+        manager = CheckpointManager(self.model_dir, keep_best=tcfg.keep_best, metric_mode=self.mode,
+                                    metric_name=self.metric) \
+            if self.rank == 0 else None
+        if self.resume:
+            ckpt = load_checkpoint(self.model_dir / LAST, map_location=self.device)
+            model.load_state_dict(ckpt.model_state)
+            if ckpt.optimizer_state is not None:
+                optimizer.load_state_dict(ckpt.optimizer_state)
+            state = TrainState(**ckpt.extra["trainer"])
+            restore_rng(ckpt.rng_state)
+            log.info(f"resumed from {self.model_dir / LAST} at step {state.step}, epoch {state.epoch}, "
+                     f"batch {state.batch_index}")
+            if state.finished:
+                log.info("that run had already finished; nothing to do")
+                return {}
+        elif self.rank == 0:
+            (self.model_dir / "config.yaml").write_text(dump_yaml(experiment_dict(cfg)), encoding="utf-8")
+        n_params = sum(p.numel() for p in model.parameters())
+        log.info(f"{cfg.name}: task {self.task.name}, model {cfg.model.get('architecture')}, {n_params:,} parameters, "
+                 f"device {self.device}, {self.world} process(es)")
+        train_model: nn.Module = model
+        if self.world > 1:
+            train_model = nn.parallel.DistributedDataParallel(
+                model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        scaler = torch.amp.GradScaler("cuda") if tcfg.precision == "fp16" else None
+        metrics = MetricsWriter(self.model_dir, state.step if self.resume else None) if self.rank == 0 else None
+
+        total_steps = tcfg.max_steps or None
+        bar = None
+        if self.rank == 0 and tcfg.progress_bar:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total_steps, initial=state.step, unit="step", dynamic_ncols=True, file=sys.stderr,
+                       disable=None)
+        last_val: dict[str, float] = {}
+        window_loss, window_count, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
+        try:
+            model.train()
+            while not state.finished:
+                batches = self.task.train_batches(state.epoch)
+                if not batches:
+                    raise ValueError("the training split produced no batches (is it empty after filtering?)")
+                while state.batch_index < len(batches):
+                    group = batches[state.batch_index: state.batch_index + tcfg.accum_steps]
+                    count = sum(b.num_tokens for b in group)
+                    lr = schedule.lr(tcfg.lr, state.step + 1, state.epoch)
+                    apply_lr(optimizer, lr)
+                    step_loss = 0.0
+                    for j, batch in enumerate(group):
+                        shard = batch.shard(self.rank, self.world) if self.world > 1 else batch
+                        shard = shard.to(self.device)
+                        sync = contextlib.nullcontext()
+                        if self.world > 1 and j < len(group) - 1:
+                            sync = train_model.no_sync()
+                        with sync:
+                            with self._autocast():
+                                loss_sum = self.task.loss(train_model, shard).float()
+                            self._check_finite(loss_sum, state)
+                            # DDP averages gradients over processes; scale so the result is the
+                            # gradient of (total loss / total tokens) of the global batch.
+                            scaled = loss_sum * (self.world / max(count, 1))
+                            (scaler.scale(scaled) if scaler else scaled).backward()
+                        step_loss += loss_sum.item()
+                    if scaler:
+                        scaler.unscale_(optimizer)
+                    if tcfg.clip_grad_norm > 0:
+                        nn.utils.clip_grad_norm_(model.parameters(), tcfg.clip_grad_norm)
+                    if scaler:
+                        scaler.step(optimizer)
+                        scaler.update()
+                    else:
+                        optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    state.step += 1
+                    state.batch_index += len(group)
+                    epoch_done = state.batch_index >= len(batches)
+                    if epoch_done:
+                        self._next_epoch(state)  # the checkpoint must point at the next epoch's start
+                    if tcfg.max_steps and state.step >= tcfg.max_steps:
+                        state.finished = True
+                    if self.world > 1:
+                        step_loss = self._all_sum(step_loss)
+                    window_loss += step_loss
+                    window_count += count
+                    window_tokens += count
+                    if bar is not None:
+                        elapsed = max(time.perf_counter() - window_start, 1e-9)
+                        bar.set_postfix(loss=f"{step_loss / max(count, 1):.3f}", lr=f"{lr:.2e}",
+                                        tok_s=f"{window_tokens / elapsed:.0f}", epoch=state.epoch, refresh=False)
+                        bar.update(1)
+                    if state.step % tcfg.log_every == 0:
+                        elapsed = time.perf_counter() - window_start
+                        mean = window_loss / max(window_count, 1)
+                        log.info(f"step {state.step} epoch {state.epoch}: loss {mean:.4f} lr {lr:.3e} "
+                                 f"{window_tokens / max(elapsed, 1e-9):.0f} tokens/s")
+                        if metrics:
+                            metrics.write(state.step, state.epoch, "train", {"loss": mean, "lr": lr})
+                        window_loss, window_count, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
+                    due = (tcfg.validation_every and state.step % tcfg.validation_every == 0) or \
+                        (not tcfg.validation_every and epoch_done) or state.finished
+                    if due:
+                        last_val = self._validate_and_save(model, optimizer, state, manager, metrics)
+                    elif tcfg.checkpoint_every and state.step % tcfg.checkpoint_every == 0 and manager:
+                        manager.save_last(model.state_dict(), optimizer.state_dict(), self._extra(state))
+                    if epoch_done or state.finished:
+                        break
+        finally:
+            if bar is not None:
+                bar.close()
+            if metrics:
+                metrics.close()
+        if self.rank == 0 and tcfg.plots:
+            self._plots()
+        log.info(f"finished at step {state.step}; best {self.metric} {state.best_metric}")
+        return last_val
+
+    def _next_epoch(self, state: TrainState) -> None:
+        state.epoch += 1
+        state.batch_index = 0
+        if state.epoch > self.tcfg.max_epochs:
+            state.finished = True
+
+    def _schedule(self):
+        t = self.tcfg
+        if t.schedule == "inverse_sqrt":
+            return build_schedule("inverse_sqrt", warmup_steps=max(1, t.warmup_steps))
+        if t.schedule == "halving":
+            return build_schedule("halving", start_epoch=t.halve_after_epoch)
+        if t.schedule == "linear_decay":
+            if not t.max_steps:
+                raise ValueError("training.schedule linear_decay needs training.max_steps > 0")
+            return build_schedule("linear_decay", warmup_steps=t.warmup_steps, total_steps=t.max_steps)
+        return build_schedule("constant")
+
+    def _all_sum(self, value: float) -> float:
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
+        dist.all_reduce(tensor)
+        return float(tensor.item())
+
+    def _check_finite(self, loss: torch.Tensor, state: TrainState) -> None:
+        bad = not torch.isfinite(loss).item()
+        if self.world > 1:
+            bad = self._all_sum(float(bad)) > 0
+        if bad:
+            last = self.model_dir / LAST
+            kept = f"the last good checkpoint {last} (step ≤ {state.step}) is intact" if last.exists() \
+                else "no checkpoint had been written yet"
+            raise TrainingError(f"loss became {loss.item()} at step {state.step + 1} (epoch {state.epoch}, batch "
+                                f"{state.batch_index + 1}); training stopped, {kept}. Try a lower training.lr, "
+                                f"training.clip_grad_norm or fp32")
+
+    def _validate_and_save(self, model, optimizer, state: TrainState, manager, metrics) -> dict[str, float]:
+        """Validate on rank 0, save last/best checkpoints, update early stopping; all ranks agree on stopping."""
+        values: dict[str, float] = {}
+        if self.rank == 0:
+            model.eval()
+            with torch.no_grad(), self._autocast():
+                values = self.task.validate(model)
+            model.train()
+            value = values[self.metric]
+            if self._improved(value, state.best_metric):
+                state.best_metric, state.bad_validations = value, 0
+            else:
+                state.bad_validations += 1
+            if self.tcfg.patience and state.bad_validations >= self.tcfg.patience:
+                self.log.info(f"early stopping: {self.metric} has not improved for {state.bad_validations} validations")
+                state.finished = True
+            shown = " ".join(f"{k} {v:.4f}" for k, v in values.items())
+            self.log.info(f"validation at step {state.step} (epoch {state.epoch}): {shown}")
+            metrics.write(state.step, state.epoch, "dev", values)
+            extra = self._extra(state)
+            manager.save_last(model.state_dict(), optimizer.state_dict(), extra)
+            manager.save_if_best(value, state.step, model.state_dict(), None, extra)
+        if self.world > 1:
+            flag = torch.tensor([float(state.finished)])
+            dist.broadcast(flag, src=0)
+            state.finished = bool(flag.item())
+        return values
+
+    def _plots(self) -> None:
+        try:
+            from hyperplex.train.plots import plot_metrics, plot_phm_rules
+
+            plot_metrics(self.model_dir / "metrics.csv", self.model_dir / "curves.png")
+            plot_phm_rules(self.model, self.model_dir / "phm_rules.png")
+        except Exception as err:  # a plotting failure must not lose a finished run
+            self.log.warning(f"could not draw plots: {err}")
+
+
+def perplexity_safe(nll: float, tokens: int) -> float:
+    """exp(nll / tokens), capped so a diverged model reports inf rather than overflowing."""
+    mean = nll / max(tokens, 1)
+    return math.exp(mean) if mean < 700 else float("inf")

@@ -195,8 +195,9 @@ def dump_yaml(data: dict) -> str:
 
 
 # ---------------------------------------------------------------------------- reference docs
-def reference_markdown(cls: type, prefix: str = "", heading_level: int = 3) -> str:
-    """Markdown table of every field of ``cls`` (recursing into nested dataclasses)."""
+def reference_markdown(cls: type, prefix: str = "", heading_level: int = 3, instance: Any = None) -> str:
+    """Markdown table of every field of ``cls`` (recursing into nested dataclasses). Defaults are read
+    from ``instance`` when given (a nested section's default object, which may differ from its class's)."""
     hints = typing.get_type_hints(cls)
     rows, nested = [], []
     for f in dataclasses.fields(cls):
@@ -204,20 +205,22 @@ def reference_markdown(cls: type, prefix: str = "", heading_level: int = 3) -> s
             continue
         dotted = f"{prefix}.{f.name}" if prefix else f.name
         tp = hints[f.name]
-        if f.default is not dataclasses.MISSING:
+        if instance is not None:
+            default = getattr(instance, f.name)
+        elif f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
             default = f.default_factory()  # type: ignore[misc]
         else:
             default = "(required)"
         if dataclasses.is_dataclass(tp):
-            nested.append((dotted, tp))
+            nested.append((dotted, tp, default if dataclasses.is_dataclass(default) else None))
             default = "see below"
         shown = yaml.safe_dump(to_dict(default), default_flow_style=True).strip().removesuffix("...").strip() \
             if default not in ("(required)", "see below") else default
         help_text = f.metadata.get("help", "").replace("|", "\\|").replace("\n", " ")
         rows.append(f"| `{dotted}` | {_type_name(tp).replace('|', chr(92) + '|')} | `{shown}` | {help_text} |")
     text = "| key | type | default | meaning |\n|---|---|---|---|\n" + "\n".join(rows) + "\n"
-    for dotted, tp in nested:
-        text += f"\n{'#' * heading_level} `{dotted}`\n\n" + reference_markdown(tp, dotted, heading_level)
+    for dotted, tp, value in nested:
+        text += f"\n{'#' * heading_level} `{dotted}`\n\n" + reference_markdown(tp, dotted, heading_level, value)
     return text

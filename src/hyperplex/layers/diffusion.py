@@ -58,7 +58,6 @@ class DiffusionPHMLinear(nn.Module):
 
     def dense_weight(self) -> Tensor:
         """``H`` of eq. A.1, ``(out_features, in_features)``."""
-        n = self.n
         H = torch.einsum("iam,jmq->aqij", self.diffusion, self.blocks)  # (a, q, i, j)
         return H.reshape(self.out_features, self.in_features)
 

@@ -114,9 +114,11 @@ def beam_search(model, src: Tensor, src_lengths: Tensor, beam_size: int = 5, bea
     (``index_select(0, …)``) and reordered after every step to follow the surviving beams.
     Beams are ranked by total log-probability; a hypothesis that emits EOS among the top
     ``beam_size`` candidates of its sentence is finished and scored ``log P / lp(|Y|)``
-    (:func:`length_penalty`, ``|Y|`` counting EOS; ``α = beam_alpha``). A sentence stops once it
-    has ``beam_size`` finished hypotheses (as fairseq); at ``max_output_length`` the surviving
-    beams are scored as they are.
+    (:func:`length_penalty`, ``|Y|`` counting EOS; ``α = beam_alpha``); the ``beam_size`` best
+    other candidates survive. A sentence stops once the best candidate of a step has ended in EOS
+    (as JoeyNMT / OpenNMT) and it has ``n_best`` finished hypotheses — not after ``beam_size``
+    finished ones (fairseq), which on peaked distributions can stop before the best beam ends.
+    At ``max_output_length`` the surviving beams are scored as they are.
     """
     _check(src, src_lengths, max_output_length)
     if not isinstance(beam_size, int) or beam_size < 1:
@@ -133,6 +135,7 @@ def beam_search(model, src: Tensor, src_lengths: Tensor, beam_size: int = 5, bea
     attention_history: Tensor | None = None  # (B·K, t, S)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     done = [False] * B
+    top_finished = [False] * B  # the best candidate of some step was EOS
     lengths = src_lengths.tolist()
     row_offset = (torch.arange(B, device=device) * K)[:, None]  # (B, 1)
     for step in range(max_output_length):
@@ -156,7 +159,9 @@ def beam_search(model, src: Tensor, src_lengths: Tensor, beam_size: int = 5, bea
             tokens = history[row].tolist()
             score = float(top_scores[b, j]) / length_penalty(step + 1, beam_alpha)
             finished[b].append(Hypothesis(tokens, score, _attention_rows(rows, len(tokens), lengths[b])))
-            done[b] = len(finished[b]) >= K
+        for b, best_is_eos in enumerate((is_eos[:, 0] & torch.isfinite(top_scores[:, 0])).tolist()):
+            top_finished[b] |= best_is_eos
+            done[b] = done[b] or (top_finished[b] and len(finished[b]) >= n_best)
         if all(done):
             break
         # survivors: the first K candidates that are not EOS (sort key puts EOS last, keeps rank)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
@@ -61,20 +61,20 @@ class Checkpoint:
     """A loaded checkpoint.
 
     Attributes:
-        path: the file it was read from.
-        kind: ``"checkpoint"`` (from :func:`save_checkpoint`) or ``"weights"`` (:func:`save_model_weights`).
         model_state: ``{name: Tensor}`` for ``model.load_state_dict``; tied names share one tensor.
         optimizer_state: a ``state_dict()`` for ``optimizer.load_state_dict``, or ``None``.
         extra: the ``extra`` dict given to :func:`save_checkpoint` (JSON values, tuples, tensors, arrays).
         rng_state: the :func:`capture_rng` dict saved with it (pass to :func:`restore_rng`), or ``None``.
+        path: the file it was read from.
+        kind: ``"checkpoint"`` (from :func:`save_checkpoint`) or ``"weights"`` (:func:`save_model_weights`).
     """
 
-    path: str
-    kind: str
     model_state: dict[str, Tensor]
     optimizer_state: dict | None
     extra: dict
     rng_state: dict | None
+    path: str = ""
+    kind: str = "checkpoint"
 
 
 # ---------------------------------------------------------------------------- atomic files
@@ -91,29 +91,33 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` then move the fsynced temporary file onto ``path`` atomically.
+def atomic_write(path, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)``, fsync, then move the file onto ``path`` atomically (``os.replace``).
 
-    The temporary file (``.<name>.tmp-<pid>-<hex>`` in the same folder) is removed on failure.
-    Raises :class:`CheckpointError` naming ``path`` on any OS error.
+    ``tmp_path`` lies in a private folder ``.<name>.tmp-<pid>-<hex>/`` next to ``path`` (so any
+    temporary file the writer makes itself lands there too); the folder is removed afterwards, and
+    :class:`CheckpointManager` removes those left by a killed process. Raises
+    :class:`CheckpointError` naming ``path`` if the file cannot be written.
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp_dir = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp = os.path.join(tmp_dir, os.path.basename(path))
     try:
+        os.mkdir(tmp_dir)
         write(tmp)
         fd = os.open(tmp, os.O_RDONLY)
         try:
-            os.fsync(fd)  # data on disk before the rename makes it visible
+            os.fsync(fd)  # the data reaches the disk before the rename makes it visible
         finally:
             os.close(fd)
         os.replace(tmp, path)
         _fsync_dir(directory)
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot write ({e.strerror or e}); the previous file, if any, is unchanged") from e
+    except (OSError, SafetensorError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+        raise CheckpointError(f"{path}: cannot write ({reason}); the previous file, if any, is unchanged") from e
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
 _TMP_PATTERN = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")
@@ -337,7 +341,7 @@ def load_checkpoint(path, map_location="cpu") -> Checkpoint:
         rng = _decode(payload["rng"], tensors)
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: corrupted checkpoint structure ({e!r})") from e
-    return Checkpoint(path, payload["kind"], model, optimizer, extra, rng)
+    return Checkpoint(model, optimizer, extra, rng, path, payload["kind"])
 
 
 def load_model_weights(path, map_location="cpu") -> dict[str, Tensor]:
@@ -543,8 +547,9 @@ class CheckpointManager:
         names = os.listdir(self.model_dir)
         for name in names:  # temporary files of writes killed mid-way
             if _TMP_PATTERN.match(name):
+                leftover = self.path(name)
                 try:
-                    os.unlink(self.path(name))
+                    shutil.rmtree(leftover) if os.path.isdir(leftover) else os.unlink(leftover)
                 except OSError:
                     pass
         index_path, index = self.path(self.INDEX), {}

@@ -81,10 +81,12 @@ def plot_metrics(metrics_csv_path, out_png, max_panels: int = 12) -> list[str]:
     rows = math.ceil(len(names) / cols)
     fig = _new_figure(4.2 * cols, 3.0 * rows)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    splits = list(dict.fromkeys(split for _, split in series))
     for ax, name in zip(axes, names):
         for (metric, split), (steps, values) in series.items():
-            if metric == name:
-                ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=split)
+            if metric == name:  # one colour per split across all panels
+                ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=split,
+                        color=f"C{splits.index(split) % 10}")
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -152,8 +154,9 @@ def plot_phm_rules(model, out_png, layers_per_page: int = 8) -> int:
     for page in range(math.ceil(len(layers) / layers_per_page)):
         chunk = layers[page * layers_per_page:(page + 1) * layers_per_page]
         n_max = max(m.n for _, m in chunk)
-        fig = _new_figure(1.6 * n_max + 1.0, 1.8 * len(chunk) + 0.3)
-        axes = fig.subplots(len(chunk), n_max, squeeze=False)
+        fig = _new_figure(1.6 * n_max + 1.6, 1.8 * len(chunk) + 0.3)
+        # the last, narrow column holds each row's colour bar (keeps the Aᵢ columns aligned)
+        axes = fig.subplots(len(chunk), n_max + 1, squeeze=False, width_ratios=[1.0] * n_max + [0.06])
         for row, (name, module) in enumerate(chunk):
             rule = _to_numpy(module.phm_rule)  # (n, n, n); rule[i] = Aᵢ (ICLR eq. 3.2)
             bound = max(1e-12, float(np.abs(rule).max()))
@@ -163,13 +166,15 @@ def plot_phm_rules(model, out_png, layers_per_page: int = 8) -> int:
                 if i >= module.n:
                     ax.set_visible(False)
                     continue
-                ax.imshow(rule[i], cmap="RdBu_r", vmin=-bound, vmax=bound)
+                image = ax.imshow(rule[i], cmap="RdBu_r", vmin=-bound, vmax=bound)
                 ax.set_xticks([])
                 ax.set_yticks([])
                 ax.set_title(f"A{i + 1}", fontsize="small")
                 if module.n <= 4:  # small matrices: print the entries
                     for (r, c), v in np.ndenumerate(rule[i]):
-                        ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=6)
+                        ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                                color="white" if abs(v) > 0.6 * bound else "black")
+            fig.colorbar(image, cax=axes[row, n_max])
             axes[row, 0].set_ylabel(f"{name}\n(n={module.n}, {kind})", fontsize="small", rotation=0,
                                     ha="right", va="center")
         _save(fig, _page_path(out_png, page))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import logging
-import math
 import os
 import random
 import sys
@@ -406,8 +405,3 @@ class Trainer:
         except Exception as err:  # a plotting failure must not lose a finished run
             self.log.warning(f"could not draw plots: {err}")
 
-
-def perplexity_safe(nll: float, tokens: int) -> float:
-    """exp(nll / tokens), capped so a diverged model reports inf rather than overflowing."""
-    mean = nll / max(tokens, 1)
-    return math.exp(mean) if mean < 700 else float("inf")

@@ -1,0 +1,144 @@
+"""The training loop: exact resume after SIGKILL, DDP ≡ one process, early stopping, NaN handling."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from hyperplex import runner
+from hyperplex.train.checkpoint import load_checkpoint, load_model_weights
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+       "OMP_NUM_THREADS": "1"}
+
+
+def tiny_config(tmp_path: Path, **training) -> Path:
+    """A seconds-long arithmetic run with a tiny Transformer (generated data, no files)."""
+    cfg = {
+        "name": "tiny", "seed": 3,
+        "data": {"task": "translation", "format": "arithmetic", "arithmetic_train_size": 256,
+                 "arithmetic_dev_size": 16, "tokenizer": "char", "shared_vocab": True},
+        "model": {"architecture": "transformer", "d_model": 16, "num_heads": 2, "d_ff": 32, "encoder_layers": 1,
+                  "decoder_layers": 1, "dropout": 0.1, "linear": {"kind": "phm", "n": 2}},
+        "training": {"lr": 3e-3, "batch_size": 32, "max_steps": 24, "validation_every": 12, "log_every": 1,
+                     "num_threads": 1, "progress_bar": False, "plots": False, **training},
+        "testing": {"beam_size": 1, "max_output_length": 8, "batch_size": 16},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def train_losses(model_dir: Path) -> list[float]:
+    with open(model_dir / "metrics.csv") as f:
+        return [float(r["value"]) for r in csv.DictReader(f) if r["split"] == "train" and r["name"] == "loss"]
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
+    config = tiny_config(tmp_path, checkpoint_every=3, max_steps=30, validation_every=10)
+    straight = tmp_path / "straight"
+    runner.train(str(config), model_dir=str(straight))
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "hyperplex", "train", str(config), "--model-dir", str(killed)],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = killed / "last.safetensors"
+    deadline = time.time() + 120
+    while not last.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    state = load_checkpoint(last).extra["trainer"]
+    assert not state["finished"] and 0 < state["step"] < 30, "the kill must land mid-run"
+    runner.train(str(config), model_dir=str(killed), resume=True)
+    a = load_model_weights(straight / "last.safetensors")
+    b = load_model_weights(killed / "last.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key  # bitwise
+    assert load_checkpoint(killed / "last.safetensors").extra["trainer"]["step"] == 30
+    # metrics.csv of the resumed run holds each step once, as the uninterrupted run's does
+    assert train_losses(killed) == train_losses(straight)
+
+
+def test_ddp_two_processes_match_one_process(tmp_path):
+    config = tiny_config(tmp_path, max_steps=8, validation_every=8, batch_size=16)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["model"]["dropout"] = 0.0  # dropout masks would differ between one and two processes
+    config.write_text(yaml.safe_dump(cfg))
+    one = tmp_path / "one"
+    runner.train(str(config), model_dir=str(one))
+    two = tmp_path / "two"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+                    "-m", "hyperplex", "train", str(config), "--model-dir", str(two)],
+                   env={**ENV, "HYPERPLEX_BACKEND": "gloo"}, check=True, capture_output=True, timeout=300)
+    l1, l2 = train_losses(one), train_losses(two)
+    assert len(l1) == len(l2) == 8
+    assert l1 == pytest.approx(l2, rel=1e-5, abs=1e-6)
+    a, b = load_model_weights(one / "last.safetensors"), load_model_weights(two / "last.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+
+def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    from hyperplex.tasks.translation import TranslationTask
+    from hyperplex.train.trainer import TrainingError
+
+    config = tiny_config(tmp_path, max_steps=20, validation_every=5)
+    original = TranslationTask.loss
+    calls = {"n": 0}
+
+    def poisoned(self, model, batch):
+        calls["n"] += 1
+        loss = original(self, model, batch)
+        return loss * float("nan") if calls["n"] == 8 else loss
+
+    monkeypatch.setattr(TranslationTask, "loss", poisoned)
+    model_dir = tmp_path / "nan"
+    with pytest.raises(TrainingError, match=r"loss became nan at step 8 .*last good checkpoint .* is intact"):
+        runner.train(str(config), model_dir=str(model_dir))
+    ckpt = load_checkpoint(model_dir / "last.safetensors")
+    assert ckpt.extra["trainer"]["step"] == 5
+    assert all(torch.isfinite(t).all() for t in ckpt.model_state.values())
+
+
+def test_early_stopping_with_patience(tmp_path):
+    # lr tiny → no improvement of exact-match accuracy (stays 0): stop after `patience` validations
+    config = tiny_config(tmp_path, lr=1e-9, max_steps=100, validation_every=2, patience=2)
+    model_dir = tmp_path / "early"
+    runner.train(str(config), model_dir=str(model_dir))
+    state = load_checkpoint(model_dir / "last.safetensors").extra["trainer"]
+    assert state["finished"] and state["step"] == 6  # validations at 2 (best), 4, 6 (two without improvement)
+
+
+def test_accumulation_equals_large_batch(tmp_path):
+    big = tiny_config(tmp_path, batch_size=32, max_steps=4, validation_every=4, accum_steps=1, shuffle=False,
+                      bucket=False)
+    cfg = yaml.safe_load(big.read_text())
+    cfg["model"]["dropout"] = 0.0
+    big.write_text(yaml.safe_dump(cfg))
+    runner.train(str(big), model_dir=str(tmp_path / "big"))
+    cfg["training"].update(batch_size=16, accum_steps=2)
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump(cfg))
+    runner.train(str(small), model_dir=str(tmp_path / "small"))
+    a = load_model_weights(tmp_path / "big" / "last.safetensors")
+    b = load_model_weights(tmp_path / "small" / "last.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6)
+
+
+def test_refuses_to_overwrite_a_trained_model(tmp_path):
+    config = tiny_config(tmp_path, max_steps=2, validation_every=2)
+    runner.train(str(config), model_dir=str(tmp_path / "m"))
+    before = (tmp_path / "m" / "last.safetensors").read_bytes()
+    with pytest.raises(FileExistsError, match="already holds a trained model"):
+        runner.train(str(config), model_dir=str(tmp_path / "m"))
+    assert (tmp_path / "m" / "last.safetensors").read_bytes() == before

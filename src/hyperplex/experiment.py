@@ -53,6 +53,10 @@ class DataConfig:
                                   "(the thesis); char: characters (arithmetic); bpe / unigram: sentencepiece "
                                   "trained on the training split and saved with the model"})
     lowercase: bool = field(default=False, metadata={"help": "lowercase text before tokenising"})
+    embeddings: str = field(default="", metadata={"help": "classification/pair tasks: pre-trained word vectors in "
+                                                  "GloVe text format (`word v1 … vd` per line, plain or .gz) to "
+                                                  "initialise the embeddings when training starts; words not in the "
+                                                  "file keep their random init. Empty = train from scratch"})
     vocab_size: int = field(default=32000, metadata={"help": "word: keep the K most frequent words; "
                                                      "bpe/unigram: sentencepiece vocabulary size"})
     min_freq: int = field(default=1, metadata={"help": "word: drop words seen fewer times than this"})

@@ -68,6 +68,7 @@ class ClassificationTask(Task):
 
     def prepare(self, fresh: bool) -> None:
         d = self.cfg.data
+        self.fresh = fresh
         train = self._read_file("data.train", d.train)
         if d.dev:
             dev = self._read_file("data.dev", d.dev)
@@ -138,8 +139,25 @@ class ClassificationTask(Task):
     def build_model(self) -> nn.Module:
         _, model_class = get_architecture(self.cfg.model["architecture"], self.name).load()
         if self.pair:
-            return model_class(len(self.vocab), self.num_outputs, config=self.cfg.model_config, pad_index=PAD_INDEX)
-        return model_class(self.cfg.model_config, len(self.vocab), self.num_outputs, pad_index=PAD_INDEX)
+            model = model_class(len(self.vocab), self.num_outputs, config=self.cfg.model_config, pad_index=PAD_INDEX)
+        else:
+            model = model_class(self.cfg.model_config, len(self.vocab), self.num_outputs, pad_index=PAD_INDEX)
+        if self.cfg.data.embeddings and getattr(self, "fresh", False):
+            self._load_embeddings(model)
+        return model
+
+    def _load_embeddings(self, model: nn.Module) -> None:
+        """Initialise the word embeddings from ``data.embeddings`` (GloVe text format)."""
+        from hyperplex.data.glove import load_glove
+
+        if not hasattr(model, "load_pretrained_embeddings"):
+            raise ValueError(f"data.embeddings is set but model {self.cfg.model['architecture']!r} cannot load "
+                             f"pre-trained embeddings")
+        path = data_file(self.cfg.data.embeddings, self.data_root, key="data.embeddings")
+        dim = getattr(self.cfg.model_config, "embedding_dim", None)
+        vectors, mask = load_glove(path, self.vocab.itos, dim)
+        model.load_pretrained_embeddings(vectors, mask)
+        self.log.info(f"embeddings: {int(mask.sum())} of {len(self.vocab)} words initialised from {path}")
 
     def logits(self, model: nn.Module, batch) -> Tensor:
         if self.pair:

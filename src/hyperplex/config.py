@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -77,6 +78,9 @@ def merge(base: dict, override: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------- typing
+#: Decimal/scientific notation that PyYAML leaves as a string (``1e-4``, ``3E+2``); accepted for float keys.
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -135,6 +139,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected int, got {type(value).__name__} {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 (PyYAML) reads `3e-4` (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected float, got {type(value).__name__} {value!r}")
         return float(value)

@@ -139,7 +139,8 @@ class TranslationTask(Task):
         refs = self.dev_refs
         exact = sum(h.strip() == r.strip() for h, r in zip(hypotheses, refs)) / len(refs)
         return {"bleu": corpus_bleu(hypotheses, refs).score, "chrf": corpus_chrf(hypotheses, refs).score,
-                "accuracy": 100.0 * exact, "loss": nll / max(tokens, 1), "ppl": perplexity(nll, tokens)}
+                "accuracy": 100.0 * exact, "loss": nll / max(tokens, 1),
+                "ppl": perplexity(nll, tokens) if nll == nll else nll}  # a NaN loss: the trainer reports it
 
     # ------------------------------------------------------------------ decoding
     def translate(self, model: nn.Module, lines: list[str], **kwargs):

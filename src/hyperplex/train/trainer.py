@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import logging
+import math
 import os
 import random
 import sys
@@ -361,12 +362,15 @@ class Trainer:
         if self.world > 1:
             bad = self._all_sum(float(bad)) > 0
         if bad:
-            last = self.model_dir / LAST
-            kept = f"the last good checkpoint {last} (step ≤ {state.step}) is intact" if last.exists() \
-                else "no checkpoint had been written yet"
-            raise TrainingError(f"loss became {loss.item()} at step {state.step + 1} (epoch {state.epoch}, batch "
-                                f"{state.batch_index + 1}); training stopped, {kept}. Try a lower training.lr, "
-                                f"training.clip_grad_norm or fp32")
+            raise self._nonfinite(f"loss became {loss.item()} at step {state.step + 1} (epoch {state.epoch}, batch "
+                                  f"{state.batch_index + 1})", saved_by=state.step)
+
+    def _nonfinite(self, what: str, saved_by: int) -> TrainingError:
+        last = self.model_dir / LAST
+        kept = f"the last good checkpoint {last} (step ≤ {saved_by}) is intact" if last.exists() \
+            else "no checkpoint had been written yet"
+        return TrainingError(f"{what}; training stopped, {kept}. Try a lower training.lr, "
+                             f"training.clip_grad_norm or fp32")
 
     def _validate_and_save(self, model, optimizer, state: TrainState, manager, metrics) -> dict[str, float]:
         """Validate on rank 0, save last/best checkpoints, update early stopping; all ranks agree on stopping."""
@@ -376,6 +380,10 @@ class Trainer:
             with torch.no_grad(), self._autocast():
                 values = self.task.validate(model)
             model.train()
+            for name in dict.fromkeys(("loss", self.metric)):  # never save (over last) weights that score NaN
+                if name in values and not math.isfinite(values[name]):
+                    raise self._nonfinite(f"validation {name} became {values[name]} at step {state.step} "
+                                          f"(epoch {state.epoch})", saved_by=state.step - 1)
             value = values[self.metric]
             if self._improved(value, state.best_metric):
                 state.best_metric, state.bad_validations = value, 0

@@ -16,3 +16,29 @@ def shared_data():
     if not os.path.isdir(path):
         pytest.skip(f"shared data folder not found at {path}")
     return path
+
+
+def write_tiny_config(directory, **training):
+    """A seconds-long arithmetic run with a tiny PHM Transformer (generated data, no files)."""
+    import yaml
+    from pathlib import Path
+
+    cfg = {
+        "name": "tiny", "seed": 3,
+        "data": {"task": "translation", "format": "arithmetic", "arithmetic_train_size": 256,
+                 "arithmetic_dev_size": 16, "tokenizer": "char", "shared_vocab": True},
+        "model": {"architecture": "transformer", "d_model": 16, "num_heads": 2, "d_ff": 32, "encoder_layers": 1,
+                  "decoder_layers": 1, "dropout": 0.1, "linear": {"kind": "phm", "n": 2}},
+        "training": {"lr": 3e-3, "batch_size": 32, "max_steps": 24, "validation_every": 12, "log_every": 1,
+                     "num_threads": 1, "progress_bar": False, "plots": False, **training},
+        "testing": {"beam_size": 1, "max_output_length": 8, "batch_size": 16},
+    }
+    path = Path(directory) / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    """Factory: ``tiny_config(**training_overrides)`` → path of a tiny training config in tmp_path."""
+    return lambda **training: write_tiny_config(tmp_path, **training)

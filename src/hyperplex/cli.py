@@ -157,19 +157,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Separate ``--section.key=value`` overrides (any dotted long option) from the other arguments."""
+    """Separate config overrides — any dotted long option (``--section.key=value``) or a top-level config
+    key (``--seed=3``) — from the other arguments. One without a value is kept as it is, for the config
+    loader to reject with a message naming it (and the verb), rather than an argparse usage error."""
+    from dataclasses import fields
+
+    from hyperplex.experiment import ExperimentConfig
+
+    top = {f.name for f in fields(ExperimentConfig)}
     rest, overrides = [], []
-    it = iter(argv)
-    for arg in it:
-        if arg.startswith("--") and "." in arg.split("=", 1)[0]:
-            if "=" not in arg:  # --training.lr 3e-4
-                value = next(it, None)
-                if value is None:
-                    raise SystemExit(f"hyperplex: error: override {arg} needs a value (--section.key=value)")
-                arg = f"{arg}={value}"
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        key = arg.split("=", 1)[0]
+        if arg.startswith("--") and ("." in key or key[2:] in top):
+            if "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("--"):  # --training.lr 3e-4
+                i += 1
+                arg = f"{arg}={argv[i]}"
             overrides.append(arg)
         else:
             rest.append(arg)
+        i += 1
     return rest, overrides
 
 

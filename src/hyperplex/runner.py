@@ -25,8 +25,15 @@ def train(config: str, overrides: list[str] | None = None, model_dir: str | None
         saved = Path(cfg.model_dir) / "config.yaml"
         if saved.is_file():
             cfg = _load_model_config(Path(cfg.model_dir))
-    trainer = Trainer(cfg, task_class(cfg.data.task), cfg.model_dir, data_root or default_data_root(), resume=resume)
-    return trainer.train()
+    try:
+        trainer = Trainer(cfg, task_class(cfg.data.task), cfg.model_dir, data_root or default_data_root(),
+                          resume=resume)
+        return trainer.train()
+    finally:  # later calls in this process (evaluate, another train) must not log into this model's train.log
+        log = logging.getLogger("hyperplex")
+        for handler in list(log.handlers):
+            log.removeHandler(handler)
+            handler.close()
 
 
 def _load_model_config(model_dir: Path) -> ExperimentConfig:
@@ -79,9 +86,15 @@ def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str |
     return cfg, task, model
 
 
+def _check_beam(beam_size: int | None) -> None:
+    if beam_size is not None and beam_size < 1:
+        raise ValueError(f"--beam-size must be ≥ 1 (1 = greedy), got {beam_size}")
+
+
 def evaluate(model_dir: str, checkpoint: str = "best", split: str = "dev", data_root: str | None = None,
              beam_size: int | None = None) -> dict:
     """``hyperplex evaluate``: metrics of a saved model on the validation (or training) split."""
+    _check_beam(beam_size)
     cfg, task, model = load_model(model_dir, checkpoint, data_root)
     if split not in ("dev", "train"):
         raise ValueError(f"--split must be dev or train, got {split!r}")
@@ -97,6 +110,7 @@ def evaluate(model_dir: str, checkpoint: str = "best", split: str = "dev", data_
 def translate(model_dir: str, input_path: str | None = None, output_path: str | None = None,
               checkpoint: str = "best", beam_size: int | None = None, plot_attention: str | None = None) -> int:
     """``hyperplex translate``: read sentences (a file or stdin), write translations (a file or stdout)."""
+    _check_beam(beam_size)
     cfg, task, model = load_model(model_dir, checkpoint, read_data=False)
     if cfg.data.task != "translation":
         raise ValueError(f"{model_dir} holds a {cfg.data.task} model; translate needs a translation model")

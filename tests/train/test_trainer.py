@@ -12,6 +12,8 @@ import pytest
 import torch
 import yaml
 
+from conftest import write_tiny_config
+
 from hyperplex import runner
 from hyperplex.train.checkpoint import load_checkpoint, load_model_weights
 
@@ -20,30 +22,13 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.g
        "OMP_NUM_THREADS": "1"}
 
 
-def tiny_config(tmp_path: Path, **training) -> Path:
-    """A seconds-long arithmetic run with a tiny Transformer (generated data, no files)."""
-    cfg = {
-        "name": "tiny", "seed": 3,
-        "data": {"task": "translation", "format": "arithmetic", "arithmetic_train_size": 256,
-                 "arithmetic_dev_size": 16, "tokenizer": "char", "shared_vocab": True},
-        "model": {"architecture": "transformer", "d_model": 16, "num_heads": 2, "d_ff": 32, "encoder_layers": 1,
-                  "decoder_layers": 1, "dropout": 0.1, "linear": {"kind": "phm", "n": 2}},
-        "training": {"lr": 3e-3, "batch_size": 32, "max_steps": 24, "validation_every": 12, "log_every": 1,
-                     "num_threads": 1, "progress_bar": False, "plots": False, **training},
-        "testing": {"beam_size": 1, "max_output_length": 8, "batch_size": 16},
-    }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 def train_losses(model_dir: Path) -> list[float]:
     with open(model_dir / "metrics.csv") as f:
         return [float(r["value"]) for r in csv.DictReader(f) if r["split"] == "train" and r["name"] == "loss"]
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
-    config = tiny_config(tmp_path, checkpoint_every=3, max_steps=30, validation_every=10)
+    config = write_tiny_config(tmp_path, checkpoint_every=3, max_steps=30, validation_every=10)
     straight = tmp_path / "straight"
     runner.train(str(config), model_dir=str(straight))
     killed = tmp_path / "killed"
@@ -69,7 +54,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
 
 
 def test_ddp_two_processes_match_one_process(tmp_path):
-    config = tiny_config(tmp_path, max_steps=8, validation_every=8, batch_size=16)
+    config = write_tiny_config(tmp_path, max_steps=8, validation_every=8, batch_size=16)
     cfg = yaml.safe_load(config.read_text())
     cfg["model"]["dropout"] = 0.0  # dropout masks would differ between one and two processes
     config.write_text(yaml.safe_dump(cfg))
@@ -91,7 +76,7 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, mo
     from hyperplex.tasks.translation import TranslationTask
     from hyperplex.train.trainer import TrainingError
 
-    config = tiny_config(tmp_path, max_steps=20, validation_every=5)
+    config = write_tiny_config(tmp_path, max_steps=20, validation_every=5)
     original = TranslationTask.loss
     calls = {"n": 0}
 
@@ -111,7 +96,7 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, mo
 
 def test_early_stopping_with_patience(tmp_path):
     # lr tiny → no improvement of exact-match accuracy (stays 0): stop after `patience` validations
-    config = tiny_config(tmp_path, lr=1e-9, max_steps=100, validation_every=2, patience=2)
+    config = write_tiny_config(tmp_path, lr=1e-9, max_steps=100, validation_every=2, patience=2)
     model_dir = tmp_path / "early"
     runner.train(str(config), model_dir=str(model_dir))
     state = load_checkpoint(model_dir / "last.safetensors").extra["trainer"]
@@ -119,7 +104,7 @@ def test_early_stopping_with_patience(tmp_path):
 
 
 def test_accumulation_equals_large_batch(tmp_path):
-    big = tiny_config(tmp_path, batch_size=32, max_steps=4, validation_every=4, accum_steps=1, shuffle=False,
+    big = write_tiny_config(tmp_path, batch_size=32, max_steps=4, validation_every=4, accum_steps=1, shuffle=False,
                       bucket=False)
     cfg = yaml.safe_load(big.read_text())
     cfg["model"]["dropout"] = 0.0
@@ -136,7 +121,7 @@ def test_accumulation_equals_large_batch(tmp_path):
 
 
 def test_refuses_to_overwrite_a_trained_model(tmp_path):
-    config = tiny_config(tmp_path, max_steps=2, validation_every=2)
+    config = write_tiny_config(tmp_path, max_steps=2, validation_every=2)
     runner.train(str(config), model_dir=str(tmp_path / "m"))
     before = (tmp_path / "m" / "last.safetensors").read_bytes()
     with pytest.raises(FileExistsError, match="already holds a trained model"):

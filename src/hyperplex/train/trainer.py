@@ -161,18 +161,19 @@ class Trainer:
         self.model_dir = Path(model_dir)
         self.resume = resume
         self.rank, self.world = _distributed()
-        if self.rank == 0:
-            check_writable(self.model_dir)
+        # Checks that need no files come first, so a refused start creates and touches nothing.
         last = self.model_dir / LAST
         if resume and not last.exists():
             raise FileNotFoundError(f"--resume: no checkpoint {last} to resume from")
         if not resume and last.exists():
             raise FileExistsError(f"{self.model_dir} already holds a trained model ({LAST}); pass --resume to "
                                   f"continue it, or choose another --model-dir (nothing was overwritten)")
-        self.log = setup_logger(self.model_dir, self.rank)
         self.device = resolve_device(self.tcfg.device, self.rank)
         if self.tcfg.precision == "fp16" and self.device.type != "cuda":
             raise ValueError("training.precision fp16 needs a CUDA device; use bf16 or fp32 on CPU")
+        if self.rank == 0:
+            check_writable(self.model_dir)
+        self.log = setup_logger(self.model_dir, self.rank)
         if self.tcfg.num_threads:
             torch.set_num_threads(self.tcfg.num_threads)
         if self.tcfg.deterministic:
@@ -366,6 +367,7 @@ class Trainer:
                                   f"{state.batch_index + 1})", saved_by=state.step)
 
     def _nonfinite(self, what: str, saved_by: int) -> TrainingError:
+        """The error that stops training at a NaN/inf; ``saved_by``: the latest step ``last`` can hold."""
         last = self.model_dir / LAST
         kept = f"the last good checkpoint {last} (step ≤ {saved_by}) is intact" if last.exists() \
             else "no checkpoint had been written yet"

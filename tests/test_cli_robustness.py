@@ -14,6 +14,7 @@ are byte-for-byte unchanged.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -210,9 +211,9 @@ def test_invalid_config_value_is_refused_before_anything_is_written(world, tmp_p
 def test_n_not_dividing_d_model(world, tmp_path, capsys):
     model_dir = tmp_path / "m"
     msg = fail(capsys, "train", world.mt_yaml, "--model-dir", model_dir, "--model.linear.kind=phm",
-               "--model.linear.n=5", log_dir=model_dir)
-    assert "d_model=16" in msg and "n=5" in msg and "multiple" in msg
-    no_checkpoint(model_dir)
+               "--model.linear.n=5")
+    assert "d_model=16" in msg and "linear.n=5" in msg and "multiple" in msg and "model.linear.n" in msg
+    assert not model_dir.exists()  # caught while validating the config, before any data is read
 
 
 def test_n_not_dividing_d_model_in_params(world, capsys):
@@ -343,18 +344,26 @@ def test_model_folder_not_writable(world, tmp_path, capsys):
         parent.chmod(0o700)
 
 
+def test_model_folder_under_a_file(world, tmp_path, capsys):
+    """A model folder that cannot be created (its parent is a file): refused before anything is written."""
+    (tmp_path / "file").write_text("keep me\n")
+    msg = fail(capsys, "train", world.mt_yaml, "--model-dir", tmp_path / "file" / "m")
+    assert f"model folder {tmp_path / 'file' / 'm'} is not writable" in msg and "Not a directory" in msg
+    assert (tmp_path / "file").read_text() == "keep me\n"
+
+
 # ---------------------------------------------------------------------------- saved models
 @pytest.mark.parametrize("verb", ["evaluate", "translate"])
 def test_truncated_checkpoint_names_the_file(mt_model, tmp_path, capsys, verb):
     model = copy_model(mt_model, tmp_path)
     best = model / "best.safetensors"
     best.write_bytes(best.read_bytes()[: best.stat().st_size // 2])
-    last_before = (model / "last.safetensors").read_bytes()
+    before = snapshot(model)
     (tmp_path / "in.txt").write_text("w1 w3 w5\n")
     extra = ["-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt"] if verb == "translate" else []
     msg = fail(capsys, verb, model, *extra)
     assert str(best) in msg, msg
-    assert (model / "last.safetensors").read_bytes() == last_before
+    assert snapshot(model) == before
     assert not (tmp_path / "out.txt").exists()
 
 
@@ -362,22 +371,31 @@ def test_corrupted_checkpoint_bytes_name_the_file(mt_model, tmp_path, capsys):
     model = copy_model(mt_model, tmp_path)
     best = model / "best.safetensors"
     data = bytearray(best.read_bytes())
-    data[-16] ^= 0xFF  # inside the tensor data, past the header
+    header_size = int.from_bytes(data[:8], "little")  # safetensors: u64 header length, JSON header, tensor data
+    header = json.loads(data[8: 8 + header_size])
+    name = next(k for k in header if k.startswith("model."))
+    begin, end = header[name]["data_offsets"]
+    data[8 + header_size + (begin + end) // 2] ^= 0xFF  # one byte in the middle of a weight
     best.write_bytes(bytes(data))
+    before = snapshot(model)
     msg = fail(capsys, "evaluate", model)
-    assert str(best) in msg, msg
+    assert msg == f"{best}: corrupted checkpoint: checksum mismatch for tensor {name!r}"
+    assert snapshot(model) == before
 
 
 def test_evaluate_a_missing_model_folder(tmp_path, capsys):
     msg = fail(capsys, "evaluate", tmp_path / "nowhere")
     assert msg == f"model folder not found: {tmp_path / 'nowhere'}"
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_model_folder_without_its_config(mt_model, tmp_path, capsys):
     model = copy_model(mt_model, tmp_path)
     (model / "config.yaml").unlink()
+    before = snapshot(model)
     msg = fail(capsys, "evaluate", model)
     assert "config file not found" in msg and str(model / "config.yaml") in msg
+    assert snapshot(model) == before
 
 
 def test_evaluate_a_missing_checkpoint_name(mt_model, capsys):
@@ -407,6 +425,13 @@ def test_translate_input_with_invalid_utf8_keeps_the_old_output(mt_model, tmp_pa
     assert out.read_text() == "previous translations\n"
 
 
+def test_translate_output_into_a_missing_folder(mt_model, tmp_path, capsys):
+    (tmp_path / "in.txt").write_text("w1 w3 w5\n")
+    out = tmp_path / "missing" / "out.txt"
+    msg = fail(capsys, "translate", mt_model, "-i", tmp_path / "in.txt", "-o", out)
+    assert msg == f"cannot write the translations to {out}: No such file or directory"
+
+
 def test_malformed_unk_dictionary_names_file_and_line(mt_model, tmp_path, capsys):
     model = copy_model(mt_model, tmp_path)
     dictionary = tmp_path / "unk.dict"
@@ -415,7 +440,9 @@ def test_malformed_unk_dictionary_names_file_and_line(mt_model, tmp_path, capsys
     cfg["testing"].update(replace_unk=True, unk_dictionary=str(dictionary))
     (model / "config.yaml").write_text(yaml.safe_dump(cfg))
     (tmp_path / "in.txt").write_text("w1 w3 w5\n")
+    before = snapshot(model)
     msg = fail(capsys, "translate", model, "-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt")
+    assert snapshot(model) == before
     assert f"{dictionary}:3" in msg and "source<TAB>target" in msg and "'w2 v2 extra'" in msg
     assert not (tmp_path / "out.txt").exists()
 

@@ -124,8 +124,12 @@ def translate(model_dir: str, input_path: str | None = None, output_path: str | 
     text = "".join(o + "\n" for o in outputs)
     if output_path:
         tmp = Path(str(output_path) + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(output_path)
+        try:  # temporary file + rename: an existing output is replaced whole or not at all
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(output_path)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            raise OSError(f"cannot write the translations to {output_path}: {err.strerror or err}") from None
     else:
         sys.stdout.write(text)
     if plot_attention and lines:

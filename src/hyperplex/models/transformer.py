@@ -86,6 +86,7 @@ class TransformerConfig:
             raise ValueError(f"TransformerConfig.rescale must be > 0, got {self.rescale}")
         if isinstance(self.linear, dict):  # plain construction from a dict (the loader builds LinearSpec itself)
             self.linear = LinearSpec(**self.linear)
+        self.sizes()  # sizes that n / the heads do not divide fail here, at config load, not after data reading
 
     def sizes(self) -> tuple[int, int]:
         """Effective ``(d_model, d_ff)`` after ``rescale``: ``d_model`` rounded to a multiple of
@@ -95,9 +96,9 @@ class TransformerConfig:
         d_model = max(unit, round(self.d_model * self.rescale / unit) * unit)
         d_ff = max(n, round(self.d_ff * self.rescale / n) * n)
         if self.rescale == 1.0 and (d_model, d_ff) != (self.d_model, self.d_ff):
-            raise ValueError(f"TransformerConfig: d_model={self.d_model} must be a multiple of {unit} and d_ff="
-                             f"{self.d_ff} of n={n} (num_heads={self.num_heads}, attention_type="
-                             f"{self.attention_type!r}, linear n={n})")
+            raise ValueError(f"d_model={self.d_model} must be a multiple of {unit} and d_ff={self.d_ff} of "
+                             f"linear.n={n} (num_heads={self.num_heads}, attention_type={self.attention_type!r}); "
+                             f"change model.d_model / model.d_ff / model.linear.n")
         return d_model, d_ff
 
     def layer_kwargs(self) -> dict:

@@ -377,6 +377,7 @@ class Trainer:
     def _validate_and_save(self, model, optimizer, state: TrainState, manager, metrics) -> dict[str, float]:
         """Validate on rank 0, save last/best checkpoints, update early stopping; all ranks agree on stopping."""
         values: dict[str, float] = {}
+        error: TrainingError | None = None
         if self.rank == 0:
             model.eval()
             with torch.no_grad(), self._autocast():
@@ -384,27 +385,37 @@ class Trainer:
             model.train()
             for name in dict.fromkeys(("loss", self.metric)):  # never save (over last) weights that score NaN
                 if name in values and not math.isfinite(values[name]):
-                    raise self._nonfinite(f"validation {name} became {values[name]} at step {state.step} "
-                                          f"(epoch {state.epoch})", saved_by=state.step - 1)
-            value = values[self.metric]
-            if self._improved(value, state.best_metric):
-                state.best_metric, state.bad_validations = value, 0
-            else:
-                state.bad_validations += 1
-            if self.tcfg.patience and state.bad_validations >= self.tcfg.patience:
-                self.log.info(f"early stopping: {self.metric} has not improved for {state.bad_validations} validations")
-                state.finished = True
-            shown = " ".join(f"{k} {v:.4f}" for k, v in values.items())
-            self.log.info(f"validation at step {state.step} (epoch {state.epoch}): {shown}")
-            metrics.write(state.step, state.epoch, "dev", values)
-            extra = self._extra(state)
-            manager.save_last(model.state_dict(), optimizer.state_dict(), extra)
-            manager.save_if_best(value, state.step, model.state_dict(), None, extra)
-        if self.world > 1:
-            flag = torch.tensor([float(state.finished)])
+                    error = self._nonfinite(f"validation {name} became {values[name]} at step {state.step} "
+                                            f"(epoch {state.epoch})", saved_by=state.step - 1)
+                    break
+            if error is None:
+                self._record_validation(model, optimizer, state, manager, metrics, values)
+        if self.world > 1:  # every rank learns whether to stop, and whether rank 0 hit an error
+            flag = torch.tensor([float(state.finished), float(error is not None)])
             dist.broadcast(flag, src=0)
-            state.finished = bool(flag.item())
+            state.finished = bool(flag[0].item())
+            if flag[1].item() and error is None:
+                error = TrainingError("rank 0 stopped training: its validation metrics were not finite")
+        if error is not None:
+            raise error
         return values
+
+    def _record_validation(self, model, optimizer, state: TrainState, manager, metrics, values: dict) -> None:
+        """Early-stopping bookkeeping, logs and the last/best checkpoints of one validation (rank 0)."""
+        value = values[self.metric]
+        if self._improved(value, state.best_metric):
+            state.best_metric, state.bad_validations = value, 0
+        else:
+            state.bad_validations += 1
+        if self.tcfg.patience and state.bad_validations >= self.tcfg.patience:
+            self.log.info(f"early stopping: {self.metric} has not improved for {state.bad_validations} validations")
+            state.finished = True
+        shown = " ".join(f"{k} {v:.4f}" for k, v in values.items())
+        self.log.info(f"validation at step {state.step} (epoch {state.epoch}): {shown}")
+        metrics.write(state.step, state.epoch, "dev", values)
+        extra = self._extra(state)
+        manager.save_last(model.state_dict(), optimizer.state_dict(), extra)
+        manager.save_if_best(value, state.step, model.state_dict(), None, extra)
 
     def _plots(self) -> None:
         try:

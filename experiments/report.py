@@ -1,0 +1,192 @@
+"""Statistics and markdown for ``experiments/run.py``: mean ± std over seeds with a 95%
+t-interval, the results table, and the ``<!-- plan:NAME -->`` section of ``docs/results.md``.
+
+Pure functions on plain dicts (the ``results.json`` that ``run.py`` writes), so a table can be
+re-rendered from a saved ``results.json`` without touching a model.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+from pathlib import Path
+
+__all__ = ["t_quantile_975", "summarize", "machine_info", "format_duration", "format_count", "render_markdown",
+           "replace_section", "write_section"]
+
+#: Two-sided 95% quantiles t_{0.975, df} of Student's t for df = 1…30 (standard tables); used when
+#: scipy is not installed. Beyond 30 the normal quantile 1.96 is within 4% and is used instead.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_quantile_975(df: int) -> float:
+    """t_{0.975, df}: the half-width factor of a two-sided 95% interval (scipy if available, else
+    the table :data:`T_975`)."""
+    if df < 1:
+        raise ValueError(f"a t-interval needs ≥ 2 values (df ≥ 1), got df = {df}")
+    try:
+        from scipy.stats import t as student_t
+    except ImportError:
+        return T_975[df - 1] if df <= len(T_975) else 1.96
+    return float(student_t.ppf(0.975, df))
+
+
+def summarize(values: list[float]) -> dict:
+    """``{"n", "mean", "std", "ci95"}`` of per-seed values: ``std`` is the sample standard deviation
+    (ddof = 1) and ``ci95 = mean ± t_{0.975,n−1}·std/√n`` (both ``None`` when n < 2)."""
+    n = len(values)
+    if n == 0:
+        return {"n": 0, "mean": None, "std": None, "ci95": None}
+    mean = math.fsum(values) / n
+    if n < 2:
+        return {"n": 1, "mean": mean, "std": None, "ci95": None}
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile_975(n - 1) * std / math.sqrt(n)
+    return {"n": n, "mean": mean, "std": std, "ci95": [mean - half, mean + half]}
+
+
+def machine_info(device: str = "cpu") -> dict:
+    """Platform, CPU count, Python and torch versions, and the device runs use (``cpu`` or the GPU name)."""
+    import os
+
+    import torch
+
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "device": device}
+
+
+def describe_machine(info: dict) -> str:
+    """One line: ``Linux-…, 2 CPUs, torch 2.13.0, device cpu``."""
+    return f"{info.get('platform')}, {info.get('cpus')} CPUs, torch {info.get('torch')}, device {info.get('device')}"
+
+
+def format_duration(seconds: float | None) -> str:
+    """``42 s`` / ``12.5 min`` / ``2.10 h``; ``–`` when unknown."""
+    if seconds is None:
+        return "–"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def format_count(count: int | None) -> str:
+    """Parameter count as ``9.99M`` / ``400.1K`` / ``950``."""
+    if count is None:
+        return "–"
+    for unit, scale in (("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.2f}{unit}"
+    return str(count)
+
+
+def _metric_cell(summary: dict | None, digits: int) -> str:
+    if not summary or not summary["n"]:
+        return "–"
+    cell = f"{summary['mean']:.{digits}f}"
+    if summary["std"] is not None:
+        lo, hi = summary["ci95"]
+        cell += f" ± {summary['std']:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+    return cell
+
+
+def _range_cell(values: list[int]) -> str:
+    if not values:
+        return "–"
+    lo, hi = min(values), max(values)
+    return format_count(lo) if lo == hi else f"{format_count(lo)}–{format_count(hi)}"
+
+
+def render_markdown(results: dict) -> str:
+    """The plan's results section (without the markers) from a ``results.json`` dict."""
+    plan = results["plan"]
+    digits = plan.get("digits", 2)
+    lines = [f"### {plan['title']}", ""]
+    if plan.get("description"):
+        lines += [plan["description"].strip(), ""]
+    lines.append(f"- Command (from the repository root): `{results['command']}`")
+    for command in results.get("training_commands", []):
+        if command != results["command"]:
+            lines.append(f"- Models trained by: `{command}`")
+    machines = results.get("training_machines") or []
+    for info in machines:
+        lines.append(f"- Training machine: {describe_machine(info)}")
+    lines.append(f"- Report written on: {describe_machine(results['machine'])}, {results['date']}")
+    if results.get("trained_between"):
+        lines.append(f"- Models trained between {results['trained_between'][0]} and {results['trained_between'][1]}")
+    budget = " ".join(plan.get("budget", [])) or "(none: each config's own)"
+    lines.append(f"- Budget and settings applied to every row: `{budget}`")
+    lines.append(f"- Metrics on the validation split, checkpoint `{plan['checkpoint']}`, beam from each row's config; "
+                 "cells are mean ± sample std over the n seeds [95% t-interval of the mean] (a single value when "
+                 "n = 1). Training time is wall-clock per model (data preparation and periodic validation "
+                 "included), mean over seeds; ≈ marks times partly read from train.log time stamps.")
+    lines.append("")
+    metrics = plan["metrics"]
+    header = ["row", "n"] + metrics + ["params", "params w/o emb.", "training time"]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "---|" + "---:|" * (len(header) - 1))
+    notes: list[str] = []
+    for row in results["rows"]:
+        done = [r for r in row["runs"] if r.get("metrics")]
+        cells = [row["label"], str(len(done))]
+        cells += [_metric_cell(row["summary"].get(m), digits) for m in metrics]
+        cells.append(_range_cell([r["params"]["total"] for r in done if r.get("params")]))
+        cells.append(_range_cell([r["params"]["total_without_embeddings"] for r in done if r.get("params")]))
+        times = [r["train_seconds"] for r in done if r.get("train_seconds") is not None]
+        time_cell = format_duration(math.fsum(times) / len(times)) if times else "–"
+        if any(r.get("train_time_source") == "train.log" for r in done):
+            time_cell = "≈" + time_cell
+        cells.append(time_cell)
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        missing = [r for r in row["runs"] if not r.get("metrics")]
+        for r in missing:
+            notes.append(f"`{row['name']}` seed {r['seed']}: {r.get('error') or r.get('status', 'not run')}")
+    lines += ["", "Rows (config and overrides; every row also gets the budget and `--seed=K`):", ""]
+    for row in results["rows"]:
+        source = f"the models of `{row['model_of']}`" if row.get("model_of") else \
+            "`" + " ".join([row["config"], *row["overrides"]]) + "`"
+        extra = f", evaluated with `{' '.join(row['eval_overrides'])}`" if row.get("eval_overrides") else ""
+        beam = f", beam {row['beam_size']}" if row.get("beam_size") else ""
+        lines.append(f"- **{row['label']}** (`{row['name']}`, seeds {row['seeds']}{beam}): {source}{extra}")
+    if notes:
+        lines += ["", "Missing from the table (not counted in n):", ""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- plan:{name} -->", f"<!-- /plan:{name} -->"
+
+
+def replace_section(text: str, name: str, body: str) -> str:
+    """``text`` with the section between ``<!-- plan:NAME -->`` and ``<!-- /plan:NAME -->`` (markers
+    included) replaced by ``body`` inside fresh markers, or that section appended when absent.
+    Idempotent: replacing with the same body twice gives the same text."""
+    start, end = _markers(name)
+    section = f"{start}\n{body.rstrip()}\n{end}\n"
+    i, j = text.find(start), text.find(end)
+    if i < 0 and j < 0:
+        sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+        return text + sep + section
+    if i < 0 or j < i:
+        raise ValueError(f"the markers of plan {name!r} are broken: expected {start!r} followed by {end!r}")
+    if text.find(start, i + 1) >= 0:
+        raise ValueError(f"the marker {start!r} appears more than once; remove the duplicate section")
+    tail = text[j + len(end):]
+    return text[:i] + section + (tail[1:] if tail.startswith("\n") else tail)
+
+
+def write_section(path: str | Path, name: str, body: str) -> Path:
+    """Replace (or append) plan ``name``'s section of the markdown file ``path`` (created if absent)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    new = replace_section(text, name, body)
+    tmp = path.with_name(path.name + ".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_text(new, encoding="utf-8")
+    tmp.replace(path)  # whole file or nothing
+    return path

@@ -1,0 +1,534 @@
+"""Run an experiment plan: train every row × seed, evaluate, and write the results table.
+
+    python experiments/run.py PLAN.yaml [--rows a,b] [--seeds 1,2] [--out runs/PLAN] [--dry-run]
+                              [--resume] [--report-only] [--append-to docs/results.md]
+                              [--data-root DIR] [--override --training.device=cuda ...]
+
+A plan (``experiments/*.yaml``, see ``experiments/README.md``) lists rows
+``{name, config, overrides, seeds}`` plus a plan-level ``budget`` (overrides applied to every
+row), a ``title`` and the ``metrics`` to report. Every row × seed is validated first (config,
+overrides, model construction, the state of its folder) so a typo fails before any training.
+Each model trains through :func:`hyperplex.runner.train` into ``OUT/<row>/seed<k>``; a folder
+whose ``last.safetensors`` says ``trainer.finished`` is skipped, an unfinished one continues
+with ``--resume``. Each finished model is evaluated on the validation split the way
+:func:`hyperplex.runner.evaluate` does (beam from the config), its parameters are counted with
+:func:`hyperplex.models.params.parameter_breakdown`, and ``OUT/results.{md,json}`` are written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import difflib
+import json
+import math
+import re
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+try:  # a source checkout without `pip install -e .`
+    import hyperplex  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(HERE.parent / "src"))
+
+import report  # noqa: E402  (experiments/report.py)
+from hyperplex.config import ConfigError, dump_yaml, from_dict, load_yaml, merge, parse_overrides, to_dict  # noqa: E402
+
+PLAN_KEYS = ("name", "title", "description", "seeds", "budget", "metrics", "checkpoint", "digits", "rows")
+ROW_KEYS = ("name", "label", "config", "overrides", "seeds", "model_of", "eval_overrides")
+#: What each task's validation returns (``Task.validate``); plans may only ask for these.
+TASK_METRICS = {"translation": ("bleu", "chrf", "accuracy", "loss", "ppl"),
+                "classification": ("accuracy", "loss"), "pair_classification": ("accuracy", "loss"),
+                "ranking": ("map", "mrr", "loss")}
+RUN_FILE = "experiment.json"  # per model folder: training segments (time, command, machine)
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) ")
+
+
+class PlanError(ValueError):
+    """A plan that cannot run; the message names the plan file, the row and what is expected."""
+
+
+@dataclass
+class Row:
+    """One plan row: a config with overrides, trained once per seed (or evaluating another row's models)."""
+
+    name: str
+    label: str
+    config: str = ""  # resolved path ("" for model_of rows until resolved)
+    overrides: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    model_of: str = ""
+    eval_overrides: list[str] = field(default_factory=list)
+    params_table: str = ""  # `hyperplex params` of the row's config (vocabulary = data.vocab_size), set by validate
+
+
+@dataclass
+class Plan:
+    """A parsed plan file."""
+
+    path: Path
+    name: str
+    title: str
+    rows: list[Row]
+    budget: list[str] = field(default_factory=list)
+    metrics: list[str] = field(default_factory=list)
+    checkpoint: str = "last"
+    digits: int = 2
+    description: str = ""
+
+
+# ---------------------------------------------------------------------------- plan file
+def _unknown(keys, valid, where: str) -> None:
+    for key in keys:
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), valid, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(valid)}"
+            raise PlanError(f"{where}: unknown key {key!r}{hint}")
+
+
+def _str_list(value, where: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PlanError(f"{where}: expected a list of strings like ['--training.max_steps=3000'], got {value!r}")
+    return list(value)
+
+
+def _seed_list(value, where: str) -> list[int]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                          for v in value):
+        raise PlanError(f"{where}: expected a non-empty list of integer seeds like [1, 2, 3], got {value!r}")
+    if len(set(value)) != len(value):
+        raise PlanError(f"{where}: repeated seed in {value}")
+    return list(value)
+
+
+def resolve_config(config: str, plan_path: Path) -> Path:
+    """A row's config path: as given (absolute, or relative to the working directory), else relative
+    to the plan's folder, else to its parent (the repository root for ``experiments/*.yaml``)."""
+    candidates = [Path(config), plan_path.parent / config, plan_path.parent.parent / config]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise PlanError(f"config file {config!r} not found (looked at {', '.join(str(c) for c in candidates)})")
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and check a plan file (structure only; configs are checked by :func:`validate`)."""
+    path = Path(path)
+    try:
+        raw = load_yaml(path)
+    except ConfigError as err:
+        raise PlanError(str(err)) from None
+    _unknown(raw, PLAN_KEYS, str(path))
+    for key in ("title", "rows"):
+        if not raw.get(key):
+            raise PlanError(f"{path}: missing `{key}:` (a plan needs a title and a non-empty list of rows)")
+    if not isinstance(raw["rows"], list):
+        raise PlanError(f"{path}: `rows:` must be a list of mappings, got {type(raw['rows']).__name__}")
+    default_seeds = _seed_list(raw["seeds"], f"{path}: seeds") if "seeds" in raw else [1]
+    checkpoint = raw.get("checkpoint", "last")
+    if checkpoint not in ("best", "last"):
+        raise PlanError(f"{path}: checkpoint must be best or last, got {checkpoint!r}")
+    metrics = _str_list(raw.get("metrics"), f"{path}: metrics")
+    known = sorted({m for ms in TASK_METRICS.values() for m in ms})
+    if not metrics or any(m not in known for m in metrics):
+        raise PlanError(f"{path}: metrics must be a non-empty list from {known}, got {metrics!r}")
+    rows: list[Row] = []
+    for i, item in enumerate(raw["rows"]):
+        where = f"{path}: rows[{i}]"
+        if not isinstance(item, dict):
+            raise PlanError(f"{where}: expected a mapping with name, config, overrides, seeds")
+        _unknown(item, ROW_KEYS, where)
+        name = item.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
+            raise PlanError(f"{where}: `name` must be a folder-safe string (letters, digits, _ . + -), got {name!r}")
+        if any(r.name == name for r in rows):
+            raise PlanError(f"{where}: duplicate row name {name!r}")
+        where = f"{path}: row {name!r}"
+        if bool(item.get("config")) == bool(item.get("model_of")):
+            raise PlanError(f"{where}: give exactly one of `config:` (train models) or `model_of:` (evaluate the "
+                            "models of another row)")
+        row = Row(name=name, label=str(item.get("label") or name),
+                  overrides=_str_list(item.get("overrides"), f"{where}: overrides"),
+                  eval_overrides=_str_list(item.get("eval_overrides"), f"{where}: eval_overrides"),
+                  model_of=item.get("model_of") or "")
+        for o in row.eval_overrides:
+            if not o.lstrip("-").startswith("testing."):
+                raise PlanError(f"{where}: eval_overrides may only set testing.* keys (the model is fixed), got {o!r}")
+        if row.model_of:
+            if row.overrides or "seeds" in item:
+                raise PlanError(f"{where}: a `model_of` row takes its config, overrides and seeds from that row")
+        else:
+            row.config = str(resolve_config(str(item["config"]), path))
+            row.seeds = _seed_list(item["seeds"], f"{where}: seeds") if "seeds" in item else list(default_seeds)
+        rows.append(row)
+    by_name = {r.name: r for r in rows}
+    for row in rows:
+        if row.model_of:
+            source = by_name.get(row.model_of)
+            if source is None or source.model_of:
+                raise PlanError(f"{path}: row {row.name!r}: model_of {row.model_of!r} must name a row with a config "
+                                f"(rows: {', '.join(r.name for r in rows if not r.model_of)})")
+            row.config, row.overrides, row.seeds = source.config, source.overrides, source.seeds
+    digits = raw.get("digits", 2)
+    if not isinstance(digits, int) or not 0 <= digits <= 6:
+        raise PlanError(f"{path}: digits must be an integer 0…6, got {digits!r}")
+    return Plan(path=path, name=str(raw.get("name") or path.stem), title=str(raw["title"]), rows=rows,
+                budget=_str_list(raw.get("budget"), f"{path}: budget"), metrics=metrics, checkpoint=checkpoint,
+                digits=digits, description=str(raw.get("description") or ""))
+
+
+# ---------------------------------------------------------------------------- runs and validation
+@dataclass
+class Run:
+    """One model (row × seed) and where it lives; ``row`` is the training row (not a model_of row)."""
+
+    row: Row
+    seed: int
+    model_dir: Path
+    overrides: list[str]  # budget + row overrides + extra + --seed=K
+    status: str = "new"  # new | partial (folder without last.safetensors) | unfinished | finished
+
+
+def run_overrides(plan: Plan, row: Row, seed: int, extra: list[str]) -> list[str]:
+    """Overrides of one model, in order of precedence (later wins): budget, row, command line, seed."""
+    return [*plan.budget, *row.overrides, *extra, f"--seed={seed}"]
+
+
+def folder_status(model_dir: Path) -> str:
+    """``new`` / ``partial`` / ``unfinished`` / ``finished`` from ``last.safetensors``'s trainer state."""
+    from hyperplex.train.checkpoint import checkpoint_info
+
+    last = model_dir / "last.safetensors"
+    if not last.is_file():
+        return "partial" if model_dir.is_dir() and any(model_dir.iterdir()) else "new"
+    return "finished" if checkpoint_info(last)["extra"]["trainer"].get("finished") else "unfinished"
+
+
+def _config_diff(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key in sorted(set(saved) | set(wanted)):
+        a, b = saved.get(key), wanted.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += _config_diff(a, b, f"{prefix}{key}.")
+        elif a != b and key != "model_dir":
+            keys.append(f"{prefix}{key}: {a!r} in the folder, {b!r} in the plan")
+    return keys
+
+
+def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: Path, extra: list[str],
+             resume: bool) -> tuple[list[Run], list[Run], dict[str, object]]:
+    """Check everything before any training: every row × seed config loads with its overrides, each
+    row's model can be built, eval overrides are valid, requested metrics fit the task, and existing
+    folders hold the same config (unfinished ones need ``--resume``). All problems are reported
+    together. Returns (runs to train, all runs of the plan, resolved config of each row)."""
+    from hyperplex import runner
+    from hyperplex.experiment import experiment_dict, load_experiment
+
+    names = [r.name for r in plan.rows]
+    for name in rows or []:
+        if name not in names:
+            raise PlanError(f"--rows: no row {name!r} in {plan.path} (rows: {', '.join(names)})")
+    planned_seeds = {s for r in plan.rows for s in r.seeds}
+    for seed in seeds or []:
+        if seed not in planned_seeds:
+            raise PlanError(f"--seeds: seed {seed} is not in {plan.path} (planned: {sorted(planned_seeds)}); "
+                            "add it to the plan so the results record it")
+    errors: list[str] = []
+    resolved: dict[str, object] = {}
+    all_runs: dict[Path, Run] = {}
+    for row in plan.rows:
+        where = f"{plan.path}: row {row.name!r} ({row.config})"
+        train_row = next(r for r in plan.rows if r.name == (row.model_of or row.name))
+        for seed in row.seeds:
+            model_dir = out / train_row.name / f"seed{seed}"
+            overrides = run_overrides(plan, train_row, seed, extra)
+            try:
+                cfg = load_experiment(row.config, overrides + row.eval_overrides, str(model_dir))
+            except (ConfigError, ValueError, OSError) as err:
+                errors.append(f"{where}, seed {seed}: {err}")
+                continue
+            resolved.setdefault(row.name, cfg)
+            bad = [m for m in plan.metrics if m not in TASK_METRICS[cfg.data.task]]
+            if bad and seed == row.seeds[0]:
+                errors.append(f"{where}: metrics {bad} do not exist for task {cfg.data.task!r} "
+                              f"(it reports {', '.join(TASK_METRICS[cfg.data.task])})")
+            if model_dir in all_runs:
+                continue
+            run = Run(train_row, seed, model_dir, overrides, folder_status(model_dir))
+            all_runs[model_dir] = run
+            if run.status in ("finished", "unfinished"):
+                wanted = load_yaml_text(dump_yaml(experiment_dict(load_experiment(row.config, overrides,
+                                                                                  str(model_dir)))))
+                diff = _config_diff(load_yaml(model_dir / "config.yaml"), wanted)
+                if diff:
+                    errors.append(f"{model_dir} holds a run with a different config ({'; '.join(diff[:4])}); delete "
+                                  "the folder or use another --out")
+            if run.status == "unfinished" and not resume:
+                errors.append(f"{model_dir} holds an unfinished run: pass --resume to continue it (or delete it)")
+        if row.name in resolved and not row.model_of:
+            try:  # builds the model from the config: a bad n / size fails here, not hours later
+                row.params_table = runner.params(row.config, run_overrides(plan, row, row.seeds[0], extra))
+            except (ConfigError, ValueError) as err:
+                errors.append(f"{where}: the model cannot be built: {err}")
+    if errors:
+        raise PlanError(f"{len(errors)} problem(s) in {plan.path}, nothing was trained:\n  " + "\n  ".join(errors))
+    wanted_rows = set(rows or names)
+    train_names = {r.model_of or r.name for r in plan.rows if r.name in wanted_rows}
+    to_train = [r for r in all_runs.values() if r.row.name in train_names and (not seeds or r.seed in seeds)]
+    return to_train, list(all_runs.values()), resolved
+
+
+def load_yaml_text(text: str):
+    """YAML text → data (the round trip that ``config.yaml`` in a model folder went through)."""
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+# ---------------------------------------------------------------------------- training
+def _device(cfg) -> str:
+    import torch
+
+    if cfg.training.device != "cpu" and torch.cuda.is_available():
+        return f"cuda ({torch.cuda.get_device_name(0)})"
+    return "cpu"
+
+
+def _read_run_file(model_dir: Path) -> dict:
+    path = model_dir / RUN_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"segments": []}
+
+
+def _write_run_file(model_dir: Path, data: dict) -> None:
+    tmp = model_dir / (RUN_FILE + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    tmp.replace(model_dir / RUN_FILE)
+
+
+def train_run(run: Run, resume: bool, data_root: str | None, command: str) -> None:
+    """Train (or resume) one model, recording the wall-clock segment, command and machine in
+    ``MODEL_DIR/experiment.json`` (written before training starts, so a killed run leaves its start)."""
+    from hyperplex import runner
+    from hyperplex.experiment import load_experiment
+
+    cfg = load_experiment(run.row.config, run.overrides, str(run.model_dir))
+    run.model_dir.mkdir(parents=True, exist_ok=True)
+    data = _read_run_file(run.model_dir)
+    segment = {"start": time.time(), "started": dt.datetime.now().isoformat(timespec="seconds"),
+               "resume": resume, "command": command, "machine": report.machine_info(_device(cfg)), "seconds": None}
+    data["segments"].append(segment)
+    _write_run_file(run.model_dir, data)
+    start = time.perf_counter()
+    try:
+        runner.train(run.row.config, run.overrides, str(run.model_dir), data_root, resume=resume)
+        segment["status"] = "finished"
+    except BaseException as err:
+        segment["status"] = f"failed: {type(err).__name__}: {err}"
+        raise
+    finally:
+        segment["seconds"] = time.perf_counter() - start
+        _write_run_file(run.model_dir, data)
+
+
+def _log_times(model_dir: Path) -> list[dt.datetime]:
+    path = model_dir / "train.log"
+    if not path.is_file():
+        return []
+    stamps = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        m = LOG_TIME.match(line)
+        if m:
+            stamps.append(dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+    return stamps
+
+
+def training_time(model_dir: Path) -> tuple[float | None, str]:
+    """(seconds, source): the sum of the measured training segments in ``experiment.json``; a segment
+    killed before it could record its length is estimated from its start to its last ``train.log`` time
+    stamp (source ``train.log``). Without ``experiment.json``: first to last ``train.log`` time stamp."""
+    segments = _read_run_file(model_dir)["segments"]
+    stamps = _log_times(model_dir)
+    if not segments:
+        return ((stamps[-1] - stamps[0]).total_seconds(), "train.log") if stamps else (None, "unknown")
+    total, source = 0.0, "measured"
+    for i, seg in enumerate(segments):
+        if seg.get("seconds") is not None:
+            total += seg["seconds"]
+            continue
+        begin = dt.datetime.fromtimestamp(seg["start"]).replace(microsecond=0)
+        end = dt.datetime.fromtimestamp(segments[i + 1]["start"]) if i + 1 < len(segments) else dt.datetime.max
+        inside = [s for s in stamps if begin <= s < end]
+        total += (inside[-1] - begin).total_seconds() if inside else 0.0
+        source = "train.log"
+    return total, source
+
+
+# ---------------------------------------------------------------------------- evaluation
+def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval_overrides: list[str]) -> dict:
+    """``{"metrics", "params"}`` of one model folder: the steps of :func:`hyperplex.runner.evaluate`
+    (load, validation split, the configured beam) with ``eval_overrides`` (``testing.*``) applied to
+    the saved config first, and :func:`~hyperplex.models.params.parameter_breakdown` of the loaded model."""
+    from hyperplex import runner
+    from hyperplex.experiment import TestingConfig
+    from hyperplex.models.params import parameter_breakdown
+
+    cfg, task, model = runner.load_model(str(model_dir), checkpoint, data_root)
+    if eval_overrides:
+        testing = parse_overrides(eval_overrides)["testing"]
+        cfg.testing = from_dict(TestingConfig, merge(to_dict(cfg.testing), testing), "testing.")
+    if cfg.data.task == "translation":
+        metrics = task.validate(model, beam_size=cfg.testing.beam_size)
+    else:
+        metrics = task.validate(model)
+    breakdown = parameter_breakdown(model)
+    return {"metrics": {k: float(v) for k, v in metrics.items()}, "params": breakdown,
+            "beam_size": cfg.testing.beam_size if cfg.data.task == "translation" else None}
+
+
+def cached_evaluation(run: Run, row: Row, checkpoint: str, data_root: str | None) -> dict:
+    """:func:`evaluate_model`, cached in ``MODEL_DIR/evaluation-<row>.json`` until the checkpoint file changes."""
+    from hyperplex.runner import checkpoint_path
+
+    ckpt = checkpoint_path(run.model_dir, checkpoint)
+    stat = ckpt.stat()
+    key = {"checkpoint": checkpoint, "file": ckpt.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+           "eval_overrides": row.eval_overrides}
+    cache = run.model_dir / f"evaluation-{row.name}.json"
+    if cache.is_file():
+        saved = json.loads(cache.read_text(encoding="utf-8"))
+        if saved.get("key") == key:
+            return saved["result"]
+    result = evaluate_model(run.model_dir, checkpoint, data_root, row.eval_overrides)
+    cache.write_text(json.dumps({"key": key, "result": result}, indent=1), encoding="utf-8")
+    return result
+
+
+# ---------------------------------------------------------------------------- results
+def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | None, command: str,
+            failures: dict[Path, str]) -> dict:
+    """Evaluate every finished model of the plan and build the ``results.json`` dict."""
+    by_key = {(r.row.name, r.seed): r for r in all_runs}
+    machines, commands, starts, ends, rows = [], [], [], [], []
+    for row in plan.rows:
+        train_row = row.model_of or row.name
+        entry = {"name": row.name, "label": row.label, "config": row.config, "overrides": row.overrides,
+                 "eval_overrides": row.eval_overrides, "model_of": row.model_of, "seeds": row.seeds, "runs": []}
+        cfg = resolved.get(row.name)
+        if cfg is not None and cfg.data.task == "translation":
+            entry["beam_size"] = cfg.testing.beam_size
+        for seed in row.seeds:
+            run = by_key[(train_row, seed)]
+            item = {"seed": seed, "model_dir": str(run.model_dir), "status": folder_status(run.model_dir)}
+            if run.model_dir in failures:
+                item["error"] = failures[run.model_dir]
+            if item["status"] == "finished":
+                try:
+                    item.update(cached_evaluation(run, row, plan.checkpoint, data_root))
+                except Exception as err:  # one broken folder must not hide the other rows' results
+                    item["error"] = f"evaluation failed: {type(err).__name__}: {err}"
+                item["train_seconds"], item["train_time_source"] = training_time(run.model_dir)
+                for seg in _read_run_file(run.model_dir)["segments"]:
+                    machines.append(seg["machine"])
+                    commands.append(seg["command"])
+                    starts.append(seg["started"])
+                    if seg.get("seconds") is not None:
+                        ends.append(dt.datetime.fromtimestamp(seg["start"] + seg["seconds"])
+                                    .isoformat(timespec="seconds"))
+            entry["runs"].append(item)
+        entry["summary"] = {m: report.summarize([r["metrics"][m] for r in entry["runs"]
+                                                 if m in r.get("metrics", {})]) for m in plan.metrics}
+        rows.append(entry)
+    unique = lambda items: [x for i, x in enumerate(items) if x not in items[:i]]  # noqa: E731 (order kept)
+    return {"plan": {"name": plan.name, "title": plan.title, "description": plan.description, "path": str(plan.path),
+                     "budget": plan.budget, "metrics": plan.metrics, "checkpoint": plan.checkpoint,
+                     "digits": plan.digits},
+            "command": command, "date": dt.datetime.now().isoformat(timespec="seconds"),
+            "machine": report.machine_info(), "training_machines": unique(machines),
+            "training_commands": unique(commands),
+            "trained_between": [min(starts), max(ends or starts)] if starts else None, "rows": rows}
+
+
+def write_results(results: dict, out: Path, append_to: str | None) -> str:
+    """``OUT/results.json``, ``OUT/results.md`` and optionally the plan's section of ``append_to``."""
+    body = report.render_markdown(results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    report.write_section(out / "results.md", results["plan"]["name"], body)
+    if append_to:
+        report.write_section(append_to, results["plan"]["name"], body)
+    return body
+
+
+# ---------------------------------------------------------------------------- CLI
+def _csv(kind):
+    return lambda text: [kind(x) for x in text.split(",") if x.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="experiments/run.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("plan", help="plan YAML file (experiments/*.yaml)")
+    p.add_argument("--rows", type=_csv(str), help="train only these rows (comma-separated); the report covers all")
+    p.add_argument("--seeds", type=_csv(int), help="train only these of the planned seeds (comma-separated)")
+    p.add_argument("--out", help="output folder (default runs/PLAN_NAME)")
+    p.add_argument("--dry-run", action="store_true", help="validate and list the runs; train and write nothing")
+    p.add_argument("--resume", action="store_true", help="continue unfinished runs from last.safetensors")
+    p.add_argument("--report-only", action="store_true", help="train nothing; evaluate finished models and report")
+    p.add_argument("--append-to", help="also replace this plan's <!-- plan:NAME --> section of a markdown file")
+    p.add_argument("--data-root", help="data root for relative data paths (default $HYPERPLEX_DATA, ../shared/data)")
+    p.add_argument("--override", action="append", default=[], metavar="--SECTION.KEY=VALUE",
+                   help="extra override for every model after the budget (repeatable), e.g. --training.device=cuda")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (1 on a plan error or a failed model)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        script = Path(__file__).resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        script = Path(__file__).resolve()
+    command = shlex.join(["python", str(script), *argv])
+    try:
+        plan = load_plan(args.plan)
+        out = Path(args.out or Path("runs") / plan.name)
+        to_train, all_runs, resolved = validate(plan, args.rows, args.seeds, out, args.override, args.resume)
+    except (PlanError, ConfigError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if args.dry_run:
+        print(f"{plan.title}\n{len(to_train)} model(s) selected, output {out}:")
+        for run in to_train:
+            print(f"  [{run.status}] {run.model_dir}: hyperplex train {run.row.config} --model-dir {run.model_dir} "
+                  + " ".join(run.overrides))
+        for row in plan.rows:
+            if row.params_table:
+                print(f"\nrow {row.name!r}: " + row.params_table)
+        return 0
+    failures: dict[Path, str] = {}
+    if not args.report_only:
+        for i, run in enumerate(to_train, 1):
+            status = folder_status(run.model_dir)
+            if status == "finished":
+                print(f"[{i}/{len(to_train)}] {run.model_dir}: finished already, skipped", file=sys.stderr)
+                continue
+            print(f"[{i}/{len(to_train)}] {run.model_dir}: training ({status})", file=sys.stderr)
+            try:
+                train_run(run, args.resume and status == "unfinished", args.data_root, command)
+            except Exception as err:  # record it, go on with the other models, exit 1 at the end
+                failures[run.model_dir] = f"training failed: {type(err).__name__}: {err}"
+                print(f"  {failures[run.model_dir]}", file=sys.stderr)
+    results = collect(plan, all_runs, resolved, args.data_root, command, failures)
+    print(write_results(results, out, args.append_to))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

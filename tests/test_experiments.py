@@ -1,0 +1,207 @@
+"""experiments/run.py end to end on a tiny generated-arithmetic plan (2 rows × 2 seeds, 4 steps each):
+the table's rows, mean/std/t-interval recomputed from results.json, evaluation equal to
+``runner.evaluate``, skipping finished models, ``--resume``, idempotent ``--append-to`` sections,
+plan errors before any training, and every shipped plan validating under ``--dry-run``."""
+
+import importlib.util
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import write_tiny_config
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def _load(name):
+    sys.path.insert(0, str(EXPERIMENTS))  # run.py imports its sibling report.py
+    spec = importlib.util.spec_from_file_location(f"experiments_{name}", EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+run = _load("run")
+report = _load("report")
+
+
+def _write_plan(directory: Path, rows=None, name="tiny_plan") -> Path:
+    write_tiny_config(directory, progress_bar=False)
+    plan = {"name": name, "title": "tiny plan: 4 steps", "seeds": [1, 2], "metrics": ["loss", "accuracy"],
+            "budget": ["--training.max_steps=4", "--training.validation_every=4", "--training.plots=false"],
+            "rows": rows or [{"name": "phm2", "label": "PHM n=2", "config": "tiny.yaml"},
+                             {"name": "dense", "config": "tiny.yaml", "overrides": ["--model.linear.kind=dense"]}]}
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(plan, allow_unicode=True))
+    return path
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("plan")
+    plan = _write_plan(tmp)
+    out = tmp / "out"
+    doc = tmp / "results_doc.md"
+    doc.write_text("# Results\n\nkept text\n")
+    assert run.main([str(plan), "--out", str(out), "--append-to", str(doc)]) == 0
+    return plan, out, doc, json.loads((out / "results.json").read_text())
+
+
+def test_table_has_one_row_per_plan_row(done):
+    _, out, _, results = done
+    assert [r["name"] for r in results["rows"]] == ["phm2", "dense"]
+    table = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| row | n | loss | accuracy | params")
+    assert [line.split(" | ")[0] for line in table[1:]] == ["| PHM n=2", "| dense"]
+    assert all(line.split(" | ")[1] == "2" for line in table[1:])  # n seeds
+    for row in results["rows"]:
+        assert [r["seed"] for r in row["runs"]] == [1, 2]
+        assert all(r["status"] == "finished" and r["train_seconds"] > 0 for r in row["runs"])
+    # the dense row has more parameters than PHM n=2 (same model otherwise)
+    phm, dense = (row["runs"][0]["params"]["total_without_embeddings"] for row in results["rows"])
+    assert phm < dense
+    text = (out / "results.md").read_text()
+    assert "--training.max_steps=4" in text and "--out" in text and "torch" in text
+
+
+def test_mean_std_and_interval_recomputed_from_json(done):
+    _, out, _, results = done
+    table = {line.split(" | ")[0][2:]: line for line in (out / "results.md").read_text().splitlines()
+             if line.startswith("| ")}
+    for row in results["rows"]:
+        values = [r["metrics"]["loss"] for r in row["runs"]]
+        assert values[0] != values[1]  # different seeds, different models
+        summary = row["summary"]["loss"]
+        mean, std = statistics.mean(values), statistics.stdev(values)
+        assert summary["n"] == 2
+        assert summary["mean"] == pytest.approx(mean, rel=1e-12)
+        assert summary["std"] == pytest.approx(std, rel=1e-12)
+        half = 12.706 * std / math.sqrt(2)  # t_{0.975, 1}
+        assert summary["ci95"] == pytest.approx([mean - half, mean + half], rel=1e-3)
+        assert f"{mean:.2f} ± {std:.2f} [{mean - half:.2f}, {mean + half:.2f}]" in table[row["label"]]
+
+
+def test_evaluation_equals_runner_evaluate_and_params_breakdown(done):
+    from hyperplex import runner
+    from hyperplex.models.params import parameter_breakdown
+
+    _, out, _, results = done
+    item = results["rows"][1]["runs"][1]
+    assert runner.evaluate(item["model_dir"], "last") == pytest.approx(item["metrics"])
+    _, _, model = runner.load_model(item["model_dir"], "last")
+    assert item["params"] == parameter_breakdown(model)
+
+
+def test_finished_models_are_skipped(done, capsys):
+    plan, out, _, _ = done
+    last = out / "dense" / "seed1" / "last.safetensors"
+    before = last.stat().st_mtime_ns
+    segments = len(json.loads((out / "dense" / "seed1" / "experiment.json").read_text())["segments"])
+    assert run.main([str(plan), "--out", str(out), "--rows", "dense"]) == 0
+    assert "finished already, skipped" in capsys.readouterr().err
+    assert last.stat().st_mtime_ns == before
+    assert len(json.loads((out / "dense" / "seed1" / "experiment.json").read_text())["segments"]) == segments
+
+
+def test_append_to_replaces_its_section(done):
+    plan, out, doc, _ = done
+    first = doc.read_text()
+    assert first.startswith("# Results\n\nkept text\n")
+    assert first.count("<!-- plan:tiny_plan -->") == 1 and first.count("<!-- /plan:tiny_plan -->") == 1
+    doc.write_text(first + "\nafter\n")
+    assert run.main([str(plan), "--out", str(out), "--report-only", "--append-to", str(doc)]) == 0
+    second = doc.read_text()
+    assert second.count("<!-- plan:tiny_plan -->") == 1 and second.startswith("# Results\n\nkept text\n")
+    assert second.endswith("<!-- /plan:tiny_plan -->\n\nafter\n")
+    body = "### x\n\n| a |\n"
+    once = report.replace_section(second, "tiny_plan", body)
+    assert report.replace_section(once, "tiny_plan", body) == once  # idempotent
+    assert report.replace_section(once, "other", body).count("<!-- plan:") == 2
+
+
+def test_replace_section_rejects_broken_markers():
+    with pytest.raises(ValueError, match="broken"):
+        report.replace_section("<!-- /plan:a -->\n<!-- plan:a -->\n", "a", "x")
+
+
+def test_bad_override_fails_before_any_training(tmp_path, capsys):
+    plan = _write_plan(tmp_path, rows=[{"name": "good", "config": "tiny.yaml"},
+                                       {"name": "bad", "config": "tiny.yaml", "overrides": ["--model.linear.nn=2"]},
+                                       {"name": "missing", "config": "nowhere.yaml"}][:2])
+    assert run.main([str(plan), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "row 'bad'" in err and "model.linear.nn" in err and "nothing was trained" in err
+    assert not (tmp_path / "out").exists()  # not even the good row's folder
+
+
+def test_plan_errors_name_the_problem(tmp_path):
+    write_tiny_config(tmp_path)
+    cases = [({"rows": [{"name": "a", "config": "nowhere.yaml"}]}, "nowhere.yaml"),
+             ({"rows": [{"name": "a", "config": "tiny.yaml", "seed": [1]}]}, "did you mean 'seeds'"),
+             ({"rows": [{"name": "a", "model_of": "b"}]}, "model_of 'b'"),
+             ({"metrics": ["bleuu"], "rows": [{"name": "a", "config": "tiny.yaml"}]}, "metrics"),
+             ({"rows": [{"name": "a", "config": "tiny.yaml", "eval_overrides": ["--training.lr=1"]}]}, "testing")]
+    for extra, message in cases:
+        path = tmp_path / "p.yaml"
+        path.write_text(yaml.safe_dump({"title": "t", "metrics": ["loss"], **extra}))
+        with pytest.raises(run.PlanError, match=message):
+            run.load_plan(path)
+    path.write_text(yaml.safe_dump({"title": "t", "metrics": ["map"], "rows": [{"name": "a", "config": "tiny.yaml"}]}))
+    with pytest.raises(run.PlanError, match="do not exist for task 'translation'"):
+        run.validate(run.load_plan(path), None, None, tmp_path / "out", [], False)
+
+
+def test_unfinished_model_needs_resume_then_continues(done, tmp_path):
+    import shutil
+
+    from hyperplex.train.checkpoint import checkpoint_info, load_checkpoint, save_checkpoint
+
+    plan, out, _, _ = done
+    copy = tmp_path / "out"
+    shutil.copytree(out / "phm2", copy / "phm2")
+    last = copy / "phm2" / "seed1" / "last.safetensors"
+    ckpt = load_checkpoint(last)  # mark it unfinished at step 3 (as if killed before the end)
+    ckpt.extra["trainer"].update(finished=False, step=3)
+    save_checkpoint(last, ckpt.model_state, ckpt.optimizer_state, ckpt.extra)
+    assert run.main([str(plan), "--out", str(copy), "--rows", "phm2"]) == 1  # unfinished, no --resume
+    assert run.main([str(plan), "--out", str(copy), "--rows", "phm2", "--resume"]) == 0
+    state = checkpoint_info(last)["extra"]["trainer"]
+    assert state["finished"] and state["step"] == 4
+    segments = json.loads((copy / "phm2" / "seed1" / "experiment.json").read_text())["segments"]
+    assert segments[-1]["resume"] is True and segments[-1]["status"] == "finished"
+
+
+def test_statistics_hand_computed():
+    s = report.summarize([1.0, 2.0, 3.0])
+    assert (s["n"], s["mean"], s["std"]) == (3, 2.0, 1.0)
+    assert s["ci95"] == pytest.approx([2 - 4.303 / math.sqrt(3), 2 + 4.303 / math.sqrt(3)], rel=1e-3)
+    assert report.summarize([5.0]) == {"n": 1, "mean": 5.0, "std": None, "ci95": None}
+    assert [report.t_quantile_975(df) for df in (1, 9)] == pytest.approx([12.706, 2.262], rel=1e-3)
+    with pytest.raises(ValueError, match="df"):
+        report.t_quantile_975(0)
+
+
+def test_training_time_estimated_from_log_for_a_killed_segment(tmp_path):
+    import datetime as dt
+
+    start = dt.datetime(2026, 1, 2, 3, 4, 5)
+    (tmp_path / "train.log").write_text("2026-01-02 03:04:05 INFO a\n2026-01-02 03:05:35 INFO b\n"
+                                        "2026-01-02 04:00:00 INFO resumed\n")
+    segments = [{"start": start.timestamp(), "seconds": None},  # killed: 90 s until its last log line
+                {"start": (start + dt.timedelta(minutes=55)).timestamp(), "seconds": 10.0}]
+    (tmp_path / "experiment.json").write_text(json.dumps({"segments": segments}))
+    assert run.training_time(tmp_path) == (100.0, "train.log")
+
+
+@pytest.mark.parametrize("plan", sorted(p.name for p in EXPERIMENTS.glob("*.yaml")))
+def test_shipped_plans_validate(plan, tmp_path, capsys):
+    assert run.main([str(EXPERIMENTS / plan), "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    output = capsys.readouterr().out
+    assert "NOT RUN" not in output and "total_without_embeddings" in output
+    assert not (tmp_path / "out").exists()

@@ -125,6 +125,8 @@ def render_markdown(results: dict) -> str:
                  "cells are mean ± sample std over the n seeds [95% t-interval of the mean] (a single value when "
                  "n = 1). Training time is wall-clock per model (data preparation and periodic validation "
                  "included), mean over seeds; ≈ marks times partly read from train.log time stamps.")
+    for signature in results.get("signatures", []):
+        lines.append(f"- sacreBLEU signature, {signature}")
     lines.append("")
     metrics = plan["metrics"]
     header = ["row", "n"] + metrics + ["params", "params w/o emb.", "training time"]

@@ -21,7 +21,6 @@ import argparse
 import datetime as dt
 import difflib
 import json
-import math
 import re
 import shlex
 import sys
@@ -388,7 +387,8 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
     else:
         metrics = task.validate(model)
     breakdown = parameter_breakdown(model)
-    return {"metrics": {k: float(v) for k, v in metrics.items()}, "params": breakdown,
+    signatures = dict(getattr(task, "signatures", {}))  # sacreBLEU signatures, translation only
+    return {"metrics": {k: float(v) for k, v in metrics.items()}, "params": breakdown, "signatures": signatures,
             "beam_size": cfg.testing.beam_size if cfg.data.task == "translation" else None}
 
 
@@ -415,7 +415,7 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
             failures: dict[Path, str]) -> dict:
     """Evaluate every finished model of the plan and build the ``results.json`` dict."""
     by_key = {(r.row.name, r.seed): r for r in all_runs}
-    machines, commands, starts, ends, rows = [], [], [], [], []
+    machines, commands, starts, ends, rows, signatures = [], [], [], [], [], []
     for row in plan.rows:
         train_row = row.model_of or row.name
         entry = {"name": row.name, "label": row.label, "config": row.config, "overrides": row.overrides,
@@ -434,6 +434,7 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
                 except Exception as err:  # one broken folder must not hide the other rows' results
                     item["error"] = f"evaluation failed: {type(err).__name__}: {err}"
                 item["train_seconds"], item["train_time_source"] = training_time(run.model_dir)
+                signatures += [f"{k}: {v}" for k, v in item.get("signatures", {}).items()]
                 for seg in _read_run_file(run.model_dir)["segments"]:
                     machines.append(seg["machine"])
                     commands.append(seg["command"])
@@ -451,7 +452,7 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
                      "digits": plan.digits},
             "command": command, "date": dt.datetime.now().isoformat(timespec="seconds"),
             "machine": report.machine_info(), "training_machines": unique(machines),
-            "training_commands": unique(commands),
+            "training_commands": unique(commands), "signatures": unique(signatures),
             "trained_between": [min(starts), max(ends or starts)] if starts else None, "rows": rows}
 
 

@@ -37,8 +37,18 @@ def test_evaluate_prints_metrics_json(trained, capsys):
     _, model_dir = trained
     assert cli.main(["evaluate", str(model_dir), "--beam-size", "2"]) == 0
     metrics = json.loads(capsys.readouterr().out)
-    assert set(metrics) == {"bleu", "chrf", "accuracy", "loss", "ppl"}
+    assert set(metrics) == {"bleu", "chrf", "accuracy", "loss", "ppl", "bleu_signature", "chrf_signature"}
+    assert metrics["bleu_signature"].startswith("nrefs:1|") and "tok:13a" in metrics["bleu_signature"]
     assert metrics["ppl"] == pytest.approx(torch.tensor(metrics["loss"]).exp().item(), rel=1e-3)
+
+
+def test_bf16_autocast_training_runs(tmp_path):
+    from conftest import write_tiny_config
+
+    config = write_tiny_config(tmp_path, precision="bf16", max_steps=3, validation_every=3)
+    assert cli.main(["train", str(config), "--model-dir", str(tmp_path / "bf16")]) == 0
+    state = load_model_weights(tmp_path / "bf16" / "last.safetensors")
+    assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in state.values())  # fp32 master weights
 
 
 def test_translate_file_stdin_and_attention_plot(trained, tmp_path, capsys, monkeypatch):

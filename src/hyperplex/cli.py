@@ -33,7 +33,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from hyperplex import runner
 
     metrics = runner.evaluate(args.model_dir, args.checkpoint, args.split, args.data_root, args.beam_size)
-    print(json.dumps({k: round(v, 4) for k, v in metrics.items()}))
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
     return 0
 
 

@@ -103,7 +103,8 @@ def evaluate(model_dir: str, checkpoint: str = "best", split: str = "dev", data_
         if hasattr(task, "dev_refs"):
             raise ValueError("--split train is not supported for translation (references are not kept)")
     if cfg.data.task == "translation":
-        return task.validate(model, beam_size=cfg.testing.beam_size if beam_size is None else beam_size)
+        metrics = task.validate(model, beam_size=cfg.testing.beam_size if beam_size is None else beam_size)
+        return metrics | {f"{name}_signature": sig for name, sig in task.signatures.items()}
     return task.validate(model)
 
 

@@ -236,11 +236,11 @@ class PHMLinear(nn.Module):
     STRUCTURED_ROW_LIMIT_INFERENCE = 256
     #: ... and while ``rows ≤ k·d / WEIGHT_PER_ROW`` (k·d = elements of ``H``). The structured path
     #: saves reading ``H`` from memory; a small ``H`` sits in cache and reading it is cheap, so the
-    #: row budget grows with the weight's size (inference: 512² → 0 rows, 1024² → 4, 4096² → 64;
+    #: row budget grows with the weight's size (inference: 512² → 0 rows, 1024² → 8, 4096² → 128;
     #: training: 512² → 32 rows, 1024² → 128). Fitted on CPU with benchmarks/bench_phm.py
     #: (docs/performance.md).
     WEIGHT_PER_ROW_TRAINING = 2 ** 13
-    WEIGHT_PER_ROW_INFERENCE = 2 ** 18
+    WEIGHT_PER_ROW_INFERENCE = 2 ** 17
     #: In inference, an ``H`` of at most this many elements (2 MiB in fp32, a per-core L2) is read
     #: from cache at little cost, so the cached path wins even for one row.
     CACHE_RESIDENT_WEIGHT = 2 ** 19

@@ -25,6 +25,7 @@ class TranslationTask(Task):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.signatures: dict[str, str] = {}  # sacreBLEU signatures of the last validation
         # The arithmetic task is judged by exact match; translation by BLEU.
         self.metrics = ("accuracy", "bleu", "chrf", "loss", "ppl") if self.cfg.data.format == "arithmetic" \
             else ("bleu", "chrf", "accuracy", "loss", "ppl")
@@ -138,8 +139,11 @@ class TranslationTask(Task):
                                         src_tokens=[self.src_tok.tokenize(self.dev_pairs[i][0]) for i in self._dev_kept])
         refs = self.dev_refs
         exact = sum(h.strip() == r.strip() for h, r in zip(hypotheses, refs)) / len(refs)
-        return {"bleu": corpus_bleu(hypotheses, refs).score, "chrf": corpus_chrf(hypotheses, refs).score,
-                "accuracy": 100.0 * exact, "loss": nll / max(tokens, 1),
+        bleu, chrf = corpus_bleu(hypotheses, refs), corpus_chrf(hypotheses, refs)
+        if self.signatures != {"bleu": bleu.signature, "chrf": chrf.signature}:
+            self.signatures = {"bleu": bleu.signature, "chrf": chrf.signature}
+            self.log.info(f"sacreBLEU signatures: BLEU {bleu.signature}; chrF {chrf.signature}")
+        return {"bleu": bleu.score, "chrf": chrf.score, "accuracy": 100.0 * exact, "loss": nll / max(tokens, 1),
                 "ppl": perplexity(nll, tokens) if nll == nll else nll}  # a NaN loss: the trainer reports it
 
     # ------------------------------------------------------------------ decoding

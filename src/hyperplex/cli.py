@@ -112,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                               description="Load a model folder and print its validation metrics as JSON "
                               "(translation: BLEU/chrF with the configured beam, loss, perplexity).")
     evaluate.add_argument("model_dir", help="model folder written by `hyperplex train`")
-    evaluate.add_argument("--split", default="dev", choices=["dev", "train"], help="which split (default dev)")
+    evaluate.add_argument("--split", default="dev", metavar="dev|train|FILE",
+                          help="dev (default), train (classification tasks), or a file in the task's format — "
+                          "a parallel prefix for translation — e.g. linzen_agreement/numpred.test.1.gz")
     evaluate.add_argument("--checkpoint", default="best", help="best (default), last, or a checkpoint file")
     evaluate.add_argument("--beam-size", type=int, help="override testing.beam_size")
     evaluate.add_argument("--data-root", **data_root)

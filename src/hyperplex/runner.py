@@ -93,15 +93,17 @@ def _check_beam(beam_size: int | None) -> None:
 
 def evaluate(model_dir: str, checkpoint: str = "best", split: str = "dev", data_root: str | None = None,
              beam_size: int | None = None) -> dict:
-    """``hyperplex evaluate``: metrics of a saved model on the validation (or training) split."""
+    """``hyperplex evaluate``: metrics of a saved model on the validation split (``dev``), the training
+    split (``train``, classification tasks), or any file in the task's format (a path, or a parallel
+    prefix; relative paths are read from the data root)."""
     _check_beam(beam_size)
     cfg, task, model = load_model(model_dir, checkpoint, data_root)
-    if split not in ("dev", "train"):
-        raise ValueError(f"--split must be dev or train, got {split!r}")
     if split == "train":
-        task.dev_set = task.train_set
-        if hasattr(task, "dev_refs"):
+        if cfg.data.task == "translation":
             raise ValueError("--split train is not supported for translation (references are not kept)")
+        task.dev_set = task.train_set
+    elif split != "dev":  # a file (or parallel prefix) in the task's format, e.g. a held-out test split
+        task.use_evaluation_file(split)
     if cfg.data.task == "translation":
         metrics = task.validate(model, beam_size=cfg.testing.beam_size if beam_size is None else beam_size)
         return metrics | {f"{name}_signature": sig for name, sig in task.signatures.items()}

@@ -102,6 +102,15 @@ class ClassificationTask(Task):
         self.log.info(f"vocabulary {len(self.vocab)}; labels {self.labels}; {len(self.train_set)} training / "
                       f"{len(self.dev_set)} validation examples")
 
+    def use_evaluation_file(self, path: str) -> None:
+        """Make the file ``path`` (same format as the training data) the split :meth:`validate` scores."""
+        records = self._read_file("--split", path)
+        for rec in records:
+            check_labels([rec["label"]], self.labels, rec["file"], [rec["line"]])
+        self.dev_set, report = self._dataset(records, f"examples of {path}")
+        if report.dropped:
+            self.log.info(str(report))
+
     def encode(self, text: str) -> list[int]:
         ids = self.vocab.encode(self.tok.tokenize(lowercase_if(self.cfg.data, text)))
         return ids[: self.cfg.data.truncate] if self.cfg.data.truncate else ids

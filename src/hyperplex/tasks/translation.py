@@ -88,6 +88,18 @@ class TranslationTask(Task):
         self.log.info(f"vocabularies: source {len(self.src_vocab)}, target {len(self.tgt_vocab)}; "
                       f"{len(self.train_set)} training / {len(self.dev_set)} validation pairs")
 
+    def use_evaluation_file(self, prefix: str) -> None:
+        """Make the parallel files ``PREFIX.SRC`` / ``PREFIX.TGT`` the split :meth:`validate` scores."""
+        d = self.cfg.data
+        pairs = read_parallel(data_file(prefix, self.data_root, d.src, "--split"),
+                              data_file(prefix, self.data_root, d.tgt, "--split"))
+        self.dev_pairs = [(lowercase_if(d, s), lowercase_if(d, t)) for s, t in pairs]
+        src, tgt, report = self._encode_pairs(self.dev_pairs, drop_long=False)
+        if report.dropped:
+            self.log.info(str(report))
+        self.dev_set = Seq2SeqDataset(src, tgt)
+        self.dev_refs = [self.dev_pairs[i][1] for i in self._dev_kept]
+
     def _encode_pairs(self, pairs, drop_long: bool):
         d = self.cfg.data
         src_ids, tgt_ids, kept = [], [], []

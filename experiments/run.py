@@ -382,10 +382,7 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
     if eval_overrides:
         testing = parse_overrides(eval_overrides)["testing"]
         cfg.testing = from_dict(TestingConfig, merge(to_dict(cfg.testing), testing), "testing.")
-    if cfg.data.task == "translation":
-        metrics = task.validate(model, beam_size=cfg.testing.beam_size)
-    else:
-        metrics = task.validate(model)
+    metrics = runner.score(cfg, task, model)
     breakdown = parameter_breakdown(model)
     signatures = dict(getattr(task, "signatures", {}))  # sacreBLEU signatures, translation only
     return {"metrics": {k: float(v) for k, v in metrics.items()}, "params": breakdown, "signatures": signatures,

@@ -104,9 +104,16 @@ def evaluate(model_dir: str, checkpoint: str = "best", split: str = "dev", data_
         task.dev_set = task.train_set
     elif split != "dev":  # a file (or parallel prefix) in the task's format, e.g. a held-out test split
         task.use_evaluation_file(split)
+    metrics = score(cfg, task, model, beam_size)
+    return metrics | {f"{name}_signature": sig for name, sig in getattr(task, "signatures", {}).items()}
+
+
+def score(cfg: ExperimentConfig, task, model, beam_size: int | None = None) -> dict[str, float]:
+    """Validation metrics of a loaded model (:func:`load_model`) on ``task``'s current evaluation split;
+    translation decodes with ``beam_size`` (default ``cfg.testing.beam_size``). sacreBLEU signatures of
+    the last call are in ``task.signatures``."""
     if cfg.data.task == "translation":
-        metrics = task.validate(model, beam_size=cfg.testing.beam_size if beam_size is None else beam_size)
-        return metrics | {f"{name}_signature": sig for name, sig in task.signatures.items()}
+        return task.validate(model, beam_size=cfg.testing.beam_size if beam_size is None else beam_size)
     return task.validate(model)
 
 

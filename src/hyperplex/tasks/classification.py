@@ -89,9 +89,7 @@ class ClassificationTask(Task):
             self.labels = ["0", "1"]
         else:
             self.labels = list(d.labels) or sorted({r["label"] for r in train})
-        for split in (train, dev):
-            for rec in split:
-                check_labels([rec["label"]], self.labels, rec["file"], [rec["line"]])
+        self._check_labels(train + dev)
         lines = [lowercase_if(d, t) for rec in train for t in self._texts(rec)]
         self.tok, self.vocab = tokenizer_and_vocab(d, lines, self.model_dir, "text", fresh)
         self.train_set, report = self._dataset(train, "training examples")
@@ -105,11 +103,15 @@ class ClassificationTask(Task):
     def use_evaluation_file(self, path: str) -> None:
         """Make the file ``path`` (same format as the training data) the split :meth:`validate` scores."""
         records = self._read_file("--split", path)
-        for rec in records:
-            check_labels([rec["label"]], self.labels, rec["file"], [rec["line"]])
+        self._check_labels(records)
         self.dev_set, report = self._dataset(records, f"examples of {path}")
         if report.dropped:
             self.log.info(str(report))
+
+    def _check_labels(self, records: list[dict]) -> None:
+        """A label outside :attr:`labels` is an error naming it, the known set, the file and the line."""
+        for rec in records:
+            check_labels([rec["label"]], self.labels, rec["file"], [rec["line"]])
 
     def encode(self, text: str) -> list[int]:
         ids = self.vocab.encode(self.tok.tokenize(lowercase_if(self.cfg.data, text)))

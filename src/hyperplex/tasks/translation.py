@@ -67,7 +67,6 @@ class TranslationTask(Task):
             train = subset(train, d.max_train_examples, self.cfg.seed)
             self.log.info(f"using a seeded subset of {len(train)} training pairs")
         train = [(lowercase_if(d, s), lowercase_if(d, t)) for s, t in train]
-        self.dev_pairs = [(lowercase_if(d, s), lowercase_if(d, t)) for s, t in dev]
         if d.shared_vocab:
             lines = [s for s, _ in train] + [t for _, t in train]
             self.src_tok, self.src_vocab = tokenizer_and_vocab(d, lines, self.model_dir, "src", fresh)
@@ -75,16 +74,12 @@ class TranslationTask(Task):
         else:
             self.src_tok, self.src_vocab = tokenizer_and_vocab(d, [s for s, _ in train], self.model_dir, "src", fresh)
             self.tgt_tok, self.tgt_vocab = tokenizer_and_vocab(d, [t for _, t in train], self.model_dir, "tgt", fresh)
-        src_ids, tgt_ids, report = self._encode_pairs(train, drop_long=True)
+        src_ids, tgt_ids, _, _, report = self._encode_pairs(train, drop_long=True)
         self.log.info(str(report))
         if not src_ids:
             raise DataError(f"no training pairs left after filtering ({report})")
         self.train_set = Seq2SeqDataset(src_ids, tgt_ids)
-        dev_src, dev_tgt, dev_report = self._encode_pairs(self.dev_pairs, drop_long=False)
-        if dev_report.dropped:
-            self.log.info(f"validation: {dev_report}")
-        self.dev_set = Seq2SeqDataset(dev_src, dev_tgt)
-        self.dev_refs = [self.dev_pairs[i][1] for i in self._dev_kept]
+        self._set_evaluation_pairs(dev, "validation pairs")
         self.log.info(f"vocabularies: source {len(self.src_vocab)}, target {len(self.tgt_vocab)}; "
                       f"{len(self.train_set)} training / {len(self.dev_set)} validation pairs")
 
@@ -93,18 +88,26 @@ class TranslationTask(Task):
         d = self.cfg.data
         pairs = read_parallel(data_file(prefix, self.data_root, d.src, "--split"),
                               data_file(prefix, self.data_root, d.tgt, "--split"))
-        self.dev_pairs = [(lowercase_if(d, s), lowercase_if(d, t)) for s, t in pairs]
-        src, tgt, report = self._encode_pairs(self.dev_pairs, drop_long=False)
+        self._set_evaluation_pairs(pairs, f"pairs of {prefix}")
+
+    def _set_evaluation_pairs(self, pairs: list[tuple[str, str]], what: str) -> None:
+        """Encode raw (source, reference) pairs as the split :meth:`validate` scores; the tokenised
+        sources (for ``<unk>`` replacement) and references are kept so validation does not redo them."""
+        d = self.cfg.data
+        pairs = [(lowercase_if(d, s), lowercase_if(d, t)) for s, t in pairs]
+        src_ids, tgt_ids, src_tokens, kept, report = self._encode_pairs(pairs, drop_long=False, what=what)
         if report.dropped:
             self.log.info(str(report))
-        self.dev_set = Seq2SeqDataset(src, tgt)
-        self.dev_refs = [self.dev_pairs[i][1] for i in self._dev_kept]
+        self.dev_set = Seq2SeqDataset(src_ids, tgt_ids)
+        self.dev_src_tokens = src_tokens
+        self.dev_refs = [pairs[i][1] for i in kept]
 
-    def _encode_pairs(self, pairs, drop_long: bool):
+    def _encode_pairs(self, pairs, drop_long: bool, what: str = "training pairs"):
+        """(source ids, target ids, source tokens, kept pair indices, DropReport) of ``pairs``; empty pairs are
+        dropped, and with ``drop_long`` pairs with a side over ``data.max_length`` tokens."""
         d = self.cfg.data
-        src_ids, tgt_ids, kept = [], [], []
-        report = DropReport(total=len(pairs), max_length=d.max_length if drop_long else None,
-                            source="training pairs" if drop_long else "validation pairs")
+        src_ids, tgt_ids, src_tokens, kept = [], [], [], []
+        report = DropReport(total=len(pairs), max_length=d.max_length if drop_long else None, source=what)
         for i, (s, t) in enumerate(pairs):
             s_tok, t_tok = self.src_tok.tokenize(s), self.tgt_tok.tokenize(t)
             if not s_tok or not t_tok:
@@ -115,10 +118,9 @@ class TranslationTask(Task):
                 continue
             src_ids.append(self.src_vocab.encode(s_tok, add_eos=True))
             tgt_ids.append(self.tgt_vocab.encode(t_tok))
+            src_tokens.append(s_tok)
             kept.append(i)
-        if not drop_long:
-            self._dev_kept = kept
-        return src_ids, tgt_ids, report
+        return src_ids, tgt_ids, src_tokens, kept, report
 
     def train_batches(self, epoch: int) -> list:
         t = self.cfg.training
@@ -131,24 +133,25 @@ class TranslationTask(Task):
         return model_class(self.cfg.model_config, len(self.src_vocab), len(self.tgt_vocab), pad_index=PAD_INDEX,
                            unk_index=UNK_INDEX, bos_index=BOS_INDEX, eos_index=EOS_INDEX)
 
-    def loss(self, model: nn.Module, batch) -> Tensor:
+    @staticmethod
+    def _summed_nll(model: nn.Module, batch, label_smoothing: float = 0.0) -> Tensor:
+        """Teacher-forced cross-entropy of ``batch``, summed over non-pad target tokens (fp32)."""
         logits = model(batch["src"], batch["src_lengths"], batch["tgt_in"])  # (B, T, V)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch["tgt_out"].reshape(-1),
-                               ignore_index=PAD_INDEX, reduction="sum",
-                               label_smoothing=self.cfg.training.label_smoothing)
+                               ignore_index=PAD_INDEX, reduction="sum", label_smoothing=label_smoothing)
+
+    def loss(self, model: nn.Module, batch) -> Tensor:
+        return self._summed_nll(model, batch, self.cfg.training.label_smoothing)
 
     @torch.no_grad()
     def validate(self, model: nn.Module, beam_size: int = 1) -> dict[str, float]:
         nll, tokens = 0.0, 0
         device = next(model.parameters()).device
         for batch in self.dev_set.batches(self.cfg.testing.batch_size):
-            batch = batch.to(device)
-            logits = model(batch["src"], batch["src_lengths"], batch["tgt_in"])
-            nll += F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch["tgt_out"].reshape(-1),
-                                   ignore_index=PAD_INDEX, reduction="sum").item()
+            nll += self._summed_nll(model, batch.to(device)).item()
             tokens += batch.num_tokens
         hypotheses = self.translate_ids(model, self.dev_set.src_ids, beam_size=beam_size,
-                                        src_tokens=[self.src_tok.tokenize(self.dev_pairs[i][0]) for i in self._dev_kept])
+                                        src_tokens=self.dev_src_tokens)
         refs = self.dev_refs
         exact = sum(h.strip() == r.strip() for h, r in zip(hypotheses, refs)) / len(refs)
         bleu, chrf = corpus_bleu(hypotheses, refs), corpus_chrf(hypotheses, refs)

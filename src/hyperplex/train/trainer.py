@@ -254,7 +254,7 @@ class Trainer:
             bar = tqdm(total=total_steps, initial=state.step, unit="step", dynamic_ncols=True, file=sys.stderr,
                        disable=None)
         last_val: dict[str, float] = {}
-        window_loss, window_count, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
+        window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
         try:
             model.train()
             while not state.finished:
@@ -302,8 +302,7 @@ class Trainer:
                     if self.world > 1:
                         step_loss = self._all_sum(step_loss)
                     window_loss += step_loss
-                    window_count += count
-                    window_tokens += count
+                    window_tokens += count  # targets (or examples) since the last log line
                     if bar is not None:
                         elapsed = max(time.perf_counter() - window_start, 1e-9)
                         bar.set_postfix(loss=f"{step_loss / max(count, 1):.3f}", lr=f"{lr:.2e}",
@@ -311,12 +310,12 @@ class Trainer:
                         bar.update(1)
                     if state.step % tcfg.log_every == 0:
                         elapsed = time.perf_counter() - window_start
-                        mean = window_loss / max(window_count, 1)
+                        mean = window_loss / max(window_tokens, 1)
                         log.info(f"step {state.step} epoch {state.epoch}: loss {mean:.4f} lr {lr:.3e} "
                                  f"{window_tokens / max(elapsed, 1e-9):.0f} tokens/s")
                         if metrics:
                             metrics.write(state.step, state.epoch, "train", {"loss": mean, "lr": lr})
-                        window_loss, window_count, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
+                        window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
                     due = (tcfg.validation_every and state.step % tcfg.validation_every == 0) or \
                         (not tcfg.validation_every and epoch_done) or state.finished
                     if due:

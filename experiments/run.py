@@ -478,6 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="validate and list the runs; train and write nothing")
     p.add_argument("--resume", action="store_true", help="continue unfinished runs from last.safetensors")
     p.add_argument("--report-only", action="store_true", help="train nothing; evaluate finished models and report")
+    p.add_argument("--no-report", action="store_true",
+                   help="train only; evaluate and report later with --report-only (for parallel lanes over one plan)")
     p.add_argument("--append-to", help="also replace this plan's <!-- plan:NAME --> section of a markdown file")
     p.add_argument("--data-root", help="data root for relative data paths (default $HYPERPLEX_DATA, ../shared/data)")
     p.add_argument("--override", action="append", default=[], metavar="--SECTION.KEY=VALUE",
@@ -523,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as err:  # record it, go on with the other models, exit 1 at the end
                 failures[run.model_dir] = f"training failed: {type(err).__name__}: {err}"
                 print(f"  {failures[run.model_dir]}", file=sys.stderr)
+    if args.no_report:
+        return 1 if failures else 0
     results = collect(plan, all_runs, resolved, args.data_root, command, failures)
     print(write_results(results, out, args.append_to))
     return 1 if failures else 0

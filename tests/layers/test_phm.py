@@ -356,3 +356,48 @@ def test_fixed_rule_materialization_uses_signed_permutation(name):
         assert layer._permutation() is not None
     H = sum(torch.kron(layer.phm_rule[i], layer.phm_weight[i]) for i in range(n))
     torch.testing.assert_close(layer.dense_weight(), H)
+
+
+# ---------------------------------------------------------------- shared_weights
+def _recurrence(layer: PHMLinear, x0: torch.Tensor, steps: int) -> torch.Tensor:
+    h, out = x0, []
+    for _ in range(steps):
+        h = torch.tanh(layer(h))
+        out.append(h)
+    return torch.stack(out).sum()
+
+
+@pytest.mark.parametrize("mode", ["auto", "structured"])  # H formed once / the per-call path is kept
+def test_shared_weights_equals_per_call_paths_with_gradients(mode):
+    from hyperplex.layers import shared_weights
+
+    torch.manual_seed(0)
+    layer = PHMLinear(16, 16, 4, dtype=torch.float64, forward_mode=mode)
+    x0 = torch.randn(2, 16, dtype=torch.float64)
+    rows = 2 * 5
+    expected = _recurrence(layer, x0, 5)
+    grads = torch.autograd.grad(expected, [layer.phm_rule, layer.phm_weight, layer.bias])
+    with shared_weights(layer, rows):
+        assert (layer._shared_weight is not None) == (mode == "auto")
+        got = _recurrence(layer, x0, 5)
+    assert layer._shared_weight is None
+    got_grads = torch.autograd.grad(got, [layer.phm_rule, layer.phm_weight, layer.bias])
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    for g, e in zip(got_grads, grads):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12)
+
+
+def test_shared_weights_inference_reuses_cache_and_nests():
+    from hyperplex.layers import shared_weights
+
+    layer = PHMLinear(8, 8, 2).eval()
+    dense = nn.Linear(8, 8)  # ignored: only PHM layers with n > 1 take part
+    with torch.no_grad(), shared_weights([layer, None, dense], 10_000):
+        outer = layer._shared_weight
+        assert outer is layer._cached_dense_weight()
+        with shared_weights(layer, 10_000):
+            assert layer._shared_weight is outer
+        assert layer._shared_weight is outer
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(layer(x), x @ layer.dense_weight().T + layer.bias)
+    assert layer._shared_weight is None

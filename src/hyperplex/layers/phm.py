@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -16,7 +18,7 @@ from torch import Tensor, nn
 from hyperplex.algebra import ALGEBRAS, algebra_rule
 from hyperplex.layers.functional import materialize_weight, phm_linear_structured, signed_permutation
 
-__all__ = ["PHMLinear", "phm_parameter_count", "kronecker_decompose", "FORWARD_MODES"]
+__all__ = ["PHMLinear", "phm_parameter_count", "kronecker_decompose", "shared_weights", "FORWARD_MODES"]
 
 FORWARD_MODES = ("auto", "structured", "materialized")
 RuleSpec = str | Tensor
@@ -202,6 +204,9 @@ class PHMLinear(nn.Module):
             self._perm, self._perm_key = signed_permutation(self.phm_rule), key
         return self._perm
 
+    #: ``H`` formed once by :func:`shared_weights` for a run of calls (``None`` outside it).
+    _shared_weight: Tensor | None = None
+
     def invalidate_cache(self) -> None:
         """Drop the cached ``H``. Needed only after changing parameters through ``.data``,
         which bypasses the version counters the cache checks."""
@@ -275,6 +280,8 @@ class PHMLinear(nn.Module):
             raise ValueError(f"expected input with last dimension {self.in_features}, got shape {tuple(input.shape)}")
         if self.n == 1:  # exactly nn.Linear
             return F.linear(input, self.phm_weight.view(self.out_features, self.in_features), self.bias)
+        if self._shared_weight is not None:  # inside shared_weights(): H formed once for many calls
+            return F.linear(input, self._shared_weight, self.bias)
         mode = self.choose_mode(input.numel() // self.in_features)
         if mode == "structured":
             return phm_linear_structured(input, self.phm_rule, self.phm_weight, self.bias)
@@ -323,3 +330,38 @@ class PHMLinear(nn.Module):
             if self.bias is not None:
                 linear.bias.copy_(self.bias)
         return linear
+
+
+@contextmanager
+def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int) -> Iterator[None]:
+    """Form each PHM layer's ``H`` once for a run of calls with the same weights.
+
+    A recurrence calls the same layer at every time step with a few rows each time (an LSTM's
+    ``W_h h_{t−1}`` on ``B`` rows, ``T`` times). Each call alone looks like the structured path's
+    regime, yet forming ``H`` once and multiplying ``T`` times is cheaper: ``H``'s gradient is
+    summed over the steps and flows back to ``Aᵢ`` and ``Sᵢ`` once, at the end of backward.
+
+    Inside the context every :class:`PHMLinear` in ``modules`` (one module or several; ``None``
+    entries are skipped) with ``n > 1`` whose
+    :meth:`~PHMLinear.choose_mode` for ``rows`` (the total rows over all the calls) is not
+    ``"structured"`` computes with that one ``H``: ``dense_weight()`` (differentiable) when weight
+    gradients are needed, the cached ``H`` otherwise. Results equal the per-call paths up to
+    rounding. Do not change the parameters inside the context (an optimizer step): ``H`` would
+    be stale. Contexts nest; the outer ``H`` is restored on exit.
+    """
+    roots = [modules] if isinstance(modules, nn.Module) else [m for m in modules if m is not None]
+    layers = [m for root in roots for m in root.modules() if isinstance(m, PHMLinear) and m.n > 1]
+    saved = [m._shared_weight for m in layers]
+    try:
+        for m in layers:
+            if m._shared_weight is not None:
+                continue
+            mode = m.choose_mode(rows)
+            if mode == "materialized":
+                m._shared_weight = m.dense_weight()
+            elif mode == "cached":
+                m._shared_weight = m._cached_dense_weight()
+        yield
+    finally:
+        for m, weight in zip(layers, saved):
+            m._shared_weight = weight

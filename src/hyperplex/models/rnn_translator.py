@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hyperplex.layers import shared_weights
 from hyperplex.nn.linear import LinearSpec, make_linear
 from hyperplex.nn.luong import ATTENTIONS, make_attention
 from hyperplex.nn.rnn import PHMLSTM, reverse_padded
@@ -217,10 +218,13 @@ class RNNTranslator(nn.Module):
             h, _ = self.decoder(embedded, state=initial)  # (B, T, H)
             attentional, _ = self._attend(h, state, 0)
         else:
+            # Step by step (h̃_{t−1} feeds step t); every PHM map of the decoder and attention
+            # forms its H once for the T steps instead of once per step.
             feed, lstm_state, outputs = state["feed"], initial, []
-            for t in range(tgt_in.shape[1]):
-                h, lstm_state = self.decoder.step(torch.cat([embedded[:, t], feed], dim=-1), lstm_state)
-                feed, _ = self._attend(h, state, t)
-                outputs.append(feed)
+            with shared_weights((self.decoder, self.attention, self.combine), tgt_in.shape[0] * tgt_in.shape[1]):
+                for t in range(tgt_in.shape[1]):
+                    h, lstm_state = self.decoder.step(torch.cat([embedded[:, t], feed], dim=-1), lstm_state)
+                    feed, _ = self._attend(h, state, t)
+                    outputs.append(feed)
             attentional = torch.stack(outputs, dim=1)  # (B, T, H)
         return self.output_layer(self.drop(attentional))

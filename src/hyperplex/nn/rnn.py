@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from hyperplex.layers import LowRankLinear, PHMLinear
+from hyperplex.layers import LowRankLinear, PHMLinear, shared_weights
 from hyperplex.nn.linear import LinearSpec, make_linear
 
 __all__ = ["PHMLSTMCell", "PHMLSTM", "reverse_padded"]
@@ -171,15 +171,16 @@ class PHMLSTM(nn.Module):
         """Run the recurrence over ``input_gates`` (B, T, 4H); ``mask`` (B, T) freezes padded steps."""
         h, c = state
         outputs = []
-        for t in range(input_gates.shape[1]):
-            h_new, c_new = cell.recurrence(input_gates[:, t], (h, c))
-            if mask is None:
-                h, c = h_new, c_new
-                outputs.append(h)
-            else:  # padded step: keep the state, emit zeros (as pad_packed_sequence does)
-                m = mask[:, t, None]  # (B, 1)
-                h, c = torch.where(m, h_new, h), torch.where(m, c_new, c)
-                outputs.append(h_new * m)
+        with shared_weights(cell.hidden_proj, input_gates.shape[0] * input_gates.shape[1]):
+            for t in range(input_gates.shape[1]):
+                h_new, c_new = cell.recurrence(input_gates[:, t], (h, c))
+                if mask is None:
+                    h, c = h_new, c_new
+                    outputs.append(h)
+                else:  # padded step: keep the state, emit zeros (as pad_packed_sequence does)
+                    m = mask[:, t, None]  # (B, 1)
+                    h, c = torch.where(m, h_new, h), torch.where(m, c_new, c)
+                    outputs.append(h_new * m)
         return torch.stack(outputs, dim=1), (h, c)  # (B, T, H)
 
     # ------------------------------------------------------------------ forward

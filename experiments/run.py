@@ -2,7 +2,7 @@
 
     python experiments/run.py PLAN.yaml [--rows a,b] [--seeds 1,2] [--out runs/PLAN] [--dry-run]
                               [--resume] [--report-only] [--append-to docs/results.md]
-                              [--data-root DIR] [--override --training.device=cuda ...]
+                              [--data-root DIR] [--override=--training.device=cuda ...]
 
 A plan (``experiments/*.yaml``, see ``experiments/README.md``) lists rows
 ``{name, config, overrides, seeds}`` plus a plan-level ``budget`` (overrides applied to every
@@ -483,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--append-to", help="also replace this plan's <!-- plan:NAME --> section of a markdown file")
     p.add_argument("--data-root", help="data root for relative data paths (default $HYPERPLEX_DATA, ../shared/data)")
     p.add_argument("--override", action="append", default=[], metavar="--SECTION.KEY=VALUE",
-                   help="extra override for every model after the budget (repeatable), e.g. --training.device=cuda")
+                   help="extra override for every model after the budget (repeatable); write it with =, e.g. --override=--training.device=cuda")
     return p
 
 

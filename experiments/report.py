@@ -147,12 +147,14 @@ def render_markdown(results: dict) -> str:
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         missing = [r for r in row["runs"] if not r.get("metrics")]
         for r in missing:
-            notes.append(f"`{row['name']}` seed {r['seed']}: {r.get('error') or r.get('status', 'not run')}")
+            status = {"new": "not trained", "partial": "not trained (empty folder)"}.get(r.get("status"), r.get("status"))
+            notes.append(f"`{row['name']}` seed {r['seed']}: {r.get('error') or status or 'not trained'}")
     lines += ["", "Rows (config and overrides; every row also gets the budget and `--seed=K`):", ""]
     for row in results["rows"]:
         source = f"the models of `{row['model_of']}`" if row.get("model_of") else \
             "`" + " ".join([row["config"], *row["overrides"]]) + "`"
         extra = f", evaluated with `{' '.join(row['eval_overrides'])}`" if row.get("eval_overrides") else ""
+        extra += f", scored on `{row['eval_split']}`" if row.get("eval_split") else ""
         beam = f", beam {row['beam_size']}" if row.get("beam_size") else ""
         lines.append(f"- **{row['label']}** (`{row['name']}`, seeds {row['seeds']}{beam}): {source}{extra}")
     if notes:

@@ -39,7 +39,7 @@ import report  # noqa: E402  (experiments/report.py)
 from hyperplex.config import ConfigError, dump_yaml, from_dict, load_yaml, merge, parse_overrides, to_dict  # noqa: E402
 
 PLAN_KEYS = ("name", "title", "description", "seeds", "budget", "metrics", "checkpoint", "digits", "rows")
-ROW_KEYS = ("name", "label", "config", "overrides", "seeds", "model_of", "eval_overrides")
+ROW_KEYS = ("name", "label", "config", "overrides", "seeds", "model_of", "eval_overrides", "eval_split")
 #: What each task's validation returns (``Task.validate``); plans may only ask for these.
 TASK_METRICS = {"translation": ("bleu", "chrf", "accuracy", "loss", "ppl"),
                 "classification": ("accuracy", "loss"), "pair_classification": ("accuracy", "loss"),
@@ -63,6 +63,7 @@ class Row:
     seeds: list[int] = field(default_factory=list)
     model_of: str = ""
     eval_overrides: list[str] = field(default_factory=list)
+    eval_split: str = ""  # a file in the task's format scored instead of the validation split
     params_table: str = ""  # `hyperplex params` of the row's config (vocabulary = data.vocab_size), set by validate
 
 
@@ -156,7 +157,7 @@ def load_plan(path: str | Path) -> Plan:
         row = Row(name=name, label=str(item.get("label") or name),
                   overrides=_str_list(item.get("overrides"), f"{where}: overrides"),
                   eval_overrides=_str_list(item.get("eval_overrides"), f"{where}: eval_overrides"),
-                  model_of=item.get("model_of") or "")
+                  model_of=item.get("model_of") or "", eval_split=str(item.get("eval_split") or ""))
         for o in row.eval_overrides:
             if not o.lstrip("-").startswith("testing."):
                 raise PlanError(f"{where}: eval_overrides may only set testing.* keys (the model is fixed), got {o!r}")
@@ -370,10 +371,12 @@ def training_time(model_dir: Path) -> tuple[float | None, str]:
 
 
 # ---------------------------------------------------------------------------- evaluation
-def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval_overrides: list[str]) -> dict:
+def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval_overrides: list[str],
+                   eval_split: str = "") -> dict:
     """``{"metrics", "params"}`` of one model folder: the steps of :func:`hyperplex.runner.evaluate`
-    (load, validation split, the configured beam) with ``eval_overrides`` (``testing.*``) applied to
-    the saved config first, and :func:`~hyperplex.models.params.parameter_breakdown` of the loaded model."""
+    (load, validation split or the file ``eval_split``, the configured beam) with ``eval_overrides``
+    (``testing.*``) applied to the saved config first, and
+    :func:`~hyperplex.models.params.parameter_breakdown` of the loaded model."""
     from hyperplex import runner
     from hyperplex.experiment import TestingConfig
     from hyperplex.models.params import parameter_breakdown
@@ -382,6 +385,8 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
     if eval_overrides:
         testing = parse_overrides(eval_overrides)["testing"]
         cfg.testing = from_dict(TestingConfig, merge(to_dict(cfg.testing), testing), "testing.")
+    if eval_split:  # relative paths are read from the data root, as `hyperplex evaluate --split FILE`
+        task.use_evaluation_file(eval_split)
     metrics = runner.score(cfg, task, model)
     breakdown = parameter_breakdown(model)
     signatures = dict(getattr(task, "signatures", {}))  # sacreBLEU signatures, translation only
@@ -396,13 +401,13 @@ def cached_evaluation(run: Run, row: Row, checkpoint: str, data_root: str | None
     ckpt = checkpoint_path(run.model_dir, checkpoint)
     stat = ckpt.stat()
     key = {"checkpoint": checkpoint, "file": ckpt.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-           "eval_overrides": row.eval_overrides}
+           "eval_overrides": row.eval_overrides, "eval_split": row.eval_split}
     cache = run.model_dir / f"evaluation-{row.name}.json"
     if cache.is_file():
         saved = json.loads(cache.read_text(encoding="utf-8"))
         if saved.get("key") == key:
             return saved["result"]
-    result = evaluate_model(run.model_dir, checkpoint, data_root, row.eval_overrides)
+    result = evaluate_model(run.model_dir, checkpoint, data_root, row.eval_overrides, row.eval_split)
     cache.write_text(json.dumps({"key": key, "result": result}, indent=1), encoding="utf-8")
     return result
 
@@ -416,7 +421,8 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
     for row in plan.rows:
         train_row = row.model_of or row.name
         entry = {"name": row.name, "label": row.label, "config": row.config, "overrides": row.overrides,
-                 "eval_overrides": row.eval_overrides, "model_of": row.model_of, "seeds": row.seeds, "runs": []}
+                 "eval_overrides": row.eval_overrides, "eval_split": row.eval_split, "model_of": row.model_of,
+                 "seeds": row.seeds, "runs": []}
         cfg = resolved.get(row.name)
         if cfg is not None and cfg.data.task == "translation":
             entry["beam_size"] = cfg.testing.beam_size

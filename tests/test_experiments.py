@@ -205,3 +205,21 @@ def test_shipped_plans_validate(plan, tmp_path, capsys):
     output = capsys.readouterr().out
     assert "model(s) selected" in output and "total_without_embeddings" in output
     assert not (tmp_path / "out").exists()
+
+
+def test_eval_split_row_scores_a_file_like_hyperplex_evaluate(tmp_path):
+    from hyperplex import runner
+    from hyperplex.data.mlu import generate_mlu
+    held_out, _ = generate_mlu(12, 1, seed=99)  # PREFIX.src / PREFIX.tgt, as data.mlu.write_mlu names them
+    for side, column in (("src", 0), ("tgt", 1)):
+        (tmp_path / f"held_out.{side}").write_text("".join(pair[column] + "\n" for pair in held_out))
+    plan = _write_plan(tmp_path, rows=[{"name": "phm2", "config": "tiny.yaml", "seeds": [1]},
+                                       {"name": "phm2_file", "model_of": "phm2", "eval_split": str(tmp_path / "held_out")}])
+    out = tmp_path / "out"
+    assert run.main([str(plan), "--out", str(out)]) == 0
+    rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    expected = runner.evaluate(str(out / "phm2" / "seed1"), checkpoint="last", split=str(tmp_path / "held_out"))
+    got = rows["phm2_file"]["runs"][0]["metrics"]
+    assert got["loss"] == pytest.approx(expected["loss"]) and got["accuracy"] == expected["accuracy"]
+    assert got["loss"] != rows["phm2"]["runs"][0]["metrics"]["loss"]  # another split than validation
+    assert f"scored on `{tmp_path / 'held_out'}`" in (out / "results.md").read_text()

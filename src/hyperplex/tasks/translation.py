@@ -84,10 +84,12 @@ class TranslationTask(Task):
                       f"{len(self.train_set)} training / {len(self.dev_set)} validation pairs")
 
     def use_evaluation_file(self, prefix: str) -> None:
-        """Make the parallel files ``PREFIX.SRC`` / ``PREFIX.TGT`` the split :meth:`validate` scores."""
+        """Make the parallel files ``PREFIX.SRC`` / ``PREFIX.TGT`` the split :meth:`validate` scores
+        (for generated arithmetic, ``PREFIX.src`` / ``PREFIX.tgt`` as :func:`~hyperplex.data.mlu.write_mlu` writes)."""
         d = self.cfg.data
-        pairs = read_parallel(data_file(prefix, self.data_root, d.src, "--split"),
-                              data_file(prefix, self.data_root, d.tgt, "--split"))
+        src, tgt = (d.src or "src", d.tgt or "tgt") if d.format == "arithmetic" else (d.src, d.tgt)
+        pairs = read_parallel(data_file(prefix, self.data_root, src, "--split"),
+                              data_file(prefix, self.data_root, tgt, "--split"))
         self._set_evaluation_pairs(pairs, f"pairs of {prefix}")
 
     def _set_evaluation_pairs(self, pairs: list[tuple[str, str]], what: str) -> None:

@@ -22,7 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MLUSpec", "generate_mlu", "generate_mlu_splits", "iter_mlu", "write_mlu", "evaluate_mlu_input"]
+__all__ = ["MLUSpec", "generate_mlu", "generate_mlu_splits", "iter_mlu", "write_mlu", "evaluate_mlu_input",
+           "FILE_SUFFIXES"]
+
+#: Suffixes of the input and target files :func:`write_mlu` writes (``PREFIX.src`` / ``PREFIX.tgt``).
+FILE_SUFFIXES = ("src", "tgt")
 
 _VARIABLES = ("x", "y")
 _FEISTEL_ROUNDS = 6
@@ -205,7 +209,7 @@ def write_mlu(directory: str | os.PathLike, num_train: int, num_test: int, seed:
     for name, n in sizes.items():
         if name == "valid" and n == 0:
             continue
-        src_path, tgt_path = (os.path.join(directory, f"{name}.{ext}") for ext in ("src", "tgt"))
+        src_path, tgt_path = (os.path.join(directory, f"{name}.{ext}") for ext in FILE_SUFFIXES)
         with open(src_path, "w", encoding="utf-8") as src, open(tgt_path, "w", encoding="utf-8") as tgt:
             for inputs, targets in iter_mlu(start, start + n, seed, spec):
                 src.writelines(line + "\n" for line in inputs)

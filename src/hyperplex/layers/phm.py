@@ -285,8 +285,11 @@ class PHMLinear(nn.Module):
         mode = self.choose_mode(input.numel() // self.in_features)
         if mode == "structured":
             return phm_linear_structured(input, self.phm_rule, self.phm_weight, self.bias)
-        weight = self._cached_dense_weight() if mode == "cached" else self.dense_weight()
-        return F.linear(input, weight, self.bias)
+        return F.linear(input, self._weight_for(mode), self.bias)
+
+    def _weight_for(self, mode: str) -> Tensor:
+        """``H`` for a ``"materialized"`` (differentiable) or ``"cached"`` (reused) forward."""
+        return self._cached_dense_weight() if mode == "cached" else self.dense_weight()
 
     # ------------------------------------------------------------------ conversion
     @classmethod
@@ -357,10 +360,8 @@ def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int) -
             if m._shared_weight is not None:
                 continue
             mode = m.choose_mode(rows)
-            if mode == "materialized":
-                m._shared_weight = m.dense_weight()
-            elif mode == "cached":
-                m._shared_weight = m._cached_dense_weight()
+            if mode != "structured":
+                m._shared_weight = m._weight_for(mode)
         yield
     finally:
         for m, weight in zip(layers, saved):

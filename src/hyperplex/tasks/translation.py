@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.data.datasets import Seq2SeqDataset
+from hyperplex.data.mlu import FILE_SUFFIXES as MLU_SUFFIXES, generate_mlu
 from hyperplex.data.readers import DataError, DropReport, read_parallel
 from hyperplex.data.vocab import BOS_INDEX, EOS, EOS_INDEX, PAD_INDEX, UNK, UNK_INDEX
 from hyperplex.models.registry import get_architecture
@@ -34,8 +35,6 @@ class TranslationTask(Task):
     def _read(self) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         d = self.cfg.data
         if d.format == "arithmetic":
-            from hyperplex.data.mlu import generate_mlu
-
             train, dev = generate_mlu(d.arithmetic_train_size, d.arithmetic_dev_size, seed=self.cfg.seed)
             return list(train), list(dev)
         if d.format != "parallel":
@@ -87,7 +86,7 @@ class TranslationTask(Task):
         """Make the parallel files ``PREFIX.SRC`` / ``PREFIX.TGT`` the split :meth:`validate` scores
         (for generated arithmetic, ``PREFIX.src`` / ``PREFIX.tgt`` as :func:`~hyperplex.data.mlu.write_mlu` writes)."""
         d = self.cfg.data
-        src, tgt = (d.src or "src", d.tgt or "tgt") if d.format == "arithmetic" else (d.src, d.tgt)
+        src, tgt = (d.src or MLU_SUFFIXES[0], d.tgt or MLU_SUFFIXES[1]) if d.format == "arithmetic" else (d.src, d.tgt)
         pairs = read_parallel(data_file(prefix, self.data_root, src, "--split"),
                               data_file(prefix, self.data_root, tgt, "--split"))
         self._set_evaluation_pairs(pairs, f"pairs of {prefix}")

@@ -61,9 +61,11 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     one = tmp_path / "one"
     runner.train(str(config), model_dir=str(one))
     two = tmp_path / "two"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
-                    "-m", "hyperplex", "train", str(config), "--model-dir", str(two)],
-                   env={**ENV, "HYPERPLEX_BACKEND": "gloo"}, check=True, capture_output=True, timeout=300)
+    # --standalone: the rendezvous picks a free local port (a fixed port fails when something else holds it)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "hyperplex", "train", str(config), "--model-dir", str(two)],
+                          env={**ENV, "HYPERPLEX_BACKEND": "gloo"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"torchrun exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     l1, l2 = train_losses(one), train_losses(two)
     assert len(l1) == len(l2) == 8
     assert l1 == pytest.approx(l2, rel=1e-5, abs=1e-6)

@@ -429,7 +429,7 @@ def test_translate_output_into_a_missing_folder(mt_model, tmp_path, capsys):
     (tmp_path / "in.txt").write_text("w1 w3 w5\n")
     out = tmp_path / "missing" / "out.txt"
     msg = fail(capsys, "translate", mt_model, "-i", tmp_path / "in.txt", "-o", out)
-    assert msg == f"cannot write the translations to {out}: No such file or directory"
+    assert msg == f"{out}: cannot write (No such file or directory); the previous file, if any, is unchanged"
 
 
 def test_malformed_unk_dictionary_names_file_and_line(mt_model, tmp_path, capsys):

@@ -133,13 +133,9 @@ def translate(model_dir: str, input_path: str | None = None, output_path: str | 
     outputs, details = task.translate(model, lines, beam_size=beam_size, return_attention=True)
     text = "".join(o + "\n" for o in outputs)
     if output_path:
-        tmp = Path(str(output_path) + ".tmp")
-        try:  # temporary file + rename: an existing output is replaced whole or not at all
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(output_path)
-        except OSError as err:
-            tmp.unlink(missing_ok=True)
-            raise OSError(f"cannot write the translations to {output_path}: {err.strerror or err}") from None
+        from hyperplex.fileio import atomic_write_text
+
+        atomic_write_text(output_path, text)  # an existing output is replaced whole or not at all
     else:
         sys.stdout.write(text)
     if plot_attention and lines:

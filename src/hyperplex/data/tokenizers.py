@@ -16,7 +16,8 @@ from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from hyperplex.data.readers import DataError, DataFileNotFoundError
-from hyperplex.data.vocab import BOS, EOS, PAD, UNK, Vocabulary, atomic_write_text
+from hyperplex.data.vocab import BOS, EOS, PAD, UNK, Vocabulary
+from hyperplex.fileio import atomic_write_bytes, atomic_write_text
 
 
 class Tokenizer:
@@ -208,10 +209,7 @@ class SentencePieceTokenizer(Tokenizer):
         """Write ``{name}.model`` (the sentencepiece model) and ``{name}.json`` into ``model_dir``."""
         os.makedirs(model_dir, exist_ok=True)
         path = os.path.join(model_dir, f"{name}.model")
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as handle:
-            handle.write(self.model_proto)
-        os.replace(tmp, path)
+        atomic_write_bytes(path, self.model_proto)
         atomic_write_text(os.path.join(model_dir, f"{name}.json"),
                           json.dumps({"type": self.kind, "model_file": f"{name}.model"}, indent=2) + "\n")
 

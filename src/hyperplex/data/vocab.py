@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from hyperplex.data.readers import DataError, DataFileNotFoundError
+from hyperplex.fileio import atomic_write_text
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 #: The special symbols, in index order.
@@ -22,21 +22,6 @@ SPECIALS = (PAD, UNK, BOS, EOS)
 PAD_INDEX, UNK_INDEX, BOS_INDEX, EOS_INDEX = 0, 1, 2, 3
 
 _FORMAT = "hyperplex-vocabulary"
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename (never a half-written file)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 class Vocabulary:

@@ -28,7 +28,6 @@ import math
 import os
 import random
 import re
-import secrets
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +37,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
+
+from hyperplex import fileio
+from hyperplex.fileio import WriteError
 
 __all__ = [
     "CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint", "checkpoint_info",
@@ -78,49 +80,14 @@ class Checkpoint:
 
 
 # ---------------------------------------------------------------------------- atomic files
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # platforms without directory handles (Windows)
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)``, fsync, then move the file onto ``path`` atomically (``os.replace``).
-
-    ``tmp_path`` lies in a private folder ``.<name>.tmp-<pid>-<hex>/`` next to ``path`` (so any
-    temporary file the writer makes itself lands there too); the folder is removed afterwards, and
-    :class:`CheckpointManager` removes those left by a killed process. Raises
-    :class:`CheckpointError` naming ``path`` if the file cannot be written.
-    """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp_dir = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    tmp = os.path.join(tmp_dir, os.path.basename(path))
+    """:func:`hyperplex.fileio.atomic_write`, raising :class:`CheckpointError` (also for safetensors errors)."""
     try:
-        os.mkdir(tmp_dir)
-        write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the data reaches the disk before the rename makes it visible
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(directory)
-    except (OSError, SafetensorError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else e
-        raise CheckpointError(f"{path}: cannot write ({reason}); the previous file, if any, is unchanged") from e
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-
-
-_TMP_PATTERN = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")
+        fileio.atomic_write(path, write)
+    except (WriteError, SafetensorError) as e:
+        if isinstance(e, WriteError):
+            raise CheckpointError(str(e)) from e
+        raise CheckpointError(f"{os.fspath(path)}: cannot write ({e}); the previous file, if any, is unchanged") from e
 
 
 # ---------------------------------------------------------------------------- encoding
@@ -546,7 +513,7 @@ class CheckpointManager:
         """Rebuild the ranking from the index and the best-*.safetensors files actually present."""
         names = os.listdir(self.model_dir)
         for name in names:  # temporary files of writes killed mid-way
-            if _TMP_PATTERN.match(name):
+            if fileio.TMP_PATTERN.match(name):
                 leftover = self.path(name)
                 try:
                     shutil.rmtree(leftover) if os.path.isdir(leftover) else os.unlink(leftover)

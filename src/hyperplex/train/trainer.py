@@ -28,6 +28,7 @@ from torch import nn
 from hyperplex.config import dump_yaml
 from hyperplex.experiment import ExperimentConfig, experiment_dict
 from hyperplex.tasks.base import Task, metric_mode
+from hyperplex.fileio import atomic_write
 from hyperplex.train.checkpoint import CheckpointManager, load_checkpoint, restore_rng
 from hyperplex.train.optim import apply_lr, build_optimizer, build_schedule
 
@@ -119,12 +120,14 @@ class MetricsWriter:
             # Rows written after the checkpoint we resume from belong to a run that was killed.
             with open(self.path, newline="", encoding="utf-8") as f:
                 rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
-            tmp = self.path.with_suffix(".csv.tmp")
-            with open(tmp, "w", newline="", encoding="utf-8") as f:
-                writer = csv.DictWriter(f, self.FIELDS)
-                writer.writeheader()
-                writer.writerows(rows)
-            os.replace(tmp, self.path)
+
+            def write(tmp: str) -> None:
+                with open(tmp, "w", newline="", encoding="utf-8") as f:
+                    writer = csv.DictWriter(f, self.FIELDS)
+                    writer.writeheader()
+                    writer.writerows(rows)
+
+            atomic_write(self.path, write)
         elif not self.path.exists() or resume_step is None:
             with open(self.path, "w", newline="", encoding="utf-8") as f:
                 csv.writer(f).writerow(self.FIELDS)

@@ -112,16 +112,19 @@ def _plot(results: list[DemoResult], out: Path) -> list[Path]:
         if r.learned_rule is None:
             continue
         n = r.n
-        fig, axes = plt.subplots(2, n, figsize=(1.6 * n, 3.6), squeeze=False)
-        for i in range(n):
-            for row, (name, tensor) in enumerate((("learned", r.learned_rule), ("true", r.true_rule))):
-                a = axes[row][i]
+        # Constrained layout with one sub-figure per row: each row's title and the axes titles
+        # get their own space (tight_layout packed the square images so that the bottom row's
+        # titles overlapped the row above).
+        fig = plt.figure(figsize=(1.6 * n, 4.4), layout="constrained")
+        fig.suptitle(f"{r.task}: learned vs true rule (max |diff| = {r.rule_error:.1e})", fontsize=9)
+        rows = fig.subfigures(2, 1)
+        for sub, (name, tensor) in zip(rows, (("learned", r.learned_rule), ("true", r.true_rule))):
+            sub.suptitle(f"{name} $A_i$", fontsize=8)
+            for i, a in enumerate(sub.subplots(1, n, squeeze=False)[0]):
                 a.imshow(tensor[i].numpy(), cmap="coolwarm", vmin=-1, vmax=1)
                 a.set_xticks([])
                 a.set_yticks([])
-                a.set_title(f"{name} A{i + 1}", fontsize=8)
-        fig.suptitle(f"{r.task}: learned vs true rule (max |diff| = {r.rule_error:.1e})", fontsize=9)
-        fig.tight_layout()
+                a.set_title(f"$A_{{{i + 1}}}$", fontsize=8)
         paths.append(out / f"rule_{r.task.split()[0]}.png")
         fig.savefig(paths[-1], dpi=120)
         plt.close(fig)

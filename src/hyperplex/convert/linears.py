@@ -1,0 +1,390 @@
+"""Swap a model's dense layers for PHM or low-rank layers in place, and back.
+
+:func:`convert_linears` walks any ``nn.Module`` and replaces each selected ``nn.Linear`` (and
+``transformers``' GPT-2 ``Conv1D``, whose weight is stored transposed) by a :class:`PHMLinear`
+initialised with the best ``n``-term Kronecker sum of its weight, or by a :class:`LowRankLinear`
+holding its truncated SVD at the PHM layer's parameter count. :func:`to_dense` is the exact
+inverse: each converted layer becomes a dense layer whose weight is the converted layer's
+effective matrix ``H``. Every replacement carries the attribute ``hyperplex_converted_from``
+(``"linear"`` or ``"conv1d"``), which :func:`to_dense` and :func:`conversion_spec` read.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from hyperplex.convert.report import ConversionReport, LayerReport
+from hyperplex.layers.lowrank import LowRankLinear, matching_rank
+from hyperplex.layers.phm import PHMLinear, RuleSpec
+
+__all__ = ["convert_linears", "to_dense", "conversion_spec", "apply_spec", "KINDS", "INITS", "CONVERTED_FROM"]
+
+KINDS = ("phm", "lowrank")
+INITS = ("svd", "random", "activation")
+#: Attribute set on every layer :func:`convert_linears` puts in a model: ``"linear"`` or ``"conv1d"``.
+CONVERTED_FROM = "hyperplex_converted_from"
+
+
+def _conv1d_class() -> type | None:
+    """``transformers.pytorch_utils.Conv1D`` if ``transformers`` is already imported (a model that
+    holds a ``Conv1D`` implies it is), else ``None`` — so this package never imports transformers."""
+    if "transformers" not in sys.modules:
+        return None
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:  # pragma: no cover - very old or partial transformers
+        return None
+    return Conv1D
+
+
+@dataclass
+class _Dense:
+    """A dense layer seen as ``y = x Wᵀ + b``: ``weight`` is ``(out, in)`` whatever the storage."""
+
+    weight: Tensor
+    bias: Tensor | None
+    in_features: int
+    out_features: int
+
+
+def _dense_view(layer: nn.Module, source: str) -> _Dense:
+    if source == "conv1d":  # Conv1D computes x @ W + b with W: (in, out), i.e. a Linear of weight Wᵀ
+        return _Dense(layer.weight.t(), layer.bias, layer.nx, layer.nf)
+    return _Dense(layer.weight, layer.bias, layer.in_features, layer.out_features)
+
+
+def _source(layer: nn.Module, conv1d: type | None) -> str | None:
+    if isinstance(layer, nn.Linear):
+        return "linear"
+    if conv1d is not None and isinstance(layer, conv1d):
+        return "conv1d"
+    return None
+
+
+def _patterns(value: str | Sequence[str] | None, what: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    patterns = list(value)
+    if not all(isinstance(p, str) for p in patterns):
+        raise TypeError(f"{what} must be a glob pattern or a list of glob patterns, got {value!r}")
+    return patterns
+
+
+def _param_count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())  # parameters() counts tied weights once
+
+
+def _relative_error(weight: Tensor, effective: Tensor) -> float:
+    W, H = weight.detach().double(), effective.detach().double()
+    norm = torch.linalg.norm(W)
+    return float(torch.linalg.norm(W - H) / norm) if norm > 0 else float(torch.linalg.norm(H) > 0)
+
+
+def _plan(module: nn.Module, kind: str, n: int, rank: int | None, include: list[str], exclude: list[str],
+          min_features: int) -> tuple[list[LayerReport], dict[str, nn.Module]]:
+    """Decide, without touching the model, which layers to convert; raise for bad selections."""
+    conv1d = _conv1d_class()
+    owners: dict[int, list[str]] = {}  # parameter id -> every dotted name it is registered under
+    for name, param in module.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), []).append(name)
+    module_names: dict[int, list[str]] = {}
+    for name, sub in module.named_modules(remove_duplicate=False):
+        module_names.setdefault(id(sub), []).append(name)
+    parents = {id(child): parent for _, parent in module.named_modules() for child in parent.children()}
+
+    rows, layers, matched = [], {}, {p: 0 for p in include}
+    for name, layer in module.named_modules():
+        source = _source(layer, conv1d)
+        if source is None:
+            continue
+        view = _dense_view(layer, source)
+        d, k = view.in_features, view.out_features
+        row = LayerReport(name, source, d, k, "skipped", params_before=_param_count(layer))
+        rows.append(row)
+        hits = [p for p in include if fnmatch.fnmatchcase(name, p)]
+        for p in hits:
+            matched[p] += 1
+        tied = [o for o in owners[id(layer.weight)] if o != (f"{name}.weight" if name else "weight")]
+        if name == "":
+            row.reason = "the root module cannot be replaced in place"
+        elif include and not hits:
+            row.reason = "not matched by include"
+        elif any(fnmatch.fnmatchcase(name, p) for p in exclude):
+            row.reason = f"excluded by {next(p for p in exclude if fnmatch.fnmatchcase(name, p))!r}"
+        elif min(d, k) < min_features:
+            row.reason = f"min(in, out) = {min(d, k)} < min_features={min_features}"
+        elif isinstance(parents.get(id(layer)), nn.MultiheadAttention):
+            row.reason = "nn.MultiheadAttention reads out_proj.weight directly"
+        elif tied:
+            row.reason = f"weight tied to {tied[0]}"
+        elif len(module_names[id(layer)]) > 1:
+            row.reason = f"the same module is also registered as {module_names[id(layer)][1]}"
+        elif rank is None and (d % n or k % n):
+            row.reason = f"n={n} does not divide {k}x{d}"
+        elif rank is not None and rank > min(d, k):
+            row.reason = f"rank={rank} exceeds min(in, out) = {min(d, k)}"
+        else:
+            row.status = "converted"
+            layers[name] = layer
+            continue
+
+    names = [r.name for r in rows]
+    for pattern, count in matched.items():
+        if count == 0:
+            shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+            raise ValueError(f"include pattern {pattern!r} matches no nn.Linear/Conv1D layer; the "
+                             f"{len(names)} layers are named like: {shown or '(none)'}")
+    if not names:
+        raise ValueError(f"{type(module).__name__} holds no nn.Linear or Conv1D layer to convert")
+    if not layers:
+        undivided = [r for r in rows if r.reason.startswith(f"n={n} does not divide")]
+        if undivided:
+            sizes = sorted({f"{r.out_features}x{r.in_features}" for r in undivided})
+            raise ValueError(f"n={n} divides none of the {len(undivided)} selected layers (sizes {', '.join(sizes[:8])}); "
+                             f"choose an n that divides both sizes of some layer")
+        reasons = sorted({r.reason for r in rows})
+        raise ValueError("no layer selected for conversion; reasons: " + "; ".join(reasons[:6]))
+    return rows, layers
+
+
+def _build(view: _Dense, kind: str, n: int, rank: int | None, rule: RuleSpec, init: str) -> tuple[nn.Module, int | None]:
+    """The replacement layer for one dense layer (same dtype and device), and its rank (low-rank)."""
+    W = view.weight.detach()
+    factory = {"device": W.device, "dtype": W.dtype}
+    bias = view.bias is not None
+    if kind == "phm":
+        if init == "random":
+            layer = PHMLinear(view.in_features, view.out_features, n, bias=bias, rule=rule, **factory)
+        else:
+            linear_like = _Dense(W, view.bias, view.in_features, view.out_features)
+            layer, _ = PHMLinear.from_linear(linear_like, n, rule)
+        used_rank = None
+    else:
+        used_rank = rank if rank is not None else matching_rank(view.in_features, view.out_features, n, rule, bias)
+        if init == "random":
+            layer = LowRankLinear(view.in_features, view.out_features, used_rank, bias=bias, **factory)
+        else:
+            layer, _ = LowRankLinear.from_linear(_Dense(W, view.bias, view.in_features, view.out_features), used_rank)
+    if bias:  # the bias is not factorised: a random init keeps the pretrained one too (ablations isolate H)
+        with torch.no_grad():
+            layer.bias.copy_(view.bias.detach())
+    return layer, used_rank
+
+
+def _keep_flags(new: nn.Module, old: nn.Module, weight_grad: bool, bias_grad: bool | None) -> None:
+    for pname, param in new.named_parameters():
+        param.requires_grad_(bias_grad if pname == "bias" and bias_grad is not None else weight_grad)
+    new.train(old.training)
+
+
+def convert_linears(
+    module: nn.Module,
+    kind: str = "phm",
+    n: int = 4,
+    *,
+    rank: int | None = None,
+    rule: RuleSpec = "learned",
+    include: str | Sequence[str] | None = None,
+    exclude: str | Sequence[str] | None = None,
+    min_features: int = 32,
+    init: str = "svd",
+    calibrate: Callable[[nn.Module], object] | None = None,
+    refine_steps: int = 200,
+) -> ConversionReport:
+    """Replace ``module``'s dense layers by PHM or low-rank layers, in place.
+
+    Args:
+        module: any ``nn.Module`` (a ``transformers`` model, a ``SentenceTransformer``, your own).
+        kind: ``"phm"`` (:class:`PHMLinear`, ``H = Σᵢ Aᵢ ⊗ Sᵢ``) or ``"lowrank"`` (:class:`LowRankLinear`).
+        n: the PHM ``n``; for ``"lowrank"`` the rank is ``matching_rank(d, k, n)`` (no more
+            parameters than the PHM layer) unless ``rank`` is given.
+        rank: explicit rank, ``"lowrank"`` only.
+        rule: PHM multiplication rule (``"learned"``, an algebra name such as ``"quaternion"``).
+        include: glob pattern(s) on the dotted module name (``fnmatch``; ``*`` also crosses dots);
+            only matching layers are converted. Each pattern must match some layer.
+        exclude: glob pattern(s); matching layers stay dense.
+        min_features: layers with ``min(in, out) < min_features`` stay dense (small heads hold few
+            weights, and their error costs the most).
+        init: ``"svd"`` (Kronecker-sum SVD for PHM, truncated SVD for low-rank: the best fit in
+            Frobenius norm), ``"random"`` (the layer's own init; the bias is still copied), or
+            ``"activation"`` (``"svd"``, then the factors are refined to minimise ‖(W − H) X‖_F on
+            inputs captured while ``calibrate(module)`` runs; see :mod:`hyperplex.convert.activation`).
+        calibrate: for ``init="activation"``: a callable that runs ``module`` on calibration data.
+        refine_steps: Adam steps per layer for ``init="activation"``.
+
+    Layers left dense, with the reason, are listed in the report: not matched by ``include``,
+    excluded, too small, sizes ``n`` does not divide, weights tied to another module (GPT-2's
+    ``lm_head``), a module registered twice, ``nn.MultiheadAttention.out_proj``. Dtype, device,
+    bias, train/eval mode and ``requires_grad`` (weight and bias separately) are kept.
+
+    Returns:
+        a :class:`ConversionReport`.
+
+    Raises:
+        ValueError: bad ``kind``/``init``/``n``/``rank``; an include pattern that matches no layer
+        (the message shows real layer names); an ``n`` that divides no selected layer; nothing
+        left to convert. Raised before the model is changed.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; valid: {', '.join(repr(k) for k in KINDS)}")
+    if init not in INITS:
+        raise ValueError(f"unknown init {init!r}; valid: {', '.join(repr(i) for i in INITS)}")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    if rank is not None:
+        if kind != "lowrank":
+            raise ValueError(f"rank={rank} applies to kind='lowrank' only (kind={kind!r})")
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            raise ValueError(f"rank must be a positive integer, got {rank!r}")
+    if init == "activation" and calibrate is None:
+        raise ValueError("init='activation' needs calibrate=, a callable that runs the model on calibration inputs")
+    if kind == "phm" and rule != "learned":
+        PHMLinear(n, n, n, rule=rule)  # validates the rule name against n before anything changes
+    rows, layers = _plan(module, kind, n, rank, _patterns(include, "include"), _patterns(exclude, "exclude"),
+                         min_features)
+    before = _param_count(module)
+    inputs = None
+    if init == "activation":
+        from hyperplex.convert.activation import capture_inputs
+        inputs = capture_inputs(module, layers, calibrate)
+
+    by_name = {r.name: r for r in rows}
+    for name, old in layers.items():
+        row = by_name[name]
+        view = _dense_view(old, row.source)
+        new, used_rank = _build(view, kind, n, rank, rule, "svd" if init == "activation" else init)
+        if inputs is not None:
+            from hyperplex.convert.activation import refine
+            refine(new, view.weight.detach(), inputs[name], steps=refine_steps)
+        _keep_flags(new, old, view.weight.requires_grad, None if view.bias is None else view.bias.requires_grad)
+        setattr(new, CONVERTED_FROM, row.source)
+        parent_name, _, child = name.rpartition(".")
+        setattr(module.get_submodule(parent_name), child, new)
+        row.kind, row.n, row.rank = kind, (n if kind == "phm" else None), used_rank
+        row.params_after = _param_count(new)
+        row.relative_error = _relative_error(view.weight, new.dense_weight())
+    return ConversionReport(rows, before, _param_count(module))
+
+
+def _dense_from(layer: nn.Module, source: str) -> nn.Module:
+    """A dense layer with weight exactly ``layer.dense_weight()`` and the same bias."""
+    H = layer.dense_weight().detach()
+    if source == "conv1d":
+        conv1d = _conv1d_class()
+        if conv1d is None:  # pragma: no cover - a Conv1D-converted layer without transformers loaded
+            raise RuntimeError("this layer came from a transformers Conv1D, but transformers is not imported")
+        dense = conv1d(layer.out_features, layer.in_features).to(device=H.device, dtype=H.dtype)
+        with torch.no_grad():
+            dense.weight.copy_(H.t())
+            if layer.bias is not None:
+                dense.bias.copy_(layer.bias)
+            else:  # Conv1D always has a bias; a bias-free source had none, so zero reproduces it
+                dense.bias.zero_()
+        return dense
+    dense = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, device=H.device, dtype=H.dtype)
+    with torch.no_grad():
+        dense.weight.copy_(H)
+        if layer.bias is not None:
+            dense.bias.copy_(layer.bias)
+    return dense
+
+
+def to_dense(module: nn.Module) -> ConversionReport:
+    """Turn every layer :func:`convert_linears` made back into ``nn.Linear`` (or ``Conv1D`` where it
+    came from one), in place; the dense weight is exactly the converted layer's ``H``, so outputs are
+    unchanged up to float rounding of the different multiplication order (bit-equal for PHM ``n = 1``).
+
+    Layers the user built as ``PHMLinear`` themselves (without the ``hyperplex_converted_from``
+    mark) are left alone. Returns a :class:`ConversionReport` whose rows have ``kind="dense"`` and
+    ``relative_error`` 0 (the dense weight *is* ``H``).
+    """
+    before = _param_count(module)
+    rows = []
+    for name, layer in list(module.named_modules()):
+        source = getattr(layer, CONVERTED_FROM, None)
+        if source is None or name == "":
+            continue
+        dense = _dense_from(layer, source)
+        factors = [p for pname, p in layer.named_parameters() if pname != "bias"]
+        _keep_flags(dense, layer, any(p.requires_grad for p in factors),
+                    None if layer.bias is None else layer.bias.requires_grad)
+        parent_name, _, child = name.rpartition(".")
+        setattr(module.get_submodule(parent_name), child, dense)
+        rows.append(LayerReport(name, source, layer.in_features, layer.out_features, "converted", kind="dense",
+                                params_before=_param_count(layer), params_after=_param_count(dense), relative_error=0.0))
+    return ConversionReport(rows, before, _param_count(module))
+
+
+def conversion_spec(module: nn.Module) -> list[dict]:
+    """JSON-ready description of every converted layer in ``module`` (what :func:`apply_spec` rebuilds):
+    ``{"name", "kind", "n", "rule", "rank", "in_features", "out_features", "bias", "from_conv1d"}``."""
+    spec = []
+    for name, layer in module.named_modules():
+        source = getattr(layer, CONVERTED_FROM, None)
+        if source is None:
+            continue
+        phm = isinstance(layer, PHMLinear)
+        spec.append({
+            "name": name, "kind": "phm" if phm else "lowrank",
+            "n": layer.n if phm else None, "rule": layer.rule_name if phm else None,
+            "rank": None if phm else layer.rank,
+            "in_features": layer.in_features, "out_features": layer.out_features,
+            "bias": layer.bias is not None, "from_conv1d": source == "conv1d",
+        })
+    return spec
+
+
+def apply_spec(module: nn.Module, spec: list[dict], where: str = "the spec") -> None:
+    """Give ``module`` (the dense architecture) the structure ``spec`` describes, with freshly
+    initialised layers whose values are meant to be overwritten by a state dict.
+
+    Raises ``ValueError`` naming ``where`` and the layer when a named layer does not exist, is not
+    a dense layer of the recorded kind, or has other sizes — the signs of a model folder of another
+    architecture. Checks every entry before changing anything.
+    """
+    conv1d = _conv1d_class()
+    targets = []
+    for i, entry in enumerate(spec):
+        name = entry["name"]
+        try:
+            old = module.get_submodule(name)
+        except AttributeError:
+            raise ValueError(f"{where}: layer {name!r} (layers[{i}]) does not exist in the rebuilt "
+                             f"{type(module).__name__}; is this a model folder of another architecture?") from None
+        source = _source(old, conv1d)
+        expected = "conv1d" if entry["from_conv1d"] else "linear"
+        if source != expected:
+            raise ValueError(f"{where}: layer {name!r} is a {type(old).__name__} in the rebuilt model, expected "
+                             f"{'Conv1D' if expected == 'conv1d' else 'nn.Linear'}; a model folder of another architecture?")
+        view = _dense_view(old, source)
+        if (view.in_features, view.out_features, view.bias is not None) != (
+                entry["in_features"], entry["out_features"], entry["bias"]):
+            raise ValueError(f"{where}: layer {name!r} is {view.out_features}x{view.in_features} "
+                             f"(bias={view.bias is not None}) in the rebuilt model but "
+                             f"{entry['out_features']}x{entry['in_features']} (bias={entry['bias']}) in the spec")
+        if entry["kind"] not in KINDS:
+            raise ValueError(f"{where}: layers[{i}] ({name!r}) has kind {entry['kind']!r}; valid: {', '.join(KINDS)}")
+        targets.append((entry, old, view))
+    for entry, old, view in targets:
+        W = view.weight
+        factory = {"device": W.device, "dtype": W.dtype}
+        d, k, bias = entry["in_features"], entry["out_features"], entry["bias"]
+        if entry["kind"] == "phm":
+            rule = entry["rule"]
+            if rule == "custom":  # a buffer restored from the weights; any non-zero placeholder of the right shape
+                rule = torch.ones(entry["n"], entry["n"], entry["n"])
+            new = PHMLinear(d, k, entry["n"], bias=bias, rule=rule, **factory)
+        else:
+            new = LowRankLinear(d, k, entry["rank"], bias=bias, **factory)
+        _keep_flags(new, old, W.requires_grad, None if view.bias is None else view.bias.requires_grad)
+        setattr(new, CONVERTED_FROM, "conv1d" if entry["from_conv1d"] else "linear")
+        parent_name, _, child = entry["name"].rpartition(".")
+        setattr(module.get_submodule(parent_name), child, new)

@@ -1,0 +1,203 @@
+"""The PHM delta and the layer that adds it to a frozen ``nn.Linear`` (or ``transformers``' ``Conv1D``).
+
+``y = W x + b + s · ΔW x`` with ``ΔW = Σᵢ Aᵢ ⊗ Sᵢ`` (k × d), ``Aᵢ`` (n × n), ``Sᵢ`` (k/n × d/n) or
+``Sᵢ = uᵢ vᵢ`` with ``uᵢ`` (k/n × r), ``vᵢ`` (r × d/n). Unmerged, ``ΔW x`` is computed by the
+structured product and ``ΔW`` is never formed; merged, ``s·ΔW`` is folded into ``W`` and the layer
+costs exactly what the base layer costs.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hyperplex.adapters.config import PHMAdapterConfig
+from hyperplex.layers.functional import materialize_weight, phm_linear_structured
+
+__all__ = ["PHMDelta", "PHMAdaptedLinear", "phm_lowrank_structured", "is_adaptable", "linear_sizes"]
+
+
+def _conv1d_type() -> type | None:
+    """``transformers.pytorch_utils.Conv1D`` if transformers is loaded (a model holding one loaded it)."""
+    module = sys.modules.get("transformers.pytorch_utils")
+    return getattr(module, "Conv1D", None)
+
+
+def is_adaptable(module: nn.Module) -> bool:
+    """True for the layer types an adapter can wrap: ``nn.Linear`` and ``transformers``' ``Conv1D``."""
+    conv1d = _conv1d_type()
+    return isinstance(module, nn.Linear) or (conv1d is not None and isinstance(module, conv1d))
+
+
+def linear_sizes(module: nn.Module) -> tuple[int, int]:
+    """``(in_features, out_features)`` of an adaptable layer (``Conv1D`` stores its weight as ``(d, k)``)."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    d, k = module.weight.shape
+    return d, k
+
+
+def phm_lowrank_structured(x: Tensor, rule: Tensor, left: Tensor, right: Tensor) -> Tensor:
+    """``x ΔWᵀ`` for ``ΔW = Σᵢ Aᵢ ⊗ (uᵢ vᵢ)`` without forming ``ΔW`` or any ``Sᵢ``. ``x``: ``(..., d)`` → ``(..., k)``.
+
+    ``rule`` ``(n, n, n)``, ``left`` ``(n, k/n, r)`` (``uᵢ``), ``right`` ``(n, r, d/n)`` (``vᵢ``).
+    ``y_a = Σᵢ uᵢ (Σ_c Aᵢ[a, c] vᵢ x_c)``: project every input block on every ``vᵢ`` (one matmul,
+    ``B·n·r·d`` flops), mix the blocks by the rules (``B·n³·r``), expand with every ``uᵢ`` (one matmul,
+    ``B·n·r·k``). Weights read: ``r·(k + d)``.
+    """
+    n, k_n, r = left.shape
+    d_n = right.shape[2]
+    lead = x.shape[:-1]
+    blocks = x.reshape(-1, d_n)  # (B·n_c, d/n)
+    rows = blocks.shape[0] // n
+    projected = blocks @ right.reshape(n * r, d_n).T  # (B·n_c, n_i·r): vᵢ x_c
+    projected = projected.view(rows, n, n, r).permute(2, 0, 3, 1).reshape(n, rows * r, n)  # (i, (b, r), c)
+    mixed = torch.bmm(projected, rule.transpose(1, 2).to(projected.dtype))  # (i, (b, r), a): Σ_c Aᵢ[a, c] vᵢ x_c
+    mixed = mixed.view(n, rows, r, n).permute(1, 3, 0, 2).reshape(rows * n, n * r)  # ((b, a), (i, r))
+    out = mixed @ left.permute(0, 2, 1).reshape(n * r, k_n)  # ((b, a), q): Σᵢ uᵢ (...)
+    return out.reshape(*lead, n * k_n)
+
+
+class PHMDelta(nn.Module):
+    """One adapter's ``s · ΔW`` for one layer: ``forward(x (..., d)) → (..., k)``, never forming ``ΔW``.
+
+    Parameters: ``rule`` ``(n, n, n)`` (``rule[i]`` is ``Aᵢ``; the same ``nn.Parameter`` object in every
+    layer when the rule is shared); ``weight`` ``(n, k/n, d/n)`` (full ``Sᵢ``) or ``left`` ``(n, k/n, r)``
+    and ``right`` ``(n, r, d/n)`` (``Sᵢ = left[i] @ right[i]``).
+
+    Initialisation makes ``ΔW = 0`` exactly while every parameter still gets a gradient at the first
+    step or the next (as LoRA zeroes ``B``): ``Aᵢ ~ N(0, 1/n)`` (random, so the ``n`` terms differ —
+    PHMLinear's reasoning), full ``Sᵢ = 0``; low rank ``uᵢ = 0`` and ``vᵢ ~ U(−1/√(d/n), 1/√(d/n))``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, config: PHMAdapterConfig,
+                 shared_rule: nn.Parameter | None = None, device=None, dtype=None) -> None:
+        super().__init__()
+        n, rank = config.n, config.rank
+        if in_features % n or out_features % n:
+            raise ValueError(f"n={n} must divide in_features={in_features} and out_features={out_features}")
+        factory = {"device": device, "dtype": dtype}
+        self.in_features, self.out_features, self.config = in_features, out_features, config
+        self.rule = shared_rule if shared_rule is not None else nn.Parameter(torch.empty(n, n, n, **factory))
+        k_n, d_n = out_features // n, in_features // n
+        if rank is None:
+            self.weight = nn.Parameter(torch.empty(n, k_n, d_n, **factory))
+        else:
+            self.left = nn.Parameter(torch.empty(n, k_n, rank, **factory))
+            self.right = nn.Parameter(torch.empty(n, rank, d_n, **factory))
+        self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
+        self.reset_parameters(reset_rule=shared_rule is None)
+
+    @staticmethod
+    def init_rule(rule: Tensor) -> None:
+        """``Aᵢ ~ N(0, 1/n)`` in place (shared rules are initialised once by the caller)."""
+        with torch.no_grad():
+            rule.normal_(0.0, 1.0 / math.sqrt(rule.shape[0]))
+
+    def reset_parameters(self, reset_rule: bool = True) -> None:
+        """``ΔW = 0``: see the class docstring."""
+        if reset_rule:
+            self.init_rule(self.rule)
+        with torch.no_grad():
+            if self.config.rank is None:
+                self.weight.zero_()
+            else:
+                self.left.zero_()
+                bound = 1.0 / math.sqrt(self.in_features // self.config.n)
+                self.right.uniform_(-bound, bound)
+
+    def blocks(self) -> Tensor:
+        """The ``Sᵢ`` as ``(n, k/n, d/n)`` (formed from ``uᵢ vᵢ`` for a low-rank adapter)."""
+        return self.weight if self.config.rank is None else self.left @ self.right
+
+    def delta_weight(self) -> Tensor:
+        """``s · ΔW`` as a ``(k, d)`` matrix (differentiable); used by merge and by tests."""
+        return self.config.scale * materialize_weight(self.rule, self.blocks())
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.dropout(x)
+        if self.config.rank is None:
+            out = phm_linear_structured(x, self.rule, self.weight)
+        else:
+            out = phm_lowrank_structured(x, self.rule, self.left, self.right)
+        return out * self.config.scale if self.config.scale != 1.0 else out
+
+    def extra_repr(self) -> str:
+        c = self.config
+        rank = "full" if c.rank is None else c.rank
+        return (f"in_features={self.in_features}, out_features={self.out_features}, n={c.n}, rank={rank}, "
+                f"scale={c.scale}, shared_rule={c.shared_rule}")
+
+
+class PHMAdaptedLinear(nn.Module):
+    """A frozen ``nn.Linear`` / ``Conv1D`` (``base_layer``) plus named PHM adapters, at most one active.
+
+    ``forward(x (..., d)) → (..., k)``: ``base_layer(x) + adapters[active](x)``; ``base_layer(x)`` alone
+    when no adapter is active or the active one is merged into ``base_layer.weight``.
+
+    Attributes:
+        base_layer: the wrapped layer (its parameters are frozen by :func:`~hyperplex.adapters.add_adapter`).
+        adapters: ``nn.ModuleDict`` name → :class:`PHMDelta`.
+        active_adapter: name or ``None``.
+        merged_adapter: name of the adapter folded into ``base_layer.weight``, or ``None``.
+    """
+
+    def __init__(self, base_layer: nn.Module) -> None:
+        super().__init__()
+        if not is_adaptable(base_layer):
+            raise TypeError(f"a PHM adapter wraps nn.Linear or transformers' Conv1D, got {type(base_layer).__name__}")
+        self.base_layer = base_layer
+        self.in_features, self.out_features = linear_sizes(base_layer)
+        self.adapters = nn.ModuleDict()
+        self.active_adapter: str | None = None
+        self.merged_adapter: str | None = None
+
+    @property
+    def weight(self) -> Tensor:
+        """The base layer's weight (so code that reads ``layer.weight`` keeps working)."""
+        return self.base_layer.weight
+
+    @property
+    def bias(self) -> Tensor | None:
+        return self.base_layer.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.base_layer(x)
+        if self.active_adapter is not None and self.merged_adapter is None:
+            out = out + self.adapters[self.active_adapter](x)
+        return out
+
+    def _fold(self, sign: float) -> None:
+        """``W ← W ± s·ΔW`` for the active adapter, computed in at least float32."""
+        delta = self.adapters[self.active_adapter].delta_weight().detach()  # (k, d)
+        weight = self.base_layer.weight
+        if not isinstance(self.base_layer, nn.Linear):  # Conv1D: weight is (d, k), y = x W + b
+            delta = delta.T
+        compute = torch.promote_types(weight.dtype, torch.float32)
+        with torch.no_grad():
+            weight.copy_((weight.to(compute) + sign * delta.to(compute)).to(weight.dtype))
+
+    def merge(self) -> None:
+        """Fold the active adapter into ``base_layer.weight``; forward then costs the base layer's."""
+        if self.merged_adapter is not None:
+            raise RuntimeError(f"adapter {self.merged_adapter!r} is already merged into this layer")
+        if self.active_adapter is None:
+            raise RuntimeError("no active adapter to merge")
+        self._fold(+1.0)
+        self.merged_adapter = self.active_adapter
+
+    def unmerge(self) -> None:
+        """Subtract the merged adapter from ``base_layer.weight`` (restores it up to rounding)."""
+        if self.merged_adapter is None:
+            raise RuntimeError("no adapter is merged into this layer")
+        if self.merged_adapter != self.active_adapter:  # set_active refuses while merged; guard anyway
+            raise RuntimeError(f"merged adapter {self.merged_adapter!r} is not the active one")
+        self._fold(-1.0)
+        self.merged_adapter = None
+
+    def extra_repr(self) -> str:
+        return f"active_adapter={self.active_adapter!r}, merged_adapter={self.merged_adapter!r}"

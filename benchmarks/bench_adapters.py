@@ -1,0 +1,235 @@
+#!/usr/bin/env python
+"""Speed of the PHM delta adapter against peft's own LoRA and LoKr layers at matched trainable parameters.
+
+Usage (from the repository root)::
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_adapters.py --quick   # about 2 min on one core
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_adapters.py           # more rows and repeats
+    PYTHONPATH=src python benchmarks/bench_adapters.py --sizes 1024x4096 --variants 4:full 8:8 --rows 1 64
+
+For every layer size ``d×k`` (in × out features), PHM variant ``n:rank`` (``rank`` a number, or ``full``
+for full ``Sᵢ``) and number of rows, four one-layer models get the same input ``x (rows, d)``:
+
+- ``phm``: a frozen ``nn.Linear(d, k)`` with :func:`hyperplex.adapters.add_adapter` (structured forward,
+  ``ΔW`` never formed);
+- ``lora``: ``peft.get_peft_model`` with ``LoraConfig(r=r_L)`` on the same kind of layer — the baseline
+  every ratio is divided by;
+- ``lokr``: ``peft.get_peft_model`` with ``LoKrConfig(r, decompose_factor)``, which forms ``ΔW`` (k × d) on
+  every forward;
+- ``base``: the frozen ``nn.Linear`` alone (what every adapter costs at least; also what any merged
+  adapter costs).
+
+The peft rows are built only through peft's API (nothing re-implemented); the script checks that the
+adapted module is peft's own layer class. ``r_L`` and LoKr's ``(r, decompose_factor)`` are chosen so that
+their trainable-parameter counts are as close as possible to the PHM adapter's; the counts printed are
+counted on the built models.
+
+Phases: ``fwd`` — one forward under ``torch.no_grad()`` (unmerged adapters, as during evaluation in
+training); ``f+b`` — forward with ``x.requires_grad_()`` (the layer sits inside a network) and
+``out.backward(g)``, gradients reset to ``None`` each step (as ``optimizer.zero_grad()``).
+
+Method: one warm-up call per model and phase, a calibration call sets how many back-to-back calls
+make a block of about ``--block-ms``; then ``--repeats`` rounds, each timing one block of every model
+in an order that rotates every round (drift on a shared machine hits all alike). A time is the median
+over rounds of the per-call time; a ratio is the median over rounds of (model time / LoRA time in the
+same round). Below 1 is faster than LoRA.
+
+A caveat from docs/performance.md holds here: a single layer called in a loop keeps a small weight in
+the CPU cache. The 384×1536 base weight (2.3 MB) stays cache-resident; 4096×4096 (64 MB) does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from hyperplex.adapters import adapter_state_dict, add_adapter, merge, trainable_parameters, unmerge
+
+
+class OneLayer(nn.Module):
+    """A container holding one frozen ``proj`` layer, so every library can target it by name."""
+
+    def __init__(self, d: int, k: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d, k)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    d, _, k = text.partition("x")
+    return int(d), int(k)
+
+
+def parse_variant(text: str) -> tuple[int, int | None]:
+    n, _, rank = text.partition(":")
+    return int(n), (None if rank in ("", "full") else int(rank))
+
+
+def build_phm(d: int, k: int, n: int, rank: int | None) -> nn.Module:
+    model = OneLayer(d, k)
+    add_adapter(model, "a", n=n, rank=rank, targets=["proj"])
+    with torch.no_grad():  # non-zero weights, and check structured ≡ merged once
+        for p in adapter_state_dict(model, "a").values():
+            p.normal_(0, 0.02)
+        x = torch.randn(3, d)
+        structured = model(x)
+        merge(model)
+        merged = model(x)
+        unmerge(model)
+    if not torch.allclose(structured, merged, rtol=1e-3, atol=1e-3):
+        raise RuntimeError(f"PHM adapter {d}x{k} n={n} rank={rank}: structured and merged forwards differ")
+    return model
+
+
+def build_lora(d: int, k: int, rank: int) -> nn.Module:
+    import peft
+    from peft.tuners.lora import Linear as LoraLinear
+
+    model = peft.get_peft_model(OneLayer(d, k), peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0,
+                                                                 target_modules=["proj"]))
+    if not isinstance(model.base_model.model.proj, LoraLinear):
+        raise RuntimeError("peft did not wrap proj in its LoRA layer")
+    return model
+
+
+def build_lokr(d: int, k: int, rank: int, factor: int) -> nn.Module:
+    import peft
+    from peft.tuners.lokr import Linear as LoKrLinear
+
+    config = peft.LoKrConfig(r=rank, alpha=rank, decompose_factor=factor, target_modules=["proj"])
+    model = peft.get_peft_model(OneLayer(d, k), config)
+    if not isinstance(model.base_model.model.proj, LoKrLinear):
+        raise RuntimeError("peft did not wrap proj in its LoKr layer")
+    return model
+
+
+def lokr_count(d: int, k: int, rank: int, factor: int) -> int:
+    """Trainable parameters peft's LoKr gives a Linear(d, k) (its factorization and use_w2 rule)."""
+    from peft.tuners.lokr.layer import factorization
+
+    in_m, in_n = factorization(d, factor)
+    out_l, out_k = factorization(k, factor)
+    w2 = out_k * in_n if not rank < max(out_k, in_n) / 2 else rank * (out_k + in_n)
+    return out_l * in_m + w2
+
+
+def match_lokr(d: int, k: int, target: int) -> tuple[int, int]:
+    """``(rank, decompose_factor)`` whose LoKr count is closest to ``target``."""
+    best = None
+    for factor in (2, 4, 8, 16, 32):
+        if d % factor or k % factor:
+            continue
+        top = max(k // factor, d // factor)
+        for rank in sorted({1, *range(1, top + 1, max(1, top // 256)), top}):
+            count = lokr_count(d, k, rank, factor)
+            key = (abs(count - target), rank)
+            if best is None or key < best[0]:
+                best = (key, (rank, factor))
+    return best[1]
+
+
+def trainable(model: nn.Module) -> int:
+    return trainable_parameters(model).trainable
+
+
+def time_block(model: nn.Module, x: torch.Tensor, g: torch.Tensor, phase: str, calls: int) -> float:
+    """Seconds per call over ``calls`` back-to-back calls."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    start = time.perf_counter()
+    for _ in range(calls):
+        if phase == "fwd":
+            with torch.no_grad():
+                model(x)
+        else:
+            for p in params:
+                p.grad = None
+            x.grad = None
+            model(x).backward(g)
+    return (time.perf_counter() - start) / calls
+
+
+def measure(models: dict[str, nn.Module], rows: int, d: int, k: int, phase: str, repeats: int,
+            block_ms: float) -> dict[str, tuple[float, float]]:
+    """name → (median ms per call, median ratio to lora)."""
+    x = torch.randn(rows, d, requires_grad=(phase == "f+b"))
+    g = torch.randn(rows, k)
+    calls = {}
+    for name, model in models.items():
+        time_block(model, x, g, phase, 1)  # warm-up
+        once = time_block(model, x, g, phase, 1)
+        calls[name] = max(1, int(block_ms / 1000 / max(once, 1e-7)))
+    names = list(models)
+    times = {name: [] for name in names}
+    ratios = {name: [] for name in names}
+    for r in range(repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        this = {name: time_block(models[name], x, g, phase, calls[name]) for name in order}
+        for name in names:
+            times[name].append(this[name])
+            ratios[name].append(this[name] / this["lora"])
+    return {name: (statistics.median(times[name]) * 1e3, statistics.median(ratios[name])) for name in names}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="rows 1 and 32, 5 repeats, 30 ms blocks")
+    parser.add_argument("--sizes", nargs="+", default=["384x1536", "1024x4096", "4096x4096"], help="d x k (in x out)")
+    parser.add_argument("--variants", nargs="+", default=["4:full", "4:8", "8:full", "8:8"], help="n:rank, rank a number or full")
+    parser.add_argument("--rows", nargs="+", type=int, default=None, help="rows of x; default 1 32 256 (quick: 1 32)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds; default 15 (quick: 5)")
+    parser.add_argument("--block-ms", type=float, default=None, help="length of one timed block; default 100 (quick: 30)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads; default $OMP_NUM_THREADS or torch's")
+    args = parser.parse_args(argv)
+    rows_list = args.rows or ([1, 32] if args.quick else [1, 32, 256])
+    repeats = args.repeats or (5 if args.quick else 15)
+    block_ms = args.block_ms or (30.0 if args.quick else 100.0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import peft
+
+    torch.manual_seed(0)
+    load = os.getloadavg()[0]
+    print(f"# bench_adapters — {datetime.date.today()} — {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), peft {peft.__version__}; "
+          f"load average at start {load:.2f}")
+    print(f"# repeats {repeats}, block {block_ms:.0f} ms; times are medians in ms, ratios are medians of time / LoRA "
+          f"time in the same round (below 1 = faster than LoRA)\n")
+    header = ("| d×k | PHM n, rank | params PHM / LoRA (r) / LoKr (r, f) | rows | LoRA fwd ms | PHM fwd | LoKr fwd | "
+              "base fwd | LoRA f+b ms | PHM f+b | LoKr f+b | base f+b |")
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for size in args.sizes:
+        d, k = parse_size(size)
+        for variant in args.variants:
+            n, rank = parse_variant(variant)
+            phm = build_phm(d, k, n, rank)
+            target = trainable(phm)
+            lora_rank = max(1, round(target / (k + d)))
+            lokr_rank, factor = match_lokr(d, k, target)
+            lora, lokr = build_lora(d, k, lora_rank), build_lokr(d, k, lokr_rank, factor)
+            if trainable(lokr) != lokr_count(d, k, lokr_rank, factor):
+                raise RuntimeError("peft's LoKr parameter count differs from the formula used to match it")
+            base = OneLayer(d, k).requires_grad_(False)
+            models = {"lora": lora, "phm": phm, "lokr": lokr, "base": base}
+            counts = f"{target:,} / {trainable(lora):,} ({lora_rank}) / {trainable(lokr):,} ({lokr_rank}, {factor})"
+            for rows in rows_list:
+                fwd = measure(models, rows, d, k, "fwd", repeats, block_ms)
+                fb = measure(models, rows, d, k, "f+b", repeats, block_ms)
+                print(f"| {d}×{k} | {n}, {'full' if rank is None else rank} | {counts} | {rows} | {fwd['lora'][0]:.3f} | "
+                      f"{fwd['phm'][1]:.2f} | {fwd['lokr'][1]:.2f} | {fwd['base'][1]:.2f} | {fb['lora'][0]:.3f} | "
+                      f"{fb['phm'][1]:.2f} | {fb['lokr'][1]:.2f} | {fb['base'][1]:.2f} |", flush=True)
+            del models, phm, lora, lokr, base
+    print(f"\n# load average at end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -123,10 +123,10 @@ def _plan(module: nn.Module, kind: str, n: int, rank: int | None, include: list[
             row.reason = f"min(in, out) = {min(d, k)} < min_features={min_features}"
         elif isinstance(parents.get(id(layer)), nn.MultiheadAttention):
             row.reason = "nn.MultiheadAttention reads out_proj.weight directly"
-        elif tied:
-            row.reason = f"weight tied to {tied[0]}"
         elif len(module_names[id(layer)]) > 1:
             row.reason = f"the same module is also registered as {module_names[id(layer)][1]}"
+        elif tied:
+            row.reason = f"weight tied to {tied[0]}"
         elif rank is None and (d % n or k % n):
             row.reason = f"n={n} does not divide {k}x{d}"
         elif rank is not None and rank > min(d, k):

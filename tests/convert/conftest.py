@@ -1,0 +1,51 @@
+"""Tiny random Hugging Face models for the conversion tests (built from configs: no download)."""
+
+import os
+
+import pytest
+import torch
+
+WORDS = "the a cat dog sat on mat big small red blue runs fast slow and is very good bad film".split()
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2():
+    """Factory: a fresh tiny random ``GPT2LMHeadModel`` (eval mode); same weights for the same seed."""
+    transformers = pytest.importorskip("transformers")
+
+    def build(seed: int = 0):
+        torch.manual_seed(seed)
+        config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                                         bos_token_id=0, eos_token_id=0)
+        return transformers.GPT2LMHeadModel(config).eval()
+    return build
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_folder(tmp_path_factory):
+    """A folder with a tiny random BERT (hidden 32, FFN 64, 2 layers) and a word-level tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32)
+    transformers.BertModel(config).save_pretrained(folder)
+    transformers.BertTokenizerFast(os.fspath(folder / "vocab.txt")).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def tiny_sentence_transformer(tiny_bert_folder):
+    """Factory: a fresh SentenceTransformer (tiny BERT + mean pooling) built from modules."""
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    try:  # sentence-transformers 6 moved the modules; 3-5 have them in .models
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    except ImportError:
+        from sentence_transformers.models import Pooling, Transformer
+
+    def build():
+        return sentence_transformers.SentenceTransformer(
+            modules=[Transformer(os.fspath(tiny_bert_folder)), Pooling(32, "mean")], device="cpu")
+    return build

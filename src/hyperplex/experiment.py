@@ -45,7 +45,15 @@ class DataConfig:
         "help": "known labels in class-index order; empty = the sorted set found in train. A label outside the set is "
                 "an error naming the file and line"})
     dev_fraction: float = field(default=0.0, metadata={"help": "if `dev` is empty: fraction of train held out as the "
-                                                        "validation split (fixed by `seed`)"})
+                                                        "validation split (fixed by `split_seed`)"})
+    split_seed: int = field(default=1, metadata={"help": "seed of the validation split carved by `dev_fraction` "
+                                                 "(and of the generated arithmetic data), separate from `seed` so "
+                                                 "that runs with different seeds share one split. A model folder saved before this key existed carved with its "
+                                                 "`seed`, and still does when resumed or evaluated"})
+    carve: Literal["random", "sentences"] = field(default="random", metadata={
+        "help": "how `dev_fraction` is carved (classification): random = random examples; sentences = SST-2 style "
+                "phrase files: validation is drawn from the whole sentences (texts inside no other text of the "
+                "file) and every training text contained in a validation sentence is dropped (no leak)"})
     max_train_examples: int = field(default=0, metadata={"help": "use only this many training examples (a seeded "
                                                               "random subset, reported in train.log); 0 = all"})
     tokenizer: Literal["word", "char", "bpe", "unigram"] = field(

@@ -8,11 +8,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.data.datasets import ClassificationDataset, PairDataset
+from hyperplex.data.phrases import sentence_carve
 from hyperplex.data.readers import DataError, DropReport, check_labels, read_agreement, read_jsonl, read_tsv
 from hyperplex.data.vocab import PAD_INDEX
 from hyperplex.models.registry import get_architecture
 from hyperplex.tasks.base import Task
-from hyperplex.tasks.common import data_file, lowercase_if, split_off, subset, tokenizer_and_vocab
+from hyperplex.tasks.common import carve_seed, data_file, lowercase_if, split_off, subset, tokenizer_and_vocab
 from hyperplex.train.metrics import accuracy, ranking_metrics
 
 
@@ -73,13 +74,7 @@ class ClassificationTask(Task):
         if d.dev:
             dev = self._read_file("data.dev", d.dev)
         elif d.dev_fraction > 0:
-            if self.ranking:  # hold out whole questions, never half a ranking
-                groups = sorted({r["group"] for r in train})
-                _, dev_groups = split_off(groups, d.dev_fraction, self.cfg.seed)
-                held = set(dev_groups)
-                train, dev = [r for r in train if r["group"] not in held], [r for r in train if r["group"] in held]
-            else:
-                train, dev = split_off(train, d.dev_fraction, self.cfg.seed)
+            train, dev = self._carve(train, carve_seed(self.cfg, self.model_dir, fresh))
         else:
             raise DataError("no validation data: set data.dev or data.dev_fraction")
         if d.max_train_examples:
@@ -99,6 +94,29 @@ class ClassificationTask(Task):
             self.log.info(str(dev_report))
         self.log.info(f"vocabulary {len(self.vocab)}; labels {self.labels}; {len(self.train_set)} training / "
                       f"{len(self.dev_set)} validation examples")
+
+    def _carve(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
+        """(train, dev) records: ``data.dev_fraction`` of the training file held out with ``seed``
+        (``data.split_seed``): whole questions for ranking, whole sentences without their phrases
+        in training for ``data.carve: sentences``, random examples otherwise."""
+        d = self.cfg.data
+        if d.carve == "sentences":
+            if self.pair:
+                raise DataError(f"data.carve sentences is for single-text phrase files (SST-2), not task {self.name!r}")
+            try:
+                carve = sentence_carve([lowercase_if(d, r["text"]) for r in train], d.dev_fraction, seed)
+            except ValueError as err:
+                raise DataError(f"{d.train}: {err}") from None
+            self.log.info(f"{carve} (dev_fraction {d.dev_fraction} of the sentences, split_seed {seed})")
+            self.carve_counts = {"texts": carve.texts, "sentences": carve.sentences, "validation": len(carve.dev),
+                                 "dropped_from_training": carve.dropped, "training": len(carve.train)}
+            return [train[i] for i in carve.train], [train[i] for i in carve.dev]
+        if self.ranking:  # hold out whole questions, never half a ranking
+            groups = sorted({r["group"] for r in train})
+            _, dev_groups = split_off(groups, d.dev_fraction, seed)
+            held = set(dev_groups)
+            return [r for r in train if r["group"] not in held], [r for r in train if r["group"] in held]
+        return split_off(train, d.dev_fraction, seed)
 
     def use_evaluation_file(self, path: str) -> None:
         """Make the file ``path`` (same format as the training data) the split :meth:`validate` scores."""
@@ -206,4 +224,7 @@ class ClassificationTask(Task):
         return {"accuracy": 100.0 * accuracy(logits.argmax(-1).tolist(), labels.tolist()), "loss": loss}
 
     def metadata(self) -> dict:
-        return {"vocab_size": len(self.vocab), "labels": self.labels}
+        meta = {"vocab_size": len(self.vocab), "labels": self.labels}
+        if getattr(self, "carve_counts", None):
+            meta["carve"] = self.carve_counts
+        return meta

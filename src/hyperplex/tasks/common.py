@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from hyperplex.config import load_yaml
 from hyperplex.data.readers import DataError
 from hyperplex.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
 from hyperplex.data.vocab import Vocabulary
-from hyperplex.experiment import DataConfig, resolve_data_path
+from hyperplex.experiment import DataConfig, ExperimentConfig, resolve_data_path
 
 
 def data_file(path: str, data_root: str | None, suffix: str = "", key: str = "data.train") -> Path:
@@ -34,6 +35,16 @@ def split_off(examples: list, fraction: float, seed: int) -> tuple[list, list]:
     dev = sorted(order[:n_dev])
     keep = sorted(order[n_dev:])
     return [examples[i] for i in keep], [examples[i] for i in dev]
+
+
+def carve_seed(cfg: ExperimentConfig, model_dir: Path, fresh: bool) -> int:
+    """The seed of the carved validation split: ``data.split_seed``, except for a model folder whose
+    saved ``config.yaml`` predates that key (``fresh`` False): those runs carved with ``seed``, so
+    resuming or evaluating them must carve the same way."""
+    saved = Path(model_dir) / "config.yaml"
+    if not fresh and saved.is_file() and "split_seed" not in (load_yaml(saved).get("data") or {}):
+        return cfg.seed
+    return cfg.data.split_seed
 
 
 def subset(examples: list, size: int, seed: int) -> list:

@@ -17,7 +17,7 @@ from hyperplex.data.readers import DataError, DropReport, read_parallel
 from hyperplex.data.vocab import BOS_INDEX, EOS, EOS_INDEX, PAD_INDEX, UNK, UNK_INDEX
 from hyperplex.models.registry import get_architecture
 from hyperplex.tasks.base import Task
-from hyperplex.tasks.common import data_file, lowercase_if, split_off, subset, tokenizer_and_vocab
+from hyperplex.tasks.common import carve_seed, data_file, lowercase_if, split_off, subset, tokenizer_and_vocab
 from hyperplex.train.metrics import corpus_bleu, corpus_chrf, perplexity
 
 
@@ -32,10 +32,11 @@ class TranslationTask(Task):
             else ("bleu", "chrf", "accuracy", "loss", "ppl")
 
     # ------------------------------------------------------------------ data
-    def _read(self) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    def _read(self, fresh: bool) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         d = self.cfg.data
+        split_seed = carve_seed(self.cfg, self.model_dir, fresh)  # the data, not the model: same for every seed
         if d.format == "arithmetic":
-            train, dev = generate_mlu(d.arithmetic_train_size, d.arithmetic_dev_size, seed=self.cfg.seed)
+            train, dev = generate_mlu(d.arithmetic_train_size, d.arithmetic_dev_size, seed=split_seed)
             return list(train), list(dev)
         if d.format != "parallel":
             raise DataError(f"data.format {d.format!r} cannot be used for translation; use parallel or arithmetic")
@@ -45,7 +46,7 @@ class TranslationTask(Task):
             dev = read_parallel(data_file(d.dev, self.data_root, d.src, "data.dev"),
                                 data_file(d.dev, self.data_root, d.tgt, "data.dev"))
         elif d.dev_fraction > 0:
-            train, dev = split_off(train, d.dev_fraction, self.cfg.seed)
+            train, dev = split_off(train, d.dev_fraction, split_seed)
         else:
             raise DataError("no validation data: set data.dev or data.dev_fraction")
         return train, dev
@@ -61,7 +62,7 @@ class TranslationTask(Task):
 
     def prepare(self, fresh: bool) -> None:
         d = self.cfg.data
-        train, dev = self._read()
+        train, dev = self._read(fresh)
         if d.max_train_examples:
             train = subset(train, d.max_train_examples, self.cfg.seed)
             self.log.info(f"using a seeded subset of {len(train)} training pairs")

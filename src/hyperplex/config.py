@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -25,21 +26,52 @@ class ConfigError(ValueError):
 
 
 # ---------------------------------------------------------------------------- YAML
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: let PyYAML report it
+                continue
+            if first is not None:
+                raise _DuplicateKey(key, first, key_node.start_mark.line + 1)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key, first_line: int, second_line: int) -> None:
+        super().__init__(key)
+        self.key, self.first_line, self.second_line = key, first_line, second_line
+
+
 def load_yaml(path: str | Path) -> dict:
-    """Read a YAML mapping; a missing file or malformed YAML raises :class:`ConfigError` with the line."""
+    """Read a YAML mapping. A missing file, a folder, an empty file, malformed YAML (with the line) and a
+    key given twice in one mapping (with both lines) raise :class:`ConfigError`."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder, not a config file (give the YAML file, e.g. configs/x.yaml)")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 - a SafeLoader
+    except _DuplicateKey as dup:
+        raise ConfigError(f"{path}:{dup.second_line}: key {dup.key!r} is given twice in the same section (first "
+                          f"at line {dup.first_line}); remove one") from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         raise ConfigError(f"malformed YAML at {where}: {err.problem}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (invalid byte at offset {err.start})") from None
+    except yaml.YAMLError as err:
         raise ConfigError(f"cannot read YAML {path}: {err}") from None
     if data is None:
-        data = {}
+        raise ConfigError(f"{path} is empty (or only comments); a config needs at least a data and a model section")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config sections at the top level, got {type(data).__name__}")
     return data
@@ -143,6 +175,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
             value = float(value)  # YAML 1.1 (PyYAML) reads `3e-4` (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected float, got {type(value).__name__} {value!r}")
+        if not math.isfinite(value):  # a NaN passes every `x <= 0` check and poisons training hours later
+            raise ConfigError(f"{key}: expected a finite float, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):

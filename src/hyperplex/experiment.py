@@ -107,8 +107,11 @@ class TrainingConfig:
                                                   "(batch_type token) per batch, over all processes"})
     batch_type: Literal["sentence", "token"] = field(default="sentence", metadata={"help": "how batch_size counts"})
     accum_steps: int = field(default=1, metadata={"help": "batches accumulated per optimiser step"})
-    max_steps: int = field(default=0, metadata={"help": "stop after this many optimiser steps; 0 = use max_epochs"})
-    max_epochs: int = field(default=10, metadata={"help": "stop after this many epochs"})
+    max_steps: int = field(default=0, metadata={"help": "stop after this many optimiser steps; 0 = no step limit. "
+                                                "With max_epochs also set, whichever comes first ends the run "
+                                                "(train.log says which at the start and at the end)"})
+    max_epochs: int = field(default=0, metadata={"help": "stop after this many epochs; 0 = no epoch limit. At "
+                                                 "least one of max_steps / max_epochs must be set"})
     clip_grad_norm: float = field(default=0.0, metadata={"help": "clip the global gradient norm; 0 = off"})
     label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing of the cross-entropy"})
     precision: Literal["fp32", "bf16", "fp16"] = field(default="fp32", metadata={
@@ -124,7 +127,9 @@ class TrainingConfig:
     keep_best: int = field(default=1, metadata={"help": "keep the k best checkpoints by the validation metric"})
     log_every: int = field(default=50, metadata={"help": "log training loss every N steps"})
     device: str = field(default="auto", metadata={"help": "auto (cuda if available), cpu, cuda, cuda:1 …"})
-    num_threads: int = field(default=0, metadata={"help": "CPU threads for torch; 0 = torch's default"})
+    num_threads: int = field(default=0, metadata={"help": "CPU threads for torch; 0 = chosen from the model width, "
+                                                  "the batch and the available cores (hyperplex/threads.py: one "
+                                                  "thread for small models)"})
     deterministic: bool = field(default=False, metadata={"help": "torch.use_deterministic_algorithms (exact resume)"})
     shuffle: bool = field(default=True, metadata={"help": "shuffle training batches every epoch (seeded)"})
     bucket: bool = field(default=True, metadata={"help": "group examples of similar length into batches"})
@@ -132,12 +137,16 @@ class TrainingConfig:
     plots: bool = field(default=True, metadata={"help": "write loss/metric curves and PHM-rule plots as PNG"})
 
     def __post_init__(self) -> None:
-        for key in ("batch_size", "accum_steps", "max_epochs", "keep_best", "log_every"):
+        for key in ("batch_size", "accum_steps", "keep_best", "log_every"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be ≥ 1, got {getattr(self, key)}")
-        for key in ("max_steps", "warmup_steps", "validation_every", "checkpoint_every", "patience"):
+        for key in ("max_steps", "max_epochs", "warmup_steps", "validation_every", "checkpoint_every", "patience",
+                    "num_threads"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be ≥ 0, got {getattr(self, key)}")
+        if not self.max_steps and not self.max_epochs:
+            raise ValueError("max_steps and max_epochs are both 0, so the run would never stop; set at least one "
+                             "(e.g. --training.max_steps=10000)")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -236,3 +245,65 @@ def experiment_dict(cfg: ExperimentConfig) -> dict:
     out = to_dict(cfg)
     out["model"] = dict(cfg.model)
     return out
+
+
+#: Keys a resumed run may change: its budget and how it reports, never what it computes.
+RESUMABLE_KEYS = frozenset({
+    "name", "model_dir",
+    "training.max_steps", "training.max_epochs", "training.patience", "training.validation_every",
+    "training.checkpoint_every", "training.log_every", "training.keep_best", "training.num_threads",
+    "training.device", "training.progress_bar", "training.plots", "testing.batch_size",
+})
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested dict → ``{"a.b.c": value}`` (lists are leaves)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, dotted))
+        else:
+            out[dotted] = value
+    return out
+
+
+def resume_experiment(model_dir: str | Path, path: str | Path, overrides: list[str] | None = None) -> tuple[
+        ExperimentConfig, list[str]]:
+    """The config of a resumed run: the saved ``config.yaml`` of ``model_dir``, with the budget keys
+    (:data:`RESUMABLE_KEYS`) that the YAML file ``path`` or ``overrides`` set explicitly applied on top.
+
+    Any other key set explicitly to a value that differs from the saved run raises :class:`ConfigError`
+    naming every such key (a resumed run keeps its data, model and optimisation; a changed one belongs
+    in a new model folder). Keys the file leaves at their defaults are not compared, so a default that
+    changed between versions never blocks a resume. Returns ``(config, ["key: old → new", ...])``.
+    """
+    model_dir = Path(model_dir)
+    saved_path = model_dir / "config.yaml"
+    saved_raw = load_yaml(saved_path)
+    saved_raw["model_dir"] = str(model_dir)
+    try:
+        saved = build_experiment(saved_raw)
+    except ConfigError as err:
+        raise ConfigError(f"{saved_path}: {err}") from None
+    explicit = load_yaml(path)
+    if overrides:
+        explicit = merge(explicit, parse_overrides(overrides))
+    explicit["model_dir"] = str(model_dir)
+    try:
+        requested = build_experiment(merge(experiment_dict(saved), explicit))
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    old, new = _leaves(experiment_dict(saved)), _leaves(experiment_dict(requested))
+    asked = _leaves(explicit)
+    touched = {k for k in new if any(k == a or k.startswith(a + ".") or a.startswith(k + ".") for a in asked)}
+    differing = sorted(k for k in touched if old.get(k) != new.get(k))
+    refused = [k for k in differing if k not in RESUMABLE_KEYS]
+    if refused:
+        shown = "; ".join(f"{k}: saved {old.get(k)!r}, now {new.get(k)!r}" for k in refused)
+        raise ConfigError(f"--resume: {shown} — a resumed run keeps its data, model and optimisation settings "
+                          f"(saved in {saved_path}); only {', '.join(sorted(RESUMABLE_KEYS - {'name', 'model_dir'}))}"
+                          f" may change. Train into a new --model-dir to change the others")
+    changes = [f"{k}: {old.get(k)!r} → {new.get(k)!r}" for k in differing if k not in ("name", "model_dir")]
+    return requested, changes
+

@@ -59,8 +59,13 @@ class Tokenizer:
 
 # Word tokens: numbers with separators (3.5, 1,000), words with inner apostrophes or hyphens
 # (woman's, T-shirt), otherwise any single non-space symbol, so raw Multi30k text splits
-# like Moses-tokenised text while staying reversible by detokenize().
-_WORD_RE = re.compile(r"\d+(?:[.,:]\d+)+|\w+(?:['’\-]\w+)*|[^\w\s]")
+# like Moses-tokenised text while staying reversible by detokenize(). Combining marks (a decomposed
+# "é" = e + U+0301), variation selectors, skin-tone modifiers and zero-width (non-)joiners stay with
+# the character before them, so "café" or an emoji ZWJ sequence such as 👩‍💻 is one token, not three.
+_MARK = "\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f\ufe00-\ufe0f\u200c\U0001f3fb-\U0001f3ff"
+_LETTER = f"[\\w{_MARK}]"
+_WORD_RE = re.compile(rf"\d+(?:[.,:]\d+)+|\w{_LETTER}*(?:['’\-]\w{_LETTER}*)*(?:\u200d\w{_LETTER}*)*"
+                      rf"|[^\w\s{_MARK}\u200d][{_MARK}]*(?:\u200d[^\w\s][{_MARK}]*)*|\S")
 _NO_SPACE_BEFORE = set(".,!?;:%)]}»”’…'")
 _NO_SPACE_AFTER = set("([{«“„‘¿¡$#")
 

@@ -96,10 +96,24 @@ class TransformerConfig:
         d_model = max(unit, round(self.d_model * self.rescale / unit) * unit)
         d_ff = max(n, round(self.d_ff * self.rescale / n) * n)
         if self.rescale == 1.0 and (d_model, d_ff) != (self.d_model, self.d_ff):
-            raise ValueError(f"d_model={self.d_model} must be a multiple of {unit} and d_ff={self.d_ff} of "
-                             f"linear.n={n} (num_heads={self.num_heads}, attention_type={self.attention_type!r}); "
-                             f"change model.d_model / model.d_ff / model.linear.n")
+            raise ValueError("; ".join(self._size_problems()))
         return d_model, d_ff
+
+    def _size_problems(self) -> list[str]:
+        """Each divisibility rule that ``d_model`` / ``d_ff`` break, named by its config keys."""
+        n, problems = self.linear.num_components, []
+        heads = self.num_heads * (4 if self.attention_type == "hamilton" else 1)
+        if self.d_model % 2:
+            problems.append(f"model.d_model={self.d_model} must be even (sinusoidal positions pair sin/cos)")
+        if self.d_model % heads:
+            per = "4 × model.num_heads (Hamilton attention splits each head into 4 components)" \
+                if self.attention_type == "hamilton" else "model.num_heads"
+            problems.append(f"model.d_model={self.d_model} must be a multiple of {per} = {heads}")
+        if self.d_model % n:
+            problems.append(f"model.d_model={self.d_model} must be a multiple of model.linear.n={n}")
+        if self.d_ff % n:
+            problems.append(f"model.d_ff={self.d_ff} must be a multiple of model.linear.n={n}")
+        return problems
 
     def layer_kwargs(self) -> dict:
         """Keyword arguments shared by encoder and decoder layers."""

@@ -44,7 +44,7 @@ from hyperplex.fileio import WriteError
 __all__ = [
     "CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint", "checkpoint_info",
     "save_model_weights", "load_model_weights", "capture_rng", "restore_rng", "CheckpointManager",
-    "average_checkpoints", "atomic_write",
+    "average_checkpoints", "atomic_write", "load_into",
 ]
 
 log = logging.getLogger(__name__)
@@ -335,6 +335,45 @@ def checkpoint_info(path) -> dict:
 
     return {"kind": payload["kind"], "model_keys": list(payload["model"]), "has_optimizer": payload["optimizer"] is not None,
             "extra": _decode(strip(payload["extra"]), none), "manager": payload.get("manager")}
+
+
+# ---------------------------------------------------------------------------- loading into a model
+_MODEL_KEYS_SHOWN = ("architecture", "d_model", "num_heads", "d_ff", "encoder_layers", "decoder_layers",
+                     "hidden_size", "num_layers", "embedding_size", "linear")
+
+
+def load_into(model: torch.nn.Module, state: dict[str, Tensor], path, expected_from: str = "its config") -> None:
+    """``model.load_state_dict(state)`` with one error line that says what does not fit: how many tensors
+    differ in shape (the first three with both shapes), missing and unexpected names, and the model
+    section the checkpoint ``path`` was saved with (when it records one)."""
+    own = model.state_dict()
+    shapes = [(k, tuple(state[k].shape), tuple(v.shape)) for k, v in own.items() if k in state
+              and tuple(state[k].shape) != tuple(v.shape)]
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if not (shapes or missing or unexpected):
+        model.load_state_dict(state)
+        return
+    parts = []
+    if shapes:
+        shown = ", ".join(f"{k}: checkpoint {a} vs model {b}" for k, a, b in shapes[:3])
+        parts.append(f"{len(shapes)} tensor(s) differ in shape ({shown}{', …' if len(shapes) > 3 else ''})")
+    if missing:
+        parts.append(f"{len(missing)} missing ({', '.join(missing[:3])}{', …' if len(missing) > 3 else ''})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected ({', '.join(unexpected[:3])}"
+                     f"{', …' if len(unexpected) > 3 else ''})")
+    saved = ""
+    try:
+        config = checkpoint_info(path)["extra"].get("config") or {}
+        model_section = config.get("model") or {}
+        shown = {k: model_section[k] for k in _MODEL_KEYS_SHOWN if k in model_section}
+        if shown:
+            saved = f"; the checkpoint was saved with model: {json.dumps(shown, sort_keys=False)}"
+    except (CheckpointError, AttributeError, KeyError, TypeError):
+        pass
+    raise CheckpointError(f"{os.fspath(path)} does not fit the model built from {expected_from}: "
+                          f"{'; '.join(parts)}{saved}")
 
 
 # ---------------------------------------------------------------------------- averaging

@@ -15,7 +15,9 @@ import logging
 import math
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,8 +30,8 @@ from torch import nn
 from hyperplex.config import dump_yaml
 from hyperplex.experiment import ExperimentConfig, experiment_dict
 from hyperplex.tasks.base import Task, metric_mode
-from hyperplex.fileio import atomic_write
-from hyperplex.train.checkpoint import CheckpointManager, load_checkpoint, restore_rng
+from hyperplex.fileio import atomic_write, atomic_write_text
+from hyperplex.train.checkpoint import CheckpointManager, load_checkpoint, load_into, restore_rng
 from hyperplex.train.optim import apply_lr, build_optimizer, build_schedule
 
 LAST = "last.safetensors"
@@ -37,6 +39,16 @@ LAST = "last.safetensors"
 
 class TrainingError(RuntimeError):
     """Training cannot go on (e.g. the loss became NaN); the message says where and what was kept."""
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT/SIGTERM stopped training. ``saved``: a resumable ``last.safetensors`` was written first.
+
+    The CLI exits with ``128 + signal_number`` (130 for Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, signal_number: int, saved: bool) -> None:
+        super().__init__(message)
+        self.signal_number, self.saved = signal_number, saved
 
 
 @dataclass
@@ -49,6 +61,55 @@ class TrainState:
     best_metric: float | None = None
     bad_validations: int = 0  # validations since the last improvement
     finished: bool = False
+    stop_reason: str = ""  # what ended the run: max_steps, max_epochs or patience
+    # The open training-loss log window, so the first line logged after a resume averages over the
+    # same log_every steps as an uninterrupted run does.
+    window_loss: float = 0.0
+    window_tokens: int = 0
+    # Pre-clipping global gradient norm over the same window (sum and max), logged as grad_norm /
+    # grad_norm_max in metrics.csv: spikes show training instability (issue 17).
+    window_grad_norm: float = 0.0
+    window_grad_norm_max: float = 0.0
+
+
+class _InterruptFlag:
+    """SIGINT/SIGTERM during training: the first one is remembered, and the loop saves a resumable
+    checkpoint at the end of the current step and stops; a second one stops at once (nothing saved,
+    the previous ``last`` intact). Handlers are installed only in the main thread and restored after."""
+
+    def __init__(self) -> None:
+        self.signal_number = 0
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signal_number: int, frame) -> None:
+        if self.signal_number:
+            raise TrainingInterrupted(f"interrupted again by {signal.Signals(signal_number).name}: stopped at once "
+                                      f"without saving (the last checkpoint written, if any, is intact)",
+                                      signal_number, saved=False)
+        self.signal_number = signal_number
+        print(f"\n{signal.Signals(signal_number).name}: saving a resumable checkpoint at the end of this step "
+              f"(again to stop at once)", file=sys.stderr, flush=True)
+
+    def pending(self, trainer: "Trainer") -> bool:
+        """Whether any process got a signal (under DDP every rank must stop at the same step)."""
+        if trainer.world > 1:
+            flag = torch.tensor([self.signal_number], dtype=torch.int64,
+                                device=trainer.device if trainer.device.type == "cuda" else "cpu")
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            self.signal_number = int(flag.item())
+        return bool(self.signal_number)
 
 
 def _distributed() -> tuple[int, int]:
@@ -159,10 +220,11 @@ class Trainer:
     """Train ``task``'s model as ``cfg`` says, writing everything into ``model_dir``."""
 
     def __init__(self, cfg: ExperimentConfig, task_factory, model_dir: str | Path, data_root: str | None,
-                 resume: bool = False) -> None:
+                 resume: bool = False, resume_changes: list[str] | None = None) -> None:
         self.cfg, self.tcfg = cfg, cfg.training
         self.model_dir = Path(model_dir)
         self.resume = resume
+        self.resume_changes = list(resume_changes or [])  # "key: old → new" lines, logged after resuming
         self.rank, self.world = _distributed()
         # Checks that need no files come first, so a refused start creates and touches nothing.
         last = self.model_dir / LAST
@@ -177,8 +239,11 @@ class Trainer:
         if self.rank == 0:
             check_writable(self.model_dir)
         self.log = setup_logger(self.model_dir, self.rank)
-        if self.tcfg.num_threads:
-            torch.set_num_threads(self.tcfg.num_threads)
+        # 0 = hyperplex.threads' rule for this model's width and batch rows (one thread for small models)
+        from hyperplex.threads import TOKENS_PER_SENTENCE, model_width, set_threads
+
+        rows = self.tcfg.batch_size * (1 if self.tcfg.batch_type == "token" else TOKENS_PER_SENTENCE)
+        set_threads(self.tcfg.num_threads, max(1, rows // self.world), model_width(cfg.model_config))
         if self.tcfg.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.task: Task = task_factory(cfg, self.model_dir, data_root, self.log)
@@ -227,21 +292,41 @@ class Trainer:
             if self.rank == 0 else None
         if self.resume:
             ckpt = load_checkpoint(self.model_dir / LAST, map_location=self.device)
-            model.load_state_dict(ckpt.model_state)
+            load_into(model, ckpt.model_state, self.model_dir / LAST, expected_from="the saved config.yaml")
             if ckpt.optimizer_state is not None:
                 optimizer.load_state_dict(ckpt.optimizer_state)
             state = TrainState(**ckpt.extra["trainer"])
             restore_rng(ckpt.rng_state)
             log.info(f"resumed from {self.model_dir / LAST} at step {state.step}, epoch {state.epoch}, "
                      f"batch {state.batch_index}")
-            if state.finished:
-                log.info("that run had already finished; nothing to do")
-                return {}
+            for change in self.resume_changes:
+                log.info(f"resume: {change}")
+            if self.resume_changes and self.rank == 0:  # the folder's config.yaml says what the run now is
+                atomic_write_text(self.model_dir / "config.yaml", dump_yaml(experiment_dict(cfg)))
+            if state.finished:  # the budget may have been raised on resume: decide again
+                if not state.stop_reason:  # written before stop reasons were recorded
+                    state.stop_reason = self._budget_reached(state) or "patience"
+                if state.stop_reason == "patience" and self.tcfg.patience and \
+                        state.bad_validations >= self.tcfg.patience:
+                    reason = "patience"
+                else:
+                    reason = self._budget_reached(state)
+                if reason:
+                    log.info(f"that run had already finished ({self._stop_message(state)} at step {state.step}); "
+                             f"nothing to do. To train on, raise the limit, e.g. --training.max_steps=N with "
+                             f"N > {state.step}")
+                    return {}
+                log.info(f"that run had finished ({self._stop_message(state)}); the new budget continues it")
+                state.finished, state.stop_reason = False, ""
+                if state.bad_validations >= (self.tcfg.patience or float("inf")):
+                    state.bad_validations = 0
         elif self.rank == 0:
-            (self.model_dir / "config.yaml").write_text(dump_yaml(experiment_dict(cfg)), encoding="utf-8")
+            atomic_write_text(self.model_dir / "config.yaml", dump_yaml(experiment_dict(cfg)))
         n_params = sum(p.numel() for p in model.parameters())
         log.info(f"{cfg.name}: task {self.task.name}, model {cfg.model.get('architecture')}, {n_params:,} parameters, "
-                 f"device {self.device}, {self.world} process(es)")
+                 f"device {self.device}, {self.world} process(es), {torch.get_num_threads()} thread(s)")
+        steps_per_epoch = max(1, math.ceil(len(self.task.train_batches(state.epoch)) / tcfg.accum_steps))
+        expected_last = self._log_budget(state, steps_per_epoch)
         train_model: nn.Module = model
         if self.world > 1:
             train_model = nn.parallel.DistributedDataParallel(
@@ -249,7 +334,7 @@ class Trainer:
         scaler = torch.amp.GradScaler("cuda") if tcfg.precision == "fp16" else None
         metrics = MetricsWriter(self.model_dir, state.step if self.resume else None) if self.rank == 0 else None
 
-        total_steps = tcfg.max_steps or None
+        total_steps = expected_last
         bar = None
         if self.rank == 0 and tcfg.progress_bar:
             from tqdm import tqdm
@@ -257,8 +342,10 @@ class Trainer:
             bar = tqdm(total=total_steps, initial=state.step, unit="step", dynamic_ncols=True, file=sys.stderr,
                        disable=None)
         last_val: dict[str, float] = {}
-        window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
+        speed_tokens, window_start = 0, time.perf_counter()  # for tokens/s: this process's own time only
+        interrupts = _InterruptFlag()
         try:
+            interrupts.install()
             model.train()
             while not state.finished:
                 batches = self.task.train_batches(state.epoch)
@@ -288,7 +375,13 @@ class Trainer:
                     if scaler:
                         scaler.unscale_(optimizer)
                     if tcfg.clip_grad_norm > 0:
-                        nn.utils.clip_grad_norm_(model.parameters(), tcfg.clip_grad_norm)
+                        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), tcfg.clip_grad_norm)
+                    else:
+                        grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+                    grad_norm = float(grad_norm)
+                    state.window_grad_norm += grad_norm
+                    if not grad_norm <= state.window_grad_norm_max:  # a NaN norm is kept, not skipped by max()
+                        state.window_grad_norm_max = grad_norm
                     if scaler:
                         scaler.step(optimizer)
                         scaler.update()
@@ -300,48 +393,107 @@ class Trainer:
                     epoch_done = state.batch_index >= len(batches)
                     if epoch_done:
                         self._next_epoch(state)  # the checkpoint must point at the next epoch's start
-                    if tcfg.max_steps and state.step >= tcfg.max_steps:
-                        state.finished = True
+                    state.stop_reason = self._budget_reached(state)
+                    state.finished = bool(state.stop_reason)
                     if self.world > 1:
                         step_loss = self._all_sum(step_loss)
-                    window_loss += step_loss
-                    window_tokens += count  # targets (or examples) since the last log line
+                    state.window_loss += step_loss
+                    state.window_tokens += count  # targets (or examples) since the last log line
+                    speed_tokens += count
                     if bar is not None:
                         elapsed = max(time.perf_counter() - window_start, 1e-9)
                         bar.set_postfix(loss=f"{step_loss / max(count, 1):.3f}", lr=f"{lr:.2e}",
-                                        tok_s=f"{window_tokens / elapsed:.0f}", epoch=state.epoch, refresh=False)
+                                        tok_s=f"{speed_tokens / elapsed:.0f}", epoch=state.epoch, refresh=False)
                         bar.update(1)
                     if state.step % tcfg.log_every == 0:
                         elapsed = time.perf_counter() - window_start
-                        mean = window_loss / max(window_tokens, 1)
+                        mean = state.window_loss / max(state.window_tokens, 1)
                         log.info(f"step {state.step} epoch {state.epoch}: loss {mean:.4f} lr {lr:.3e} "
-                                 f"{window_tokens / max(elapsed, 1e-9):.0f} tokens/s")
+                                 f"{speed_tokens / max(elapsed, 1e-9):.0f} tokens/s")
                         if metrics:
-                            metrics.write(state.step, state.epoch, "train", {"loss": mean, "lr": lr})
-                        window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
+                            metrics.write(state.step, state.epoch, "train",
+                                          {"loss": mean, "lr": lr, "grad_norm": state.window_grad_norm / tcfg.log_every,
+                                           "grad_norm_max": state.window_grad_norm_max})
+                        state.window_loss, state.window_tokens = 0.0, 0
+                        state.window_grad_norm, state.window_grad_norm_max = 0.0, 0.0
+                        speed_tokens, window_start = 0, time.perf_counter()
                     due = (tcfg.validation_every and state.step % tcfg.validation_every == 0) or \
                         (not tcfg.validation_every and epoch_done) or state.finished
                     if due:
                         last_val = self._validate_and_save(model, optimizer, state, manager, metrics)
                     elif tcfg.checkpoint_every and state.step % tcfg.checkpoint_every == 0 and manager:
                         manager.save_last(model.state_dict(), optimizer.state_dict(), self._extra(state))
+                    if interrupts.pending(self) and not state.finished:
+                        self._save_and_stop(interrupts.signal_number, model, optimizer, state, manager, bar)
                     if epoch_done or state.finished:
                         break
         finally:
+            interrupts.uninstall()
             if bar is not None:
                 bar.close()
             if metrics:
                 metrics.close()
         if self.rank == 0 and tcfg.plots:
             self._plots()
-        log.info(f"finished at step {state.step}; best {self.metric} {state.best_metric}")
+        log.info(f"finished at step {state.step} (epoch {state.epoch}): {self._stop_message(state)}; "
+                 f"best {self.metric} {state.best_metric}")
         return last_val
+
+    def _save_and_stop(self, signal_number: int, model, optimizer, state: TrainState, manager, bar) -> None:
+        """After a SIGINT/SIGTERM: write a resumable ``last`` at this step boundary, log it, stop."""
+        name = signal.Signals(signal_number).name
+        if manager is not None:
+            manager.save_last(model.state_dict(), optimizer.state_dict(), self._extra(state))
+        if bar is not None:
+            bar.close()
+        message = (f"interrupted by {name} at step {state.step} (epoch {state.epoch}); saved a resumable checkpoint "
+                   f"{self.model_dir / LAST}; continue with the same command and --resume")
+        self.log.info(message)
+        raise TrainingInterrupted(message, signal_number, saved=True)
 
     def _next_epoch(self, state: TrainState) -> None:
         state.epoch += 1
         state.batch_index = 0
-        if state.epoch > self.tcfg.max_epochs:
-            state.finished = True
+
+    def _budget_reached(self, state: TrainState) -> str:
+        """Which limit ends the run at ``state`` ("" while none does); re-evaluated after a resume, so a
+        resumed run with a larger budget goes on."""
+        t = self.tcfg
+        if t.max_steps and state.step >= t.max_steps:
+            return "max_steps"
+        if t.max_epochs and state.epoch > t.max_epochs:
+            return "max_epochs"
+        if t.patience and state.bad_validations >= t.patience:
+            return "patience"
+        return ""
+
+    def _stop_message(self, state: TrainState) -> str:
+        t = self.tcfg
+        return {"max_steps": f"reached training.max_steps={t.max_steps}",
+                "max_epochs": f"completed training.max_epochs={t.max_epochs} epochs",
+                "patience": f"early stopping: {self.metric} did not improve for training.patience={t.patience} "
+                            f"validations"}.get(state.stop_reason, "stopped")
+
+    def _log_budget(self, state: TrainState, steps_per_epoch: int) -> int | None:
+        """State at the start which limit will end the run; return the expected last step (None if unknown)."""
+        t, log = self.tcfg, self.log
+        by_epochs = t.max_epochs * steps_per_epoch if t.max_epochs else None
+        patience = f"; early stopping after training.patience={t.patience} validations without improvement " \
+            f"may end it sooner" if t.patience else ""
+        per_epoch = f"{steps_per_epoch} steps per epoch"
+        if t.max_steps and (by_epochs is None or t.max_steps <= by_epochs):
+            also = f"; training.max_epochs={t.max_epochs} (≈ step {by_epochs:,}) comes later" if by_epochs else ""
+            log.info(f"budget: training.max_steps={t.max_steps:,} ends the run ({per_epoch}, ≈ "
+                     f"{t.max_steps / steps_per_epoch:.1f} epochs){also}{patience}")
+            return t.max_steps
+        if t.max_steps:
+            log.warning(f"budget: training.max_epochs={t.max_epochs} ends the run at ≈ step {by_epochs:,} "
+                        f"({per_epoch}), BEFORE training.max_steps={t.max_steps:,}; raise training.max_epochs (or "
+                        f"set it to 0) to train for max_steps{patience}")
+        else:
+            log.info(f"budget: training.max_epochs={t.max_epochs} ends the run at ≈ step {by_epochs:,} "
+                     f"({per_epoch}){patience}")
+        return by_epochs
 
     def _schedule(self):
         t = self.tcfg
@@ -409,9 +561,9 @@ class Trainer:
             state.best_metric, state.bad_validations = value, 0
         else:
             state.bad_validations += 1
-        if self.tcfg.patience and state.bad_validations >= self.tcfg.patience:
+        if self.tcfg.patience and state.bad_validations >= self.tcfg.patience and not state.finished:
             self.log.info(f"early stopping: {self.metric} has not improved for {state.bad_validations} validations")
-            state.finished = True
+            state.finished, state.stop_reason = True, "patience"
         shown = " ".join(f"{k} {v:.4f}" for k, v in values.items())
         self.log.info(f"validation at step {state.step} (epoch {state.epoch}): {shown}")
         metrics.write(state.step, state.epoch, "dev", values)

@@ -197,3 +197,112 @@ def test_load_unk_dictionary(tmp_path):
 def test_hypothesis_is_a_dataclass():
     h = Hypothesis([4, 5], -1.5)
     assert h.attention is None and h.tokens == [4, 5]
+
+
+# ---------------------------------------------------------------------------- never <s> or <pad> (issue 16)
+PAD, BOS = 0, 2
+
+
+class FixedModel(TableModel):
+    """Every step has the same distribution ``dist`` (token → probability); counts ``decode_step`` calls."""
+
+    def __init__(self, dist):
+        super().__init__({})
+        self.dist, self.steps = dist, 0
+
+    def decode_step(self, prev, state, step):
+        self.steps += 1
+        probs = torch.full((prev.shape[0], self.vocab_size), 1e-12, dtype=torch.double)
+        for token, p in self.dist.items():
+            probs[:, token] = p
+        return (probs / probs.sum(-1, keepdim=True)).log(), state, None
+
+
+def test_bos_and_pad_ranked_first_are_skipped_and_search_stops_at_eos_next_best():
+    """An undertrained model that ranks <s> then <pad> first: unmasked, greedy would emit <s> for all
+    max_output_length steps; masked, it takes </s> (the next best) at the first step."""
+    dist = {BOS: 0.5, PAD: 0.3, EOS: 0.15, A: 0.05}
+    src, lengths = _src([7, 9], [8])
+    model = FixedModel(dist)
+    greedy = greedy_search(model, src, lengths, max_output_length=100)
+    assert [g[0].tokens for g in greedy] == [[], []] and model.steps == 1
+    assert greedy[0][0].score == pytest.approx(math.log(0.15))  # the model's own log-probability
+    model = FixedModel(dist)
+    beams = beam_search(model, src, lengths, beam_size=3, beam_alpha=0.0, max_output_length=100, n_best=2)
+    for hyps in beams:  # best: </s> at once; second: A then </s>; never a special
+        assert [h.tokens for h in hyps] == [[], [A]]
+        assert [h.score for h in hyps] == pytest.approx([math.log(0.15), math.log(0.05 * 0.15)])
+    assert model.steps == 2
+
+
+def test_bos_and_pad_ranked_first_with_a_real_token_next_best():
+    dist = {BOS: 0.5, PAD: 0.3, A: 0.15, EOS: 0.05}
+    src, lengths = _src([7])
+    greedy = greedy_search(FixedModel(dist), src, lengths, max_output_length=6)[0][0]
+    assert greedy.tokens == [A] * 6 and greedy.score == pytest.approx(6 * math.log(0.15))
+    for hyp in beam_search(FixedModel(dist), src, lengths, beam_size=3, max_output_length=6, n_best=3)[0]:
+        assert PAD not in hyp.tokens and BOS not in hyp.tokens and set(hyp.tokens) <= {A}
+
+
+def _favour_specials(layer: torch.nn.Module, eos: float):
+    """Add an output bias that makes <s> and <pad> the top two tokens everywhere, then </s> by ``eos``
+    (a forward hook on the vocabulary projection, so it works with or without a bias parameter);
+    returns the hook handle."""
+    bias = torch.zeros(9)
+    bias[BOS], bias[PAD], bias[EOS] = 60.0, 50.0, eos
+    return layer.register_forward_hook(lambda module, inputs, output: output + bias)
+
+
+def _transformer(max_positions=1024):
+    from hyperplex.models.transformer import TransformerConfig, TransformerTranslator
+
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=16, num_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1, dropout=0.0,
+                               max_positions=max_positions)
+    return TransformerTranslator(config, 10, 9).eval()
+
+
+@pytest.mark.parametrize("kind", ["transformer", "lstm"])
+def test_real_translators_never_emit_bos_or_pad(kind):
+    if kind == "transformer":
+        model = _transformer()
+        layer = model.output_projection
+    else:
+        model = _translator(attention="general", dense_output_layer=True)
+        layer = model.output_layer
+    src, lengths = _batch()
+    # </s> third (bias 40 ≫ any other logit): every search ends at once with an empty sentence
+    hook = _favour_specials(layer, eos=40.0)
+    for hyps in greedy_search(model, src, lengths, max_output_length=9):
+        assert hyps[0].tokens == [] and math.isfinite(hyps[0].score)
+    for hyps in beam_search(model, src, lengths, beam_size=3, max_output_length=9, n_best=3):
+        assert hyps[0].tokens == [] and all(PAD not in h.tokens and BOS not in h.tokens for h in hyps)
+    # </s> not favoured: real tokens, still no special; and beam 1 is exactly greedy
+    hook.remove()
+    _favour_specials(layer, eos=0.0)
+    greedy = greedy_search(model, src, lengths, max_output_length=9)
+    beam1 = beam_search(model, src, lengths, beam_size=1, beam_alpha=0.0, max_output_length=9)
+    beam4 = beam_search(model, src, lengths, beam_size=4, max_output_length=9, n_best=4)
+    assert any(g[0].tokens for g in greedy)
+    for g, b, many in zip(greedy, beam1, beam4):
+        assert g[0].tokens == b[0].tokens and g[0].score == pytest.approx(b[0].score, abs=1e-4)
+        for hyp in [g[0], *many]:
+            assert PAD not in hyp.tokens and BOS not in hyp.tokens
+
+
+def test_transformer_decodes_at_most_its_positions():
+    """max_output_length beyond the position table stops there instead of failing in the embedding."""
+    model = _transformer(max_positions=5)
+    bias = torch.zeros(9)
+    bias[EOS], bias[A] = -60.0, 30.0  # never </s>: every search runs to its step limit
+    model.output_projection.register_forward_hook(lambda module, inputs, output: output + bias)
+    src, lengths = torch.tensor([[4, 5, 3]]), torch.tensor([3])
+    assert greedy_search(model, src, lengths, max_output_length=50)[0][0].tokens == [A] * 5
+    assert beam_search(model, src, lengths, beam_size=2, max_output_length=50)[0][0].tokens == [A] * 5
+
+
+def test_never_generated_ids():
+    from hyperplex.models.search import max_positions, never_generated
+
+    assert never_generated(TableModel(TABLE)) == [PAD, BOS]
+    assert max_positions(TableModel(TABLE)) is None and max_positions(_transformer(7)) == 7

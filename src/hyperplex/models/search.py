@@ -5,6 +5,14 @@ A model needs ``encode(src, src_lengths) -> state`` (tensors with the batch on d
 nested lists/tuples/dicts), ``decode_step(prev (B,), state, step) -> (log_probs (B, V), state,
 attention (B, S) | None)`` and ``bos_index``/``eos_index``. Search runs under ``torch.no_grad()``
 and does not change ``model.training`` (call ``model.eval()`` first).
+
+Search never emits ``<s>`` or ``<pad>`` (the model's ``bos_index`` / ``pad_index``): their
+log-probabilities are set to ``-inf`` before a token is chosen, so an undertrained model that
+ranks them first emits its next-best token instead — often ``</s>`` — rather than an empty
+sentence ``max_output_length`` tokens long. ``<unk>`` stays (``replace_unk`` needs it), and so
+does ``</s>``. Scores stay the model's own log-probabilities (not renormalised over the allowed
+tokens). A model whose ``config`` has ``max_positions`` (the Transformer's position table) decodes
+at most that many steps.
 """
 
 from __future__ import annotations
@@ -15,8 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["Hypothesis", "length_penalty", "reorder_state", "greedy_search", "beam_search", "decode",
-           "replace_unk", "load_unk_dictionary"]
+__all__ = ["Hypothesis", "length_penalty", "reorder_state", "never_generated", "max_positions", "greedy_search",
+           "beam_search", "decode", "replace_unk", "load_unk_dictionary"]
 
 
 @dataclass
@@ -52,12 +60,35 @@ def reorder_state(state, index: Tensor):
     return state
 
 
-def _check(src: Tensor, src_lengths: Tensor, max_output_length: int) -> None:
+def never_generated(model) -> list[int]:
+    """Token ids search may not emit: the model's ``bos_index`` and ``pad_index`` (when it has one),
+    never its ``eos_index``."""
+    ids = {model.bos_index, getattr(model, "pad_index", None)}
+    return sorted(i for i in ids if i is not None and i != model.eos_index)
+
+
+def max_positions(model) -> int | None:
+    """Longest sequence the model can encode or decode (``model.config.max_positions``), ``None`` if unlimited."""
+    limit = getattr(getattr(model, "config", None), "max_positions", None)
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
+def _masked(log_probs: Tensor, forbidden: Tensor) -> Tensor:
+    """``log_probs (N, V)`` with the ``forbidden`` columns set to ``-inf`` (a copy)."""
+    return log_probs.index_fill(-1, forbidden, float("-inf"))
+
+
+def _check(model, src: Tensor, src_lengths: Tensor, max_output_length: int) -> tuple[int, Tensor]:
+    """Validate the inputs; returns the step limit (capped at the model's positions) and the
+    forbidden ids as a tensor on ``src``'s device."""
     if src.dim() != 2 or src_lengths.shape != (src.shape[0],):
         raise ValueError(f"search: expected src (B, S) and src_lengths (B,), got {tuple(src.shape)} and "
                          f"{tuple(src_lengths.shape)}")
     if not isinstance(max_output_length, int) or max_output_length < 1:
         raise ValueError(f"search: max_output_length must be a positive integer, got {max_output_length!r}")
+    limit = max_positions(model)
+    steps = max_output_length if limit is None else min(max_output_length, limit)
+    return steps, torch.tensor(never_generated(model), dtype=torch.long, device=src.device)
 
 
 def _attention_rows(rows: list[Tensor] | None, count: int, source_length: int) -> Tensor | None:
@@ -76,9 +107,9 @@ def greedy_search(model, src: Tensor, src_lengths: Tensor, max_output_length: in
 
     Shapes: ``src (B, S)``, ``src_lengths (B,)``. Returns one list with one :class:`Hypothesis`
     per sentence; its score is the unpenalised log-probability. A sentence without EOS after
-    ``max_output_length`` steps is cut there.
+    ``max_output_length`` steps is cut there. ``<s>``/``<pad>`` are never chosen (module doc).
     """
-    _check(src, src_lengths, max_output_length)
+    max_output_length, forbidden = _check(model, src, src_lengths, max_output_length)
     B = src.shape[0]
     state = model.encode(src, src_lengths)
     prev = torch.full((B,), model.bos_index, dtype=torch.long, device=src.device)
@@ -87,7 +118,7 @@ def greedy_search(model, src: Tensor, src_lengths: Tensor, max_output_length: in
     tokens, attentions = [], []
     for step in range(max_output_length):
         log_probs, state, attention = model.decode_step(prev, state, step)
-        best, prev = log_probs.max(dim=-1)  # (B,)
+        best, prev = _masked(log_probs, forbidden).max(dim=-1)  # (B,)
         scores += torch.where(finished, 0.0, best.double())
         tokens.append(prev)
         attentions.append(attention)
@@ -118,9 +149,10 @@ def beam_search(model, src: Tensor, src_lengths: Tensor, beam_size: int = 5, bea
     other candidates survive. A sentence stops once the best candidate of a step has ended in EOS
     (as JoeyNMT / OpenNMT) and it has ``n_best`` finished hypotheses — not after ``beam_size``
     finished ones (fairseq), which on peaked distributions can stop before the best beam ends.
-    At ``max_output_length`` the surviving beams are scored as they are.
+    At ``max_output_length`` the surviving beams are scored as they are. ``<s>``/``<pad>`` are
+    never extended (module doc).
     """
-    _check(src, src_lengths, max_output_length)
+    max_output_length, forbidden = _check(model, src, src_lengths, max_output_length)
     if not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_search: beam_size must be an integer >= 1, got {beam_size!r}")
     if not isinstance(n_best, int) or not 1 <= n_best <= beam_size:
@@ -140,6 +172,7 @@ def beam_search(model, src: Tensor, src_lengths: Tensor, beam_size: int = 5, bea
     row_offset = (torch.arange(B, device=device) * K)[:, None]  # (B, 1)
     for step in range(max_output_length):
         log_probs, state, attention = model.decode_step(prev, state, step)  # (B·K, V)
+        log_probs = _masked(log_probs, forbidden)
         V = log_probs.shape[-1]
         candidates = (beam_scores[:, :, None] + log_probs.double().view(B, K, V)).view(B, K * V)
         top_scores, top_index = candidates.topk(min(2 * K, K * V), dim=1)  # (B, 2K): ≥ K are not EOS

@@ -217,7 +217,9 @@ def convert_linears(
             Frobenius norm), ``"random"`` (the layer's own init; the bias is still copied), or
             ``"activation"`` (``"svd"``, then the factors are refined to minimise ‖(W − H) X‖_F on
             inputs captured while ``calibrate(module)`` runs; see :mod:`hyperplex.convert.activation`).
-        calibrate: for ``init="activation"``: a callable that runs ``module`` on calibration data.
+        calibrate: a callable that runs ``module`` on calibration data (``calibrate(module)``), needed by
+            ``init="activation"``; with any init it makes the report carry each layer's relative
+            output error on those inputs.
         refine_steps: Adam steps per layer for ``init="activation"``.
 
     Layers left dense, with the reason, are listed in the report: not matched by ``include``,
@@ -251,19 +253,23 @@ def convert_linears(
     rows, layers = _plan(module, kind, n, rank, _patterns(include, "include"), _patterns(exclude, "exclude"),
                          min_features)
     before = _param_count(module)
-    inputs = None
-    if init == "activation":
+    factors = None
+    if calibrate is not None:  # inputs of the dense layers, before any is replaced
         from hyperplex.convert.activation import capture_inputs
-        inputs = capture_inputs(module, layers, calibrate)
+        factors = capture_inputs(module, layers, calibrate)
 
     by_name = {r.name: r for r in rows}
     for name, old in layers.items():
         row = by_name[name]
         view = _dense_view(old, row.source)
         new, used_rank = _build(view, kind, n, rank, rule, "svd" if init == "activation" else init)
-        if inputs is not None:
-            from hyperplex.convert.activation import refine
-            refine(new, view.weight.detach(), inputs[name], steps=refine_steps)
+        if factors is not None:
+            from hyperplex.convert.activation import refine, relative_output_error
+            if init == "activation":
+                row.output_error_svd, row.output_error = refine(new, view.weight.detach(), factors[name],
+                                                                steps=refine_steps)
+            else:
+                row.output_error = relative_output_error(view.weight, new.dense_weight(), factors[name])
         _keep_flags(new, old, view.weight.requires_grad, None if view.bias is None else view.bias.requires_grad)
         setattr(new, CONVERTED_FROM, row.source)
         parent_name, _, child = name.rpartition(".")

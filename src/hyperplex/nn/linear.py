@@ -32,6 +32,10 @@ class LinearSpec:
                                                "quaternion is always 4); must divide both sizes"})
     rule: str = field(default="learned", metadata={"help": "phm rule: learned, or a fixed algebra "
                                                           "(real, complex, quaternion, octonion, sedenion)"})
+    rank_rounding: Literal["floor", "nearest"] = field(default="floor", metadata={
+        "help": "lowrank: floor = the largest rank whose parameters do not exceed PHM's; nearest = the rank whose "
+                "count is closest to PHM's (equal-parameter tables on small layers, where one rank is d+k "
+                "parameters)"})
 
     def __post_init__(self) -> None:
         if self.kind not in LINEAR_KINDS:
@@ -68,5 +72,5 @@ def make_linear(in_features: int, out_features: int, spec: LinearSpec | None = N
         return PHMLinear(in_features, out_features, 4, bias=bias, rule="quaternion", **factory)
     if spec.kind == "phm":
         return PHMLinear(in_features, out_features, spec.n, bias=bias, rule=spec.rule, **factory)
-    rank = matching_rank(in_features, out_features, spec.n, bias=bias)
+    rank = matching_rank(in_features, out_features, spec.n, bias=bias, rounding=spec.rank_rounding)
     return LowRankLinear(in_features, out_features, rank, bias=bias, **factory)

@@ -43,6 +43,16 @@ def test_plain_module_round_trip_needs_the_architecture(tmp_path):
     assert torch.equal(loaded(x), expected)
 
 
+def test_dtype_is_restored(tmp_path):
+    m = plain_model().double()
+    convert_linears(m, "phm", n=2, min_features=16)
+    x = torch.randn(3, 16, dtype=torch.float64)
+    save_converted(m, tmp_path)
+    assert json.loads((tmp_path / SPEC_NAME).read_text())["dtype"] == "float64"
+    loaded = load_converted(tmp_path, model=plain_model())  # built in float32, cast before loading
+    assert loaded[0].phm_weight.dtype == torch.float64 and torch.equal(loaded(x), m(x))
+
+
 def test_gpt2_round_trip_bit_identical_with_tied_weights(tmp_path, tiny_gpt2):
     m = tiny_gpt2()
     convert_linears(m, "phm", n=4)

@@ -116,10 +116,12 @@ def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None) 
         raise ValueError(f"{folder}: exists and is not a folder")
     description = _describe(model)  # raises before anything is written
     tensors, aliases = _deduplicated_state(model)
-    floating = [t.dtype for t in tensors.values() if t.is_floating_point()]
+    floating = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    # One floating dtype is restored by casting the rebuilt model; a mixed model is loaded as built.
+    dtype = str(next(iter(floating))).removeprefix("torch.") if len(floating) == 1 else None
     spec = {
         "format": FORMAT, "version": FORMAT_VERSION, "model": description, "weights": WEIGHTS_NAME,
-        "dtype": str(floating[0]).removeprefix("torch.") if floating else None,
+        "dtype": dtype,
         "aliases": aliases, "layers": conversion_spec(model),
     }
     os.makedirs(folder, exist_ok=True)
@@ -250,7 +252,10 @@ def load_converted(folder: str | os.PathLike, model: nn.Module | None = None) ->
             raise LoadError(f"{spec_path}: the model is a plain {spec['model'].get('class')}; pass the dense "
                             f"architecture as load_converted(folder, model=...)")
     if spec.get("dtype"):
-        model.to(getattr(torch, spec["dtype"]))
+        dtype = getattr(torch, str(spec["dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise LoadError(f"{spec_path}: key 'dtype' is {spec['dtype']!r}, not a torch dtype such as 'float32'")
+        model.to(dtype)
     try:
         apply_spec(model, spec["layers"], where=spec_path)
     except ValueError as err:

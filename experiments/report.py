@@ -12,7 +12,7 @@ import platform
 from pathlib import Path
 
 __all__ = ["t_quantile_975", "summarize", "machine_info", "format_duration", "format_count", "render_markdown",
-           "replace_section", "write_section"]
+           "replace_section", "write_section", "param_match_lines", "sweep_table", "sweep_plot_name", "plot_sweep"]
 
 #: Two-sided 95% quantiles t_{0.975, df} of Student's t for df = 1…30 (standard tables); used when
 #: scipy is not installed. Beyond 30 the normal quantile 1.96 is within 4% and is used instead.
@@ -147,8 +147,15 @@ def render_markdown(results: dict) -> str:
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         missing = [r for r in row["runs"] if not r.get("metrics")]
         for r in missing:
-            status = {"new": "not trained", "partial": "not trained (empty folder)"}.get(r.get("status"), r.get("status"))
+            status = {"new": "not trained", "partial": "not trained (empty folder)",
+                      "diverged": f"diverged (non-finite loss at step {(r.get('stability') or {}).get('nan_step')})"
+                      }.get(r.get("status"), r.get("status"))
             notes.append(f"`{row['name']}` seed {r['seed']}: {r.get('error') or status or 'not trained'}")
+    matches = param_match_lines(results)
+    if matches:
+        lines += ["", "Parameter match (counted on the trained models):", ""] + [f"- {m}" for m in matches]
+    for key in dict.fromkeys(r["sweep_key"] for r in results["rows"] if r.get("sweep_key")):
+        lines += ["", *sweep_table(results, key)]
     lines += ["", "Rows (config and overrides; every row also gets the budget and `--seed=K`):", ""]
     for row in results["rows"]:
         source = f"the models of `{row['model_of']}`" if row.get("model_of") else \
@@ -160,6 +167,127 @@ def render_markdown(results: dict) -> str:
     if notes:
         lines += ["", "Missing from the table (not counted in n):", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def param_match_lines(results: dict) -> list[str]:
+    """One line per row with ``match_params``: its parameters (total and without embeddings) next to the
+    named row's, with the relative difference (first counted seed of each; counts do not vary by seed)."""
+    by_name = {r["name"]: r for r in results["rows"]}
+    lines = []
+    for row in results["rows"]:
+        ref = by_name.get(row.get("match_params") or "")
+        counted = [r["params"] for r in row["runs"] if r.get("params")]
+        ref_counted = [r["params"] for r in ref["runs"] if r.get("params")] if ref else []
+        if not counted or not ref_counted:
+            continue
+        parts = []
+        for key, what in (("total_without_embeddings", "without embeddings"), ("total", "total")):
+            a, b = counted[0][key], ref_counted[0][key]
+            parts.append(f"{what} {a:,} vs {b:,} ({a / b - 1:+.2%})")
+        lines.append(f"**{row['label']}** vs **{ref['label']}**: " + "; ".join(parts))
+    return lines
+
+
+def _sweep_groups(results: dict, key: str) -> tuple[list, dict]:
+    """(swept values in plan order, {base row: {value: row}}) of the rows sweeping ``key``."""
+    values, groups = [], {}
+    for row in results["rows"]:
+        if row.get("sweep_key") == key:
+            if row["sweep_value"] not in values:
+                values.append(row["sweep_value"])
+            groups.setdefault(row["sweep_of"], {})[row["sweep_value"]] = row
+    return values, groups
+
+
+def _sweep_cell(row: dict, metric: str, digits: int) -> str:
+    runs = [r for r in row["runs"] if r.get("status") in ("finished", "diverged")]
+    if not runs:
+        return "–"
+    summary = row["summary"].get(metric) or {"n": 0}
+    cell = f"{summary['mean']:.{digits}f}" if summary["n"] else "–"
+    if summary["n"] and summary["std"] is not None:
+        cell += f" ± {summary['std']:.{digits}f}"
+    cell += f" ({summary['n']})"
+    diverged = sum(1 for r in runs if (r.get("stability") or {}).get("diverged"))
+    spikes = sum((r.get("stability") or {}).get("spikes", 0) for r in runs)
+    if diverged:
+        cell += f", {diverged}/{len(runs)} diverged"
+    if spikes:
+        cell += f", {spikes} spike{'s' if spikes > 1 else ''}"
+    return cell
+
+
+def sweep_table(results: dict, key: str) -> list[str]:
+    """Markdown lines of a sweep over ``key``: one table row per swept model, one column per value;
+    cells are the first metric's mean ± std (n finished seeds), diverged seeds and gradient-norm spikes."""
+    plan = results["plan"]
+    metric, digits = plan["metrics"][0], plan.get("digits", 2)
+    values, groups = _sweep_groups(results, key)
+    short = key.rsplit(".", 1)[-1]
+    lines = [f"Sweep over `{key}` ({metric}: mean ± std over the seeds that finished (n); a seed *diverged* when its "
+             "loss became NaN/inf, which stops training, or its last logged training loss is above its first; a "
+             "*spike* is a logged window whose largest gradient norm exceeds 10 × the run's median; plot "
+             f"`{sweep_plot_name(key)}` next to results.md):", "",
+             "| model | " + " | ".join(f"{short} {v:g}" if isinstance(v, float) else f"{short} {v}" for v in values)
+             + " |", "|---|" + "---:|" * len(values)]
+    for base, by_value in groups.items():
+        label = next(iter(by_value.values()))["label"].rsplit(", ", 1)[0]
+        cells = [_sweep_cell(by_value[v], metric, digits) if v in by_value else "–" for v in values]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def sweep_plot_name(key: str) -> str:
+    """File name of the sweep plot over ``key``: ``sweep-training.lr.png``."""
+    return f"sweep-{key}.png"
+
+
+def plot_sweep(results: dict, key: str, out_png: str | Path) -> Path:
+    """Metric (the plan's first) against the swept value (log axis for numbers): one line per model at
+    the mean over finished seeds, error bars ± the sample std; diverged seeds are counted next to the
+    point (``×k``). Drawn on matplotlib's Agg canvas (no pyplot)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    metric = results["plan"]["metrics"][0]
+    values, groups = _sweep_groups(results, key)
+    numeric = all(isinstance(v, (int, float)) for v in values)
+    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for i, (base, by_value) in enumerate(groups.items()):
+        xs, means, stds = [], [], []
+        for j, value in enumerate(values):
+            row = by_value.get(value)
+            if row is None:
+                continue
+            summary = row["summary"].get(metric) or {"n": 0}
+            x = value if numeric else j
+            diverged = sum(1 for r in row["runs"] if (r.get("stability") or {}).get("diverged"))
+            if summary["n"]:
+                xs.append(x)
+                means.append(summary["mean"])
+                stds.append(summary["std"] or 0.0)
+            if diverged:
+                ax.annotate(f"×{diverged}", (x, summary["mean"] if summary["n"] else 0.0), color=f"C{i}",
+                            textcoords="offset points", xytext=(4, 4 + 8 * i), fontsize="small")
+        label = next(iter(by_value.values()))["label"].rsplit(", ", 1)[0]
+        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=label, color=f"C{i}")
+    if numeric:
+        ax.set_xscale("log")
+    else:
+        ax.set_xticks(range(len(values)), [str(v) for v in values])
+    ax.set_xlabel(key)
+    ax.set_ylabel(f"{metric} (mean ± std over seeds; ×k = k seeds diverged)")
+    ax.set_title(results["plan"]["title"][:80], fontsize="small")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_png.with_name(out_png.name + ".tmp")
+    fig.savefig(tmp, format="png", dpi=100)
+    tmp.replace(out_png)
+    return out_png
 
 
 def _markers(name: str) -> tuple[str, str]:

@@ -21,6 +21,7 @@ import argparse
 import datetime as dt
 import difflib
 import json
+import math
 import re
 import shlex
 import sys
@@ -37,14 +38,19 @@ except ImportError:
 
 import report  # noqa: E402  (experiments/report.py)
 from hyperplex.config import ConfigError, dump_yaml, from_dict, load_yaml, merge, parse_overrides, to_dict  # noqa: E402
+from hyperplex.fileio import atomic_write_text  # noqa: E402
 
 PLAN_KEYS = ("name", "title", "description", "seeds", "budget", "metrics", "checkpoint", "digits", "rows")
-ROW_KEYS = ("name", "label", "config", "overrides", "seeds", "model_of", "eval_overrides", "eval_split")
+ROW_KEYS = ("name", "label", "config", "overrides", "seeds", "model_of", "eval_overrides", "eval_split", "sweep",
+            "match_params")
+#: Largest relative difference of parameters (total, and without embeddings) that ``match_params`` accepts.
+PARAM_MATCH_TOLERANCE = 0.02
 #: What each task's validation returns (``Task.validate``); plans may only ask for these.
 TASK_METRICS = {"translation": ("bleu", "chrf", "accuracy", "loss", "ppl"),
                 "classification": ("accuracy", "loss"), "pair_classification": ("accuracy", "loss"),
                 "ranking": ("map", "mrr", "loss")}
 RUN_FILE = "experiment.json"  # per model folder: training segments (time, command, machine)
+DIVERGED_FILE = "diverged.json"  # per model folder of a sweep row whose training stopped at a NaN/inf
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) ")
 
 
@@ -65,6 +71,10 @@ class Row:
     eval_overrides: list[str] = field(default_factory=list)
     eval_split: str = ""  # a file in the task's format scored instead of the validation split
     params_table: str = ""  # `hyperplex params` of the row's config (vocabulary = data.vocab_size), set by validate
+    sweep_of: str = ""  # a row expanded from a `sweep:` row: that row's name
+    sweep_key: str = ""  # the swept config key (e.g. training.lr) ...
+    sweep_value: float | int | str | None = None  # ... and this row's value of it
+    match_params: str = ""  # a row whose parameter count this row's must match within PARAM_MATCH_TOLERANCE
 
 
 @dataclass
@@ -106,6 +116,37 @@ def _seed_list(value, where: str) -> list[int]:
     if len(set(value)) != len(value):
         raise PlanError(f"{where}: repeated seed in {value}")
     return list(value)
+
+
+def _value_text(value) -> str:
+    """A swept value as it appears in row names and labels: ``0.0005`` → ``0.0005``, ``1e-05`` → ``1e-05``."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def expand_sweep(row: Row, sweep, where: str) -> list[Row]:
+    """The rows of a ``sweep: {key: training.lr, values: [...]}`` row: one per value, named
+    ``NAME_<last key part><value>`` (``transformer_lr0.0005``), labelled ``LABEL, lr 0.0005``, with
+    ``--KEY=VALUE`` appended to the row's overrides (so it wins over them and over the budget)."""
+    if not isinstance(sweep, dict) or set(sweep) != {"key", "values"}:
+        raise PlanError(f"{where}: sweep must be a mapping {{key: training.lr, values: [2.5e-4, 5e-4, ...]}}, "
+                        f"got {sweep!r}")
+    key, values = sweep["key"], sweep["values"]
+    if not isinstance(key, str) or not re.fullmatch(r"[a-z_]+(\.[a-z_]+)+", key):
+        raise PlanError(f"{where}: sweep key must be a dotted config key like training.lr, got {key!r}")
+    if not isinstance(values, list) or len(values) < 2 or len(set(map(str, values))) != len(values) or \
+            not all(isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in values):
+        raise PlanError(f"{where}: sweep values must be a list of ≥ 2 distinct numbers or strings, got {values!r}")
+    short = key.rsplit(".", 1)[1]
+    out = []
+    for value in values:
+        text = _value_text(value)
+        if not re.fullmatch(r"[A-Za-z0-9_.+-]+", text):
+            raise PlanError(f"{where}: sweep value {value!r} cannot be part of a folder name")
+        out.append(Row(name=f"{row.name}_{short}{text}", label=f"{row.label}, {short} {text}", config=row.config,
+                       overrides=[*row.overrides, f"--{key}={text}"], seeds=list(row.seeds),
+                       eval_overrides=list(row.eval_overrides), eval_split=row.eval_split, sweep_of=row.name,
+                       sweep_key=key, sweep_value=value))
+    return out
 
 
 def resolve_config(config: str, plan_path: Path) -> Path:
@@ -167,8 +208,21 @@ def load_plan(path: str | Path) -> Plan:
         else:
             row.config = str(resolve_config(str(item["config"]), path))
             row.seeds = _seed_list(item["seeds"], f"{where}: seeds") if "seeds" in item else list(default_seeds)
-        rows.append(row)
+        row.match_params = str(item.get("match_params") or "")
+        if "sweep" in item:
+            if row.model_of:
+                raise PlanError(f"{where}: a `model_of` row cannot sweep (it trains nothing)")
+            expanded = expand_sweep(row, item["sweep"], where)
+            if any(r.name == e.name for r in rows for e in expanded):
+                raise PlanError(f"{where}: the sweep's row names {[e.name for e in expanded]} clash with another row")
+            rows += expanded
+        else:
+            rows.append(row)
     by_name = {r.name: r for r in rows}
+    for row in rows:
+        if row.match_params and (row.match_params not in by_name or by_name[row.match_params].model_of):
+            raise PlanError(f"{path}: row {row.name!r}: match_params {row.match_params!r} must name a row with a "
+                            f"config (rows: {', '.join(r.name for r in rows if not r.model_of)})")
     for row in rows:
         if row.model_of:
             source = by_name.get(row.model_of)
@@ -193,7 +247,7 @@ class Run:
     seed: int
     model_dir: Path
     overrides: list[str]  # budget + row overrides + extra + --seed=K
-    status: str = "new"  # new | partial (folder without last.safetensors) | unfinished | finished
+    status: str = "new"  # new | partial (folder without last.safetensors) | unfinished | finished | diverged
 
 
 def run_overrides(plan: Plan, row: Row, seed: int, extra: list[str]) -> list[str]:
@@ -202,9 +256,12 @@ def run_overrides(plan: Plan, row: Row, seed: int, extra: list[str]) -> list[str
 
 
 def folder_status(model_dir: Path) -> str:
-    """``new`` / ``partial`` / ``unfinished`` / ``finished`` from ``last.safetensors``'s trainer state."""
+    """``new`` / ``partial`` / ``unfinished`` / ``finished`` from ``last.safetensors``'s trainer state;
+    ``diverged`` when a sweep run stopped at a non-finite loss (``diverged.json``, an outcome, not retried)."""
     from hyperplex.train.checkpoint import checkpoint_info
 
+    if (model_dir / DIVERGED_FILE).is_file():
+        return "diverged"
     last = model_dir / "last.safetensors"
     if not last.is_file():
         return "partial" if model_dir.is_dir() and any(model_dir.iterdir()) else "new"
@@ -232,9 +289,12 @@ def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: P
     from hyperplex.experiment import experiment_dict, load_experiment
 
     names = [r.name for r in plan.rows]
+    sweeps = {r.sweep_of: [s.name for s in plan.rows if s.sweep_of == r.sweep_of] for r in plan.rows if r.sweep_of}
     for name in rows or []:
-        if name not in names:
-            raise PlanError(f"--rows: no row {name!r} in {plan.path} (rows: {', '.join(names)})")
+        if name not in names and name not in sweeps:
+            raise PlanError(f"--rows: no row {name!r} in {plan.path} (rows: {', '.join(names)}"
+                            + (f"; sweeps: {', '.join(sweeps)}" if sweeps else "") + ")")
+    rows = [n for name in rows for n in sweeps.get(name, [name])] if rows else rows
     planned_seeds = {s for r in plan.rows for s in r.seeds}
     for seed in seeds or []:
         if seed not in planned_seeds:
@@ -263,10 +323,10 @@ def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: P
                 continue
             run = Run(train_row, seed, model_dir, overrides, folder_status(model_dir))
             all_runs[model_dir] = run
-            if run.status in ("finished", "unfinished"):
+            if run.status in ("finished", "unfinished", "diverged") and (model_dir / "config.yaml").is_file():
                 wanted = load_yaml_text(dump_yaml(experiment_dict(load_experiment(row.config, overrides,
                                                                                   str(model_dir)))))
-                diff = _config_diff(load_yaml(model_dir / "config.yaml"), wanted)
+                diff = _config_diff(saved_config(model_dir), wanted)
                 if diff:
                     errors.append(f"{model_dir} holds a run with a different config ({'; '.join(diff[:4])}); delete "
                                   "the folder or use another --out")
@@ -277,12 +337,63 @@ def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: P
                 row.params_table = runner.params(row.config, run_overrides(plan, row, row.seeds[0], extra))
             except (ConfigError, ValueError) as err:
                 errors.append(f"{where}: the model cannot be built: {err}")
+    errors += check_param_matches(plan)
     if errors:
         raise PlanError(f"{len(errors)} problem(s) in {plan.path}, nothing was trained:\n  " + "\n  ".join(errors))
     wanted_rows = set(rows or names)
     train_names = {r.model_of or r.name for r in plan.rows if r.name in wanted_rows}
     to_train = [r for r in all_runs.values() if r.row.name in train_names and (not seeds or r.seed in seeds)]
     return to_train, list(all_runs.values()), resolved
+
+
+def saved_config(model_dir: Path) -> dict:
+    """A model folder's ``config.yaml`` resolved through today's config classes, so keys added since it
+    was written compare as their defaults. A config without ``data.split_seed`` predates that key: such
+    runs carved (and generated) their data with ``seed``, which is what it is set to here."""
+    from hyperplex.experiment import build_experiment, experiment_dict
+
+    raw = load_yaml(model_dir / "config.yaml")
+    if isinstance(raw.get("data"), dict):
+        raw["data"].setdefault("split_seed", raw.get("seed", 1))
+    try:
+        return load_yaml_text(dump_yaml(experiment_dict(build_experiment(raw))))
+    except (ConfigError, ValueError):  # a key renamed since: compare the raw file and let the diff name it
+        return raw
+
+
+def table_counts(params_table: str) -> dict[str, int]:
+    """``{"total", "total_without_embeddings"}`` read from a ``hyperplex params`` table."""
+    counts = {}
+    for line in params_table.splitlines():
+        m = re.match(r"^\| (total|total_without_embeddings) \| ([\d,]+) \|", line)
+        if m:
+            counts[m.group(1)] = int(m.group(2).replace(",", ""))
+    if set(counts) != {"total", "total_without_embeddings"}:
+        raise ValueError(f"no total / total_without_embeddings lines in the parameter table:\n{params_table}")
+    return counts
+
+
+def param_match(counts: dict[str, int], reference: dict[str, int]) -> dict[str, float]:
+    """Relative difference ``counts / reference − 1`` of the total and of the count without embeddings."""
+    return {key: counts[key] / reference[key] - 1.0 for key in ("total", "total_without_embeddings")}
+
+
+def check_param_matches(plan: Plan) -> list[str]:
+    """Problems with ``match_params`` rows: parameters (total, and without embeddings) further than
+    :data:`PARAM_MATCH_TOLERANCE` from the named row's, counted on the models the configs build."""
+    by_name = {r.name: r for r in plan.rows}
+    problems = []
+    for row in plan.rows:
+        ref = by_name.get(row.match_params) if row.match_params else None
+        if ref is None or not row.params_table or not ref.params_table:
+            continue
+        counts, ref_counts = table_counts(row.params_table), table_counts(ref.params_table)
+        for key, diff in param_match(counts, ref_counts).items():
+            if abs(diff) > PARAM_MATCH_TOLERANCE:
+                problems.append(f"{plan.path}: row {row.name!r}: {key} {counts[key]:,} is {diff:+.2%} from row "
+                                f"{ref.name!r} ({ref_counts[key]:,}); match_params allows "
+                                f"±{PARAM_MATCH_TOLERANCE:.0%}")
+    return problems
 
 
 def load_yaml_text(text: str):
@@ -317,6 +428,7 @@ def train_run(run: Run, resume: bool, data_root: str | None, command: str) -> No
     ``MODEL_DIR/experiment.json`` (written before training starts, so a killed run leaves its start)."""
     from hyperplex import runner
     from hyperplex.experiment import load_experiment
+    from hyperplex.train.trainer import TrainingError
 
     cfg = load_experiment(run.row.config, run.overrides, str(run.model_dir))
     run.model_dir.mkdir(parents=True, exist_ok=True)
@@ -329,6 +441,15 @@ def train_run(run: Run, resume: bool, data_root: str | None, command: str) -> No
     try:
         runner.train(run.row.config, run.overrides, str(run.model_dir), data_root, resume=resume)
         segment["status"] = "finished"
+    except TrainingError as err:
+        if not run.row.sweep_of:
+            segment["status"] = f"failed: {type(err).__name__}: {err}"
+            raise
+        # In a stability sweep a NaN/inf loss is a result: record it and do not train this model again.
+        step = re.search(r"at step (\d+)", str(err))
+        segment["status"] = "diverged"
+        atomic_write_text(run.model_dir / DIVERGED_FILE, json.dumps(
+            {"step": int(step.group(1)) if step else None, "message": str(err)}, indent=1))
     except BaseException as err:
         segment["status"] = f"failed: {type(err).__name__}: {err}"
         raise
@@ -412,6 +533,36 @@ def cached_evaluation(run: Run, row: Row, checkpoint: str, data_root: str | None
     return result
 
 
+# ---------------------------------------------------------------------------- stability (sweep rows)
+#: A logged window whose largest gradient norm exceeds this multiple of the run's median window-mean
+#: norm (or is not finite) counts as a gradient-norm spike.
+SPIKE_FACTOR = 10.0
+
+
+def stability(model_dir: Path) -> dict:
+    """Training stability of one model from ``metrics.csv`` (train ``loss``, ``grad_norm``, ``grad_norm_max``
+    per ``log_every`` window) and ``diverged.json``: ``nan_step`` (the step whose loss was not finite, or
+    None), ``loss_first`` / ``loss_last`` (first and last logged window), ``loss_above_start``,
+    ``diverged`` (either), ``grad_norm_median`` (of the window means), ``grad_norm_max`` and ``spikes``
+    (windows whose max norm is > :data:`SPIKE_FACTOR` × that median, or not finite)."""
+    import statistics
+
+    from hyperplex.train.plots import read_metrics_csv
+
+    marker = model_dir / DIVERGED_FILE
+    nan_step = json.loads(marker.read_text(encoding="utf-8"))["step"] if marker.is_file() else None
+    series = read_metrics_csv(model_dir / "metrics.csv") if (model_dir / "metrics.csv").is_file() else {}
+    loss = series.get(("loss", "train"), ([], []))[1]
+    means = [v for v in series.get(("grad_norm", "train"), ([], []))[1] if math.isfinite(v)]
+    peaks = series.get(("grad_norm_max", "train"), ([], []))[1]
+    median = statistics.median(means) if means else None
+    above = len(loss) >= 2 and not loss[-1] <= loss[0]  # a NaN last window counts as above
+    return {"nan_step": nan_step, "loss_first": loss[0] if loss else None, "loss_last": loss[-1] if loss else None,
+            "loss_above_start": above, "diverged": nan_step is not None or marker.is_file() or above,
+            "grad_norm_median": median, "grad_norm_max": max(peaks, default=None),
+            "spikes": sum(1 for v in peaks if not math.isfinite(v) or (median and v > SPIKE_FACTOR * median))}
+
+
 # ---------------------------------------------------------------------------- results
 def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | None, command: str,
             failures: dict[Path, str]) -> dict:
@@ -422,7 +573,9 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
         train_row = row.model_of or row.name
         entry = {"name": row.name, "label": row.label, "config": row.config, "overrides": row.overrides,
                  "eval_overrides": row.eval_overrides, "eval_split": row.eval_split, "model_of": row.model_of,
-                 "seeds": row.seeds, "runs": []}
+                 "seeds": row.seeds, "runs": [], "match_params": row.match_params}
+        if row.sweep_of:
+            entry.update(sweep_of=row.sweep_of, sweep_key=row.sweep_key, sweep_value=row.sweep_value)
         cfg = resolved.get(row.name)
         if cfg is not None and cfg.data.task == "translation":
             entry["beam_size"] = cfg.testing.beam_size
@@ -431,6 +584,8 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
             item = {"seed": seed, "model_dir": str(run.model_dir), "status": folder_status(run.model_dir)}
             if run.model_dir in failures:
                 item["error"] = failures[run.model_dir]
+            if row.sweep_of and item["status"] in ("finished", "diverged"):
+                item["stability"] = stability(run.model_dir)
             if item["status"] == "finished":
                 try:
                     item.update(cached_evaluation(run, row, plan.checkpoint, data_root))
@@ -463,6 +618,8 @@ def write_results(results: dict, out: Path, append_to: str | None) -> str:
     """``OUT/results.json``, ``OUT/results.md`` and optionally the plan's section of ``append_to``."""
     body = report.render_markdown(results)
     out.mkdir(parents=True, exist_ok=True)
+    for key in dict.fromkeys(r["sweep_key"] for r in results["rows"] if r.get("sweep_key")):
+        report.plot_sweep(results, key, out / report.sweep_plot_name(key))
     (out / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     report.write_section(out / "results.md", results["plan"]["name"], body)
     if append_to:
@@ -522,8 +679,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         for i, run in enumerate(to_train, 1):
             status = folder_status(run.model_dir)
-            if status == "finished":
-                print(f"[{i}/{len(to_train)}] {run.model_dir}: finished already, skipped", file=sys.stderr)
+            if status in ("finished", "diverged"):
+                print(f"[{i}/{len(to_train)}] {run.model_dir}: {status} already, skipped", file=sys.stderr)
                 continue
             print(f"[{i}/{len(to_train)}] {run.model_dir}: training ({status})", file=sys.stderr)
             try:

@@ -223,3 +223,162 @@ def test_eval_split_row_scores_a_file_like_hyperplex_evaluate(tmp_path):
     assert got["loss"] == pytest.approx(expected["loss"]) and got["accuracy"] == expected["accuracy"]
     assert got["loss"] != rows["phm2"]["runs"][0]["metrics"]["loss"]  # another split than validation
     assert f"scored on `{tmp_path / 'held_out'}`" in (out / "results.md").read_text()
+
+
+# ------------------------------------------------------------------ issue 17: sweeps, parameter match, stability
+def _sweep_plan(directory: Path, values=(0.001, 0.003), seeds=(1,)) -> Path:
+    return _write_plan(directory, name="sweep_plan", rows=[
+        {"name": "phm2", "label": "PHM n=2", "config": "tiny.yaml", "seeds": list(seeds),
+         "sweep": {"key": "training.lr", "values": list(values)}},
+        {"name": "dense", "config": "tiny.yaml", "overrides": ["--model.linear.kind=dense"], "seeds": list(seeds)}])
+
+
+def test_sweep_row_expands_to_one_row_per_value(tmp_path):
+    plan = run.load_plan(_sweep_plan(tmp_path, values=[0.0005, 1e-05, 0.015], seeds=[1, 2]))
+    assert [r.name for r in plan.rows] == ["phm2_lr0.0005", "phm2_lr1e-05", "phm2_lr0.015", "dense"]
+    first = plan.rows[0]
+    assert (first.label, first.sweep_of, first.sweep_key, first.sweep_value) == ("PHM n=2, lr 0.0005", "phm2",
+                                                                                 "training.lr", 0.0005)
+    assert first.seeds == [1, 2] and first.overrides == ["--training.lr=0.0005"]
+    # the swept value comes after the budget and the row's overrides, so it wins
+    assert run.run_overrides(plan, plan.rows[1], 2, [])[-2:] == ["--training.lr=1e-05", "--seed=2"]
+    # --rows accepts the sweep's name for all of its rows
+    to_train, _, resolved = run.validate(plan, ["phm2"], None, tmp_path / "out", [], False)
+    assert sorted({r.row.name for r in to_train}) == ["phm2_lr0.0005", "phm2_lr0.015", "phm2_lr1e-05"]
+    assert [resolved[n].training.lr for n in ("phm2_lr0.0005", "phm2_lr1e-05", "phm2_lr0.015")] == [5e-4, 1e-5, 0.015]
+
+
+@pytest.mark.parametrize("sweep,message", [({"key": "training.lr", "values": [0.001]}, "≥ 2 distinct"),
+                                           ({"key": "lr", "values": [0.1, 0.2]}, "dotted config key"),
+                                           ({"key": "training.lr"}, "mapping"),
+                                           ({"key": "training.lr", "values": [0.1, 0.1]}, "distinct")])
+def test_bad_sweeps_are_plan_errors(tmp_path, sweep, message):
+    path = _write_plan(tmp_path, rows=[{"name": "a", "config": "tiny.yaml", "sweep": sweep}])
+    with pytest.raises(run.PlanError, match=message):
+        run.load_plan(path)
+
+
+def test_param_match_is_checked_from_the_built_models(tmp_path):
+    rows = [{"name": "phm2", "config": "tiny.yaml"},
+            {"name": "phm2_again", "config": "tiny.yaml", "match_params": "phm2"},  # the same model: 0%
+            {"name": "dense", "config": "tiny.yaml", "overrides": ["--model.linear.kind=dense"],
+             "match_params": "phm2"}]
+    plan = run.load_plan(_write_plan(tmp_path, rows=rows))
+    with pytest.raises(run.PlanError) as err:
+        run.validate(plan, None, None, tmp_path / "out", [], False)
+    counts = {r.name: run.table_counts(r.params_table) for r in plan.rows}
+    assert counts["dense"]["total_without_embeddings"] > counts["phm2"]["total_without_embeddings"]
+    diff = counts["dense"]["total_without_embeddings"] / counts["phm2"]["total_without_embeddings"] - 1
+    assert f"row 'dense': total_without_embeddings {counts['dense']['total_without_embeddings']:,} is {diff:+.2%}" \
+        in str(err.value)
+    assert "1 problem(s)" in str(err.value) and "phm2_again" not in str(err.value)
+    assert run.param_match(counts["phm2_again"], counts["phm2"]) == {"total": 0.0, "total_without_embeddings": 0.0}
+    with pytest.raises(run.PlanError, match="match_params 'nope'"):
+        run.load_plan(_write_plan(tmp_path, rows=[{"name": "a", "config": "tiny.yaml", "match_params": "nope"}]))
+
+
+@pytest.mark.parametrize("plan_name", ["multi30k_transformer", "multi30k_lstm", "shakespeare_transformer", "sst2",
+                                       "agreement", "snli", "imdb"])
+def test_shipped_low_rank_rows_match_their_phm_row_within_2_percent(plan_name, tmp_path):
+    plan = run.load_plan(EXPERIMENTS / f"{plan_name}.yaml")
+    run.validate(plan, None, None, tmp_path / "out", [], False)  # raises if a match is off by > 2%
+    matched = [r for r in plan.rows if r.match_params]
+    assert matched and all("kind=lowrank" in " ".join(r.overrides) for r in matched)
+    by_name = {r.name: r for r in plan.rows}
+    for row in matched:
+        assert "--model.linear.kind=phm" in by_name[row.match_params].overrides
+        n = next(o for o in row.overrides if o.startswith("--model.linear.n="))
+        assert n in by_name[row.match_params].overrides  # the same n as its PHM row
+        reference = by_name[row.match_params].params_table
+        diffs = run.param_match(run.table_counts(row.params_table), run.table_counts(reference))
+        assert all(abs(d) <= 0.02 for d in diffs.values()), (row.name, diffs)
+
+
+def test_stability_read_from_metrics_csv(tmp_path):
+    rows = ["step,epoch,split,name,value"]
+    for step, (loss, mean, peak) in enumerate([(2.0, 1.0, 1.5), (1.5, 1.2, 15.0), (2.5, 0.8, float("nan")),
+                                               (2.4, 1.1, 2.0)], 1):
+        rows += [f"{step},1,train,loss,{loss}", f"{step},1,train,grad_norm,{mean}",
+                 f"{step},1,train,grad_norm_max,{peak}"]
+    (tmp_path / "metrics.csv").write_text("\n".join(rows) + "\n")
+    s = run.stability(tmp_path)
+    assert s == {"nan_step": None, "loss_first": 2.0, "loss_last": 2.4, "loss_above_start": True, "diverged": True,
+                 "grad_norm_median": 1.05, "grad_norm_max": 15.0,
+                 "spikes": 2}  # 15 > 10 × 1.05, and the NaN window
+    (tmp_path / run.DIVERGED_FILE).write_text(json.dumps({"step": 7, "message": "loss became nan at step 7"}))
+    assert run.stability(tmp_path)["nan_step"] == 7 and run.folder_status(tmp_path) == "diverged"
+
+
+def test_sweep_records_divergence_and_plots(tmp_path, monkeypatch, capsys):
+    from hyperplex import runner
+    from hyperplex.train.trainer import TrainingError
+
+    real_train = runner.train
+
+    def train(config, overrides, model_dir, data_root, resume=False):
+        if "--training.lr=0.003" in overrides:  # this rate "diverges": the trainer's NaN error
+            raise TrainingError("loss became nan at step 5 (epoch 1, batch 5); training stopped")
+        return real_train(config, overrides, model_dir, data_root, resume=resume)
+
+    monkeypatch.setattr(runner, "train", train)
+    plan, out = _sweep_plan(tmp_path), tmp_path / "out"
+    assert run.main([str(plan), "--out", str(out)]) == 0  # a diverged sweep run is a result, not a failure
+    marker = json.loads((out / "phm2_lr0.003" / "seed1" / run.DIVERGED_FILE).read_text())
+    assert marker["step"] == 5 and "nan" in marker["message"]
+    results = json.loads((out / "results.json").read_text())
+    rows = {r["name"]: r for r in results["rows"]}
+    assert rows["phm2_lr0.003"]["runs"][0]["status"] == "diverged"
+    assert rows["phm2_lr0.003"]["runs"][0]["stability"]["diverged"] is True
+    ok = rows["phm2_lr0.001"]["runs"][0]["stability"]
+    assert ok["nan_step"] is None and ok["grad_norm_median"] > 0 and ok["grad_norm_max"] >= ok["grad_norm_median"]
+    assert "stability" not in rows["dense"]["runs"][0]  # not a sweep row
+    text = (out / "results.md").read_text()
+    assert "Sweep over `training.lr`" in text and "| PHM n=2 | " in text and "0/1" not in text
+    assert "(0), 1/1 diverged" in text and "diverged (non-finite loss at step 5)" in text
+    png = out / "sweep-training.lr.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a diverged model is not trained again
+    assert run.main([str(plan), "--out", str(out), "--rows", "phm2"]) == 0
+    assert "diverged already, skipped" in capsys.readouterr().err
+
+
+def test_grad_norm_window_mean_and_max_in_metrics_csv(tmp_path):
+    """With log_every=2 the logged window mean / max equal the mean / max of the two per-step norms that
+    the same (deterministic) run logs with log_every=1."""
+    import csv
+
+    from hyperplex import runner
+
+    logged = {}
+    for every in (1, 2):
+        config = write_tiny_config(tmp_path, log_every=every, max_steps=4, validation_every=4, deterministic=True)
+        runner.train(str(config), model_dir=str(tmp_path / f"log{every}"))
+        with open(tmp_path / f"log{every}" / "metrics.csv") as f:
+            logged[every] = {(int(r["step"]), r["name"]): float(r["value"]) for r in csv.DictReader(f)
+                             if r["split"] == "train"}
+    per_step = [logged[1][s, "grad_norm"] for s in range(1, 5)]
+    assert all(logged[1][s, "grad_norm_max"] == logged[1][s, "grad_norm"] > 0 for s in range(1, 5))
+    for end in (2, 4):
+        pair = per_step[end - 2:end]
+        assert logged[2][end, "grad_norm"] == pytest.approx(sum(pair) / 2, rel=1e-4)  # metrics.csv keeps 6 digits
+        assert logged[2][end, "grad_norm_max"] == pytest.approx(max(pair), rel=1e-4)
+
+
+def test_folder_saved_before_split_seed_still_matches_its_plan(done, tmp_path):
+    import shutil
+
+    plan, out, _, _ = done
+    copy = tmp_path / "out"
+    shutil.copytree(out / "phm2", copy / "phm2")
+    for seed in (1, 2):  # remove the keys added since (as in a folder written before them)
+        path = copy / "phm2" / f"seed{seed}" / "config.yaml"
+        saved = yaml.safe_load(path.read_text())
+        del saved["data"]["split_seed"], saved["data"]["carve"], saved["model"]["linear"]["rank_rounding"]
+        path.write_text(yaml.safe_dump(saved))
+    assert run.saved_config(copy / "phm2" / "seed2")["data"]["split_seed"] == 2  # it carved with its seed
+    with pytest.raises(run.PlanError) as err:
+        run.validate(run.load_plan(plan), ["phm2"], None, copy, [], False)
+    # seed 1's folder carved with seed 1 = today's split_seed: it still matches; seed 2's does not
+    assert f"{copy / 'phm2' / 'seed2'} holds a run with a different config (data.split_seed: 2 in the folder, 1 in " \
+        "the plan)" in str(err.value)
+    assert "seed1" not in str(err.value)

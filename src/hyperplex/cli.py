@@ -15,8 +15,9 @@ from pathlib import Path
 
 def _demo(args: argparse.Namespace) -> int:
     from hyperplex.demo import run_demo
+    from hyperplex.threads import parse_threads
 
-    run_demo(args.out, quick=args.quick, seed=args.seed)
+    run_demo(args.out, quick=args.quick, seed=args.seed, threads=parse_threads(args.threads))
     return 0
 
 
@@ -32,7 +33,8 @@ def _train(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     from hyperplex import runner
 
-    metrics = runner.evaluate(args.model_dir, args.checkpoint, args.split, args.data_root, args.beam_size)
+    metrics = runner.evaluate(args.model_dir, args.checkpoint, args.split, args.data_root, args.beam_size,
+                              threads=args.threads)
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
     return 0
 
@@ -40,7 +42,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _translate(args: argparse.Namespace) -> int:
     from hyperplex import runner
 
-    runner.translate(args.model_dir, args.input, args.output, args.checkpoint, args.beam_size, args.plot_attention)
+    runner.translate(args.model_dir, args.input, args.output, args.checkpoint, args.beam_size, args.plot_attention,
+                     threads=args.threads)
     return 0
 
 
@@ -75,6 +78,13 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
                    help="override any config key, e.g. --training.lr=3e-4 --model.linear.n=8")
 
 
+def _add_threads(p: argparse.ArgumentParser) -> None:
+    # parsed by hyperplex.threads.parse_threads, so a bad value is the usual one-line error naming --threads
+    p.add_argument("--threads", default="0", metavar="N",
+                   help="torch CPU threads; 0 (default) = chosen from the model size, the batch and the "
+                   "available cores (see hyperplex/threads.py)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -89,9 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="PHM paper Fig. 2 on generated data: learn a 3-D rotation and the quaternion/octonion rules",
         description="Learn a 3-D rotation with a PHM layer, and learn the quaternion (n=4) and octonion (n=8) "
         "multiplication rules from examples of products; print a table and write plots.")
-    demo.add_argument("--quick", action="store_true", help="fewer training steps (about 2.5 s instead of 3.5 s; used by the tests)")
+    demo.add_argument("--quick", action="store_true",
+                      help="fewer training steps: about 1 s of training instead of 8 s on one idle core, plus "
+                      "about 2 s for the plots (used by the tests)")
     demo.add_argument("--out", default="runs/demo", help="folder for the plots (default: runs/demo)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    _add_threads(demo)
     demo.set_defaults(func=_demo)
 
     data_root = dict(default=None, help="folder that relative data paths in the config are read from "
@@ -118,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--checkpoint", default="best", help="best (default), last, or a checkpoint file")
     evaluate.add_argument("--beam-size", type=int, help="override testing.beam_size")
     evaluate.add_argument("--data-root", **data_root)
+    _add_threads(evaluate)
     evaluate.set_defaults(func=_evaluate)
 
     translate = sub.add_parser("translate", parents=[common], help="translate sentences with a trained model",
@@ -128,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("-o", "--output", help="output file (default: stdout)")
     translate.add_argument("--checkpoint", default="best", help="best (default), last, or a checkpoint file")
     translate.add_argument("--beam-size", type=int, help="override testing.beam_size (1 = greedy)")
-    translate.add_argument("--plot-attention", metavar="PNG", help="draw the attention heat-map of the first sentence")
+    translate.add_argument("--plot-attention", metavar="PNG",
+                           help="draw the attention heat-map of the first non-empty sentence")
+    _add_threads(translate)
     translate.set_defaults(func=_translate)
 
     params = sub.add_parser("params", parents=[common], help="parameter counts per component of a config's model",

@@ -131,8 +131,16 @@ def _plot(results: list[DemoResult], out: Path) -> list[Path]:
     return paths
 
 
-def run_demo(out: str | Path = "runs/demo", quick: bool = False, seed: int = 0, echo=print) -> list[DemoResult]:
-    """Run the three experiments, print a table, write plots into ``out``; returns the results."""
+def run_demo(out: str | Path = "runs/demo", quick: bool = False, seed: int = 0, echo=print,
+             threads: int | None = None) -> list[DemoResult]:
+    """Run the three experiments, print a table, write plots into ``out``; returns the results.
+
+    ``threads``: torch CPU threads; 0/``None`` = :func:`hyperplex.threads.choose_threads` for the
+    largest product here (256 rows × 8², the octonion fit), which is one thread: these models are
+    far too small to gain from a second, and lose 5-10× to it on a shared machine."""
+    from hyperplex.threads import set_threads
+
+    set_threads(threads, rows=256, width=8)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     steps = {"rotation": 300, "quaternion": 300, "octonion": 400} if quick else {"rotation": 2000, "quaternion": 1500, "octonion": 2500}

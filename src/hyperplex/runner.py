@@ -3,6 +3,7 @@ so it can be called from Python as well (``hyperplex.runner.train("configs/x.yam
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -91,46 +92,112 @@ def _check_beam(beam_size: int | None) -> None:
         raise ValueError(f"--beam-size must be ≥ 1 (1 = greedy), got {beam_size}")
 
 
+@contextlib.contextmanager
+def _warnings_to_stderr(verb: str):
+    """A logger for loading and decoding whose warnings (e.g. over-long lines cut) reach stderr as
+    ``hyperplex VERB: warning: …`` lines; its info messages are dropped (there is no log file)."""
+    log = logging.getLogger(f"hyperplex.inference.{verb}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter(f"hyperplex {verb}: warning: %(message)s"))
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        yield log
+    finally:
+        log.removeHandler(handler)
+
+
+def _set_inference_threads(threads: int | None, cfg: ExperimentConfig, model, beam_size: int | None) -> int:
+    """``--threads`` or, for 0/None, :func:`hyperplex.threads.choose_threads` for decoding
+    ``testing.batch_size`` sentences × beam rows (a sentence of typical length for classifiers)."""
+    from hyperplex.threads import TOKENS_PER_SENTENCE, model_width, set_threads
+
+    if cfg.data.task == "translation":
+        rows = cfg.testing.batch_size * (cfg.testing.beam_size if beam_size is None else beam_size)
+    else:
+        rows = cfg.testing.batch_size * TOKENS_PER_SENTENCE
+    return set_threads(threads, rows, model_width(model))
+
+
 def evaluate(model_dir: str, checkpoint: str = "best", split: str = "dev", data_root: str | None = None,
-             beam_size: int | None = None) -> dict:
+             beam_size: int | None = None, threads: int | None = None, progress: bool = True) -> dict:
     """``hyperplex evaluate``: metrics of a saved model on the validation split (``dev``), the training
     split (``train``, classification tasks), or any file in the task's format (a path, or a parallel
-    prefix; relative paths are read from the data root)."""
+    prefix; relative paths are read from the data root). ``threads``: torch CPU threads (0/None: the
+    :mod:`hyperplex.threads` rule); ``progress``: a bar on stderr while decoding (a terminal only)."""
+    from hyperplex.threads import parse_threads
+
     _check_beam(beam_size)
-    cfg, task, model = load_model(model_dir, checkpoint, data_root)
+    threads = None if threads is None else parse_threads(threads)
+    with _warnings_to_stderr("evaluate") as log:
+        cfg, task, model = load_model(model_dir, checkpoint, data_root, logger=log)
+        _set_inference_threads(threads, cfg, model, beam_size)
+        return _evaluate_split(cfg, task, model, split, beam_size, progress)
+
+
+def _evaluate_split(cfg: ExperimentConfig, task, model, split: str, beam_size: int | None, progress: bool) -> dict:
     if split == "train":
         if cfg.data.task == "translation":
             raise ValueError("--split train is not supported for translation (references are not kept)")
         task.dev_set = task.train_set
     elif split != "dev":  # a file (or parallel prefix) in the task's format, e.g. a held-out test split
         task.use_evaluation_file(split)
-    metrics = score(cfg, task, model, beam_size)
+    metrics = score(cfg, task, model, beam_size, progress)
     return metrics | {f"{name}_signature": sig for name, sig in getattr(task, "signatures", {}).items()}
 
 
-def score(cfg: ExperimentConfig, task, model, beam_size: int | None = None) -> dict[str, float]:
+def score(cfg: ExperimentConfig, task, model, beam_size: int | None = None, progress: bool = False) -> dict[str, float]:
     """Validation metrics of a loaded model (:func:`load_model`) on ``task``'s current evaluation split;
-    translation decodes with ``beam_size`` (default ``cfg.testing.beam_size``). sacreBLEU signatures of
-    the last call are in ``task.signatures``."""
+    translation decodes with ``beam_size`` (default ``cfg.testing.beam_size``), with a progress bar on a
+    terminal's stderr if ``progress``. sacreBLEU signatures of the last call are in ``task.signatures``."""
     if cfg.data.task == "translation":
-        return task.validate(model, beam_size=cfg.testing.beam_size if beam_size is None else beam_size)
+        return task.validate(model, beam_size=cfg.testing.beam_size if beam_size is None else beam_size,
+                             progress=progress)
     return task.validate(model)
 
 
-def translate(model_dir: str, input_path: str | None = None, output_path: str | None = None,
-              checkpoint: str = "best", beam_size: int | None = None, plot_attention: str | None = None) -> int:
-    """``hyperplex translate``: read sentences (a file or stdin), write translations (a file or stdout)."""
-    _check_beam(beam_size)
-    cfg, task, model = load_model(model_dir, checkpoint, read_data=False)
-    if cfg.data.task != "translation":
-        raise ValueError(f"{model_dir} holds a {cfg.data.task} model; translate needs a translation model")
-    if input_path:
-        from hyperplex.data.readers import read_lines
+def _read_stdin_lines() -> list[str]:
+    """stdin's lines, decoded exactly as :func:`~hyperplex.data.readers.read_lines` decodes a file
+    (strict UTF-8 with errors naming ``<stdin>`` and the line, BOM and CR removed, stripped)."""
+    from hyperplex.data.readers import decode_lines
 
-        lines = read_lines(input_path, allow_empty=True)
-    else:
-        lines = [line.rstrip("\n") for line in sys.stdin]
-    outputs, details = task.translate(model, lines, beam_size=beam_size, return_attention=True)
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # an already-decoded text stream (io.StringIO in tests, some embedded shells)
+        return [line.strip() for line in decode_lines(sys.stdin.read().encode("utf-8"), "<stdin>")]
+    return [line.strip() for line in decode_lines(buffer.read(), "<stdin>")]
+
+
+def translate(model_dir: str, input_path: str | None = None, output_path: str | None = None,
+              checkpoint: str = "best", beam_size: int | None = None, plot_attention: str | None = None,
+              threads: int | None = None, progress: bool = True) -> int:
+    """``hyperplex translate``: read sentences (a file or stdin), write translations (a file or stdout),
+    exactly one output line per input line (a blank line gives a blank line). Lines longer than the
+    model's positions are cut, with a warning on stderr naming them. ``threads``: torch CPU threads
+    (0/None: the :mod:`hyperplex.threads` rule); ``progress``: a bar on stderr (a terminal only)."""
+    from hyperplex.threads import parse_threads
+
+    _check_beam(beam_size)
+    threads = None if threads is None else parse_threads(threads)
+    with _warnings_to_stderr("translate") as log:
+        cfg, task, model = load_model(model_dir, checkpoint, read_data=False, logger=log)
+        if cfg.data.task != "translation":
+            raise ValueError(f"{model_dir} holds a {cfg.data.task} model; translate needs a translation model")
+        if input_path:
+            from hyperplex.data.readers import read_lines
+
+            lines = read_lines(input_path, allow_empty=True)
+        else:
+            lines = _read_stdin_lines()
+        _set_inference_threads(threads, cfg, model, beam_size)
+        outputs, details = task.translate(model, lines, beam_size=beam_size, return_attention=True,
+                                          progress=progress and len(lines) > 1)
+    plotted = next((i for i, found in enumerate(details) if found is not None), None)  # first line with tokens
+    if plot_attention:  # checked before anything is written
+        if plotted is None:
+            raise ValueError("--plot-attention: no input line has tokens to plot")
+        if details[plotted][1] is None:
+            raise ValueError("this model produces no attention weights to plot")
     text = "".join(o + "\n" for o in outputs)
     if output_path:
         from hyperplex.fileio import atomic_write_text
@@ -138,13 +205,11 @@ def translate(model_dir: str, input_path: str | None = None, output_path: str | 
         atomic_write_text(output_path, text)  # an existing output is replaced whole or not at all
     else:
         sys.stdout.write(text)
-    if plot_attention and lines:
+    if plot_attention:
         from hyperplex.train.plots import plot_attention as draw
 
-        tokens, attention = details[0]
-        if attention is None:
-            raise ValueError("this model produces no attention weights to plot")
-        src_tokens = task.src_tok.tokenize(lines[0]) + ["</s>"]
+        tokens, attention = details[plotted]
+        src_tokens = task.source_tokens([lines[plotted]], warn=False)[0] + ["</s>"]
         draw(attention, src_tokens, tokens + ["</s>"] if attention.shape[0] > len(tokens) else tokens, plot_attention)
     return len(outputs)
 

@@ -82,7 +82,12 @@ def _read_bytes(path: str | os.PathLike) -> bytes:
 
 def _raw_lines(path: str | os.PathLike) -> list[str]:
     """Lines of ``path`` decoded as strict UTF-8, without line terminators (``\\n`` / ``\\r\\n``)."""
-    data = _read_bytes(path)
+    return decode_lines(_read_bytes(path), path)
+
+
+def decode_lines(data: bytes, path: str | os.PathLike) -> list[str]:
+    """``data`` (the bytes of ``path``, e.g. ``"<stdin>"``) decoded as strict UTF-8 and split into lines
+    as the module doc says (BOM and CR removed); :class:`DataError` naming ``path`` and the line."""
     if data.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
         data = data[3:]
     try:

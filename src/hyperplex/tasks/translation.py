@@ -3,6 +3,10 @@
 Validation during training reports teacher-forced ``loss``/``ppl`` and decodes the dev split
 greedily for ``bleu``/``chrf`` (sacreBLEU on detokenised text) and exact-match ``accuracy``;
 ``hyperplex evaluate`` decodes with the configured beam.
+
+Sequences longer than a Transformer's position table (``model.max_positions``) cannot be encoded:
+such sources (and, for the loss, targets) are cut to fit with a warning naming their line numbers,
+rather than failing the whole file. The LSTM translator has no position limit and cuts nothing.
 """
 
 from __future__ import annotations
@@ -106,9 +110,11 @@ class TranslationTask(Task):
 
     def _encode_pairs(self, pairs, drop_long: bool, what: str = "training pairs"):
         """(source ids, target ids, source tokens, kept pair indices, DropReport) of ``pairs``; empty pairs are
-        dropped, and with ``drop_long`` pairs with a side over ``data.max_length`` tokens."""
+        dropped, and with ``drop_long`` pairs with a side over ``data.max_length`` tokens. A side longer than
+        the model's positions (:meth:`token_limit`) is cut to fit, with a warning naming the pairs."""
         d = self.cfg.data
-        src_ids, tgt_ids, src_tokens, kept = [], [], [], []
+        limit = self.token_limit()
+        src_ids, tgt_ids, src_tokens, kept, cut = [], [], [], [], []
         report = DropReport(total=len(pairs), max_length=d.max_length if drop_long else None, source=what)
         for i, (s, t) in enumerate(pairs):
             s_tok, t_tok = self.src_tok.tokenize(s), self.tgt_tok.tokenize(t)
@@ -118,11 +124,30 @@ class TranslationTask(Task):
             if drop_long and (len(s_tok) > d.max_length or len(t_tok) > d.max_length):
                 report.too_long += 1
                 continue
+            if limit is not None and max(len(s_tok), len(t_tok)) > limit:
+                cut.append((i + 1, f"{len(s_tok)} source / {len(t_tok)} target tokens"))
+                s_tok, t_tok = s_tok[:limit], t_tok[:limit]
             src_ids.append(self.src_vocab.encode(s_tok, add_eos=True))
             tgt_ids.append(self.tgt_vocab.encode(t_tok))
             src_tokens.append(s_tok)
             kept.append(i)
+        if cut:
+            self.log.warning(self._cut_message(cut, f"{what}: pair", "cut to fit (the references are scored whole)"))
         return src_ids, tgt_ids, src_tokens, kept, report
+
+    def token_limit(self) -> int | None:
+        """Most tokens a source or target may have: the Transformer's ``max_positions`` less the one that
+        ``</s>`` (source) or ``<s>`` (target input) takes; ``None`` for models without a position table."""
+        limit = getattr(self.cfg.model_config, "max_positions", None)
+        return limit - 1 if isinstance(limit, int) and limit > 1 else None
+
+    def _cut_message(self, cut: list[tuple[int, str]], item: str, action: str, shown: int = 10) -> str:
+        """One warning line for the ``(1-based number, length text)`` items in ``cut``."""
+        limit = self.token_limit()
+        listed = ", ".join(f"{item} {number} ({length})" for number, length in cut[:shown])
+        more = f" and {len(cut) - shown} more" if len(cut) > shown else ""
+        return (f"{listed}{more}: longer than the model's {limit} tokens (model.max_positions={limit + 1}, one "
+                f"position kept for </s>); {action}")
 
     def train_batches(self, epoch: int) -> list:
         t = self.cfg.training
@@ -146,14 +171,15 @@ class TranslationTask(Task):
         return self._summed_nll(model, batch, self.cfg.training.label_smoothing)
 
     @torch.no_grad()
-    def validate(self, model: nn.Module, beam_size: int = 1) -> dict[str, float]:
+    def validate(self, model: nn.Module, beam_size: int = 1, progress: bool = False) -> dict[str, float]:
+        """Metrics on ``dev_set``; ``progress`` shows a bar on stderr while decoding (a terminal only)."""
         nll, tokens = 0.0, 0
         device = next(model.parameters()).device
         for batch in self.dev_set.batches(self.cfg.testing.batch_size):
             nll += self._summed_nll(model, batch.to(device)).item()
             tokens += batch.num_tokens
         hypotheses = self.translate_ids(model, self.dev_set.src_ids, beam_size=beam_size,
-                                        src_tokens=self.dev_src_tokens)
+                                        src_tokens=self.dev_src_tokens, progress=progress)
         refs = self.dev_refs
         exact = sum(h.strip() == r.strip() for h, r in zip(hypotheses, refs)) / len(refs)
         bleu, chrf = corpus_bleu(hypotheses, refs), corpus_chrf(hypotheses, refs)
@@ -164,11 +190,37 @@ class TranslationTask(Task):
                 "ppl": perplexity(nll, tokens) if nll == nll else nll}  # a NaN loss: the trainer reports it
 
     # ------------------------------------------------------------------ decoding
-    def translate(self, model: nn.Module, lines: list[str], **kwargs):
-        """Raw source sentences → detokenised translations (see :meth:`translate_ids` for ``kwargs``)."""
+    def source_tokens(self, lines: list[str], warn: bool = True) -> list[list[str]]:
+        """Tokenised (and, as configured, lowercased) ``lines``, each cut to :meth:`token_limit` tokens;
+        with ``warn`` a warning names the lines that were cut (1-based) and their lengths."""
+        limit = self.token_limit()
         tokens = [self.src_tok.tokenize(lowercase_if(self.cfg.data, line)) for line in lines]
-        ids = [self.src_vocab.encode(t, add_eos=True) for t in tokens]  # an empty line becomes just EOS
-        return self.translate_ids(model, ids, src_tokens=tokens, **kwargs)
+        cut = [(i + 1, f"{len(t)} tokens") for i, t in enumerate(tokens) if limit is not None and len(t) > limit]
+        if cut:
+            if warn:
+                action = f"translated its first {limit} tokens" if len(cut) == 1 else                     f"translated the first {limit} tokens of each"
+                self.log.warning(self._cut_message(cut, "line", action))
+            tokens = [t[:limit] for t in tokens]
+        return tokens
+
+    def translate(self, model: nn.Module, lines: list[str], **kwargs):
+        """Raw source sentences → detokenised translations, one per line (see :meth:`translate_ids` for
+        ``kwargs``). A line without tokens (empty or blank) translates to ``""`` without decoding; an
+        over-long line is cut (:meth:`source_tokens`). With ``return_attention`` an empty line's
+        details are ``None``."""
+        tokens = self.source_tokens(lines)
+        todo = [i for i, t in enumerate(tokens) if t]
+        texts: list[str] = [""] * len(lines)
+        details: list = [None] * len(lines)
+        if todo:
+            ids = [self.src_vocab.encode(tokens[i], add_eos=True) for i in todo]
+            result = self.translate_ids(model, ids, src_tokens=[tokens[i] for i in todo], **kwargs)
+            decoded, found = result if kwargs.get("return_attention") else (result, None)
+            for k, i in enumerate(todo):
+                texts[i] = decoded[k]
+                if found is not None:
+                    details[i] = found[k]
+        return (texts, details) if kwargs.get("return_attention") else texts
 
     @torch.no_grad()
     def translate_ids(self, model: nn.Module, src_ids: list[list[int]], beam_size: int | None = None,
@@ -189,10 +241,14 @@ class TranslationTask(Task):
         outputs: list = [None] * len(src_ids)
         attentions: list = [None] * len(src_ids)
         batches = data.batches(te.batch_size, "sentence", bucket=True)
-        if progress:
+        bar = None
+        if progress:  # on stderr, drawn only when it is a terminal (disable=None): redirected logs stay clean
+            import sys
+
             from tqdm import tqdm
 
-            batches = tqdm(batches, unit="batch", desc="decoding", file=__import__("sys").stderr, disable=None)
+            bar = tqdm(total=len(src_ids), unit="sent", desc="decoding", file=sys.stderr, disable=None,
+                       dynamic_ncols=True)
         for batch in batches:
             b = batch.to(device)
             results = decode(model, b["src"], b["src_lengths"], beam_size=beam, beam_alpha=te.beam_alpha,
@@ -207,6 +263,10 @@ class TranslationTask(Task):
                                          dictionary=dictionary)
                 outputs[index] = tokens
                 attentions[index] = hyp.attention
+            if bar is not None:
+                bar.update(len(batch.indices))
+        if bar is not None:
+            bar.close()
         model.train(was_training)
         texts = [self.tgt_tok.detokenize(t) for t in outputs]
         if return_attention:

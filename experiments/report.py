@@ -268,17 +268,21 @@ def plot_sweep(results: dict, key: str, out_png: str | Path) -> Path:
                 xs.append(x)
                 means.append(summary["mean"])
                 stds.append(summary["std"] or 0.0)
-            if diverged:
-                ax.annotate(f"×{diverged}", (x, summary["mean"] if summary["n"] else 0.0), color=f"C{i}",
-                            textcoords="offset points", xytext=(4, 4 + 8 * i), fontsize="small")
+            if diverged:  # along the bottom edge, one band per model, whatever the metric's range
+                ax.annotate(f"×{diverged}", (x, 0.03 + 0.06 * i), xycoords=("data", "axes fraction"), color=f"C{i}",
+                            ha="center", fontsize="small", fontweight="bold")
         label = next(iter(by_value.values()))["label"].rsplit(", ", 1)[0]
         ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=label, color=f"C{i}")
-    if numeric:
+    if numeric:  # every swept value visible, also where all seeds diverged (annotations do not autoscale)
         ax.set_xscale("log")
+        ax.set_xlim(min(values) / 1.5, max(values) * 1.5)
+        ax.set_xticks(values, [f"{v:g}" for v in values])
+        ax.minorticks_off()
     else:
         ax.set_xticks(range(len(values)), [str(v) for v in values])
     ax.set_xlabel(key)
-    ax.set_ylabel(f"{metric} (mean ± std over seeds; ×k = k seeds diverged)")
+    ax.set_ylabel(f"{metric} (mean ± std over finished seeds)")
+    ax.text(1.0, 1.01, "×k: k seeds diverged", transform=ax.transAxes, ha="right", va="bottom", fontsize="small")
     ax.set_title(results["plan"]["title"][:80], fontsize="small")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")

@@ -4,7 +4,8 @@
 Usage (from the repository root)::
 
     PYTHONPATH=src python benchmarks/bench_phm.py --quick                # reduced grid, < 3 min on 2 CPU cores
-    PYTHONPATH=src python benchmarks/bench_phm.py                        # full grid
+    PYTHONPATH=src python benchmarks/bench_phm.py                        # full grid (warm, then cold)
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_phm.py --threads 1 --clock cpu --mode cold
     PYTHONPATH=src python benchmarks/bench_phm.py --sizes 4096 --ns 4 --rows 1 64 --csv phm.csv
 
 For every ``d = k`` in ``--sizes``, ``n`` in ``--ns`` and ``rows`` in ``--rows`` the script times
@@ -61,9 +62,25 @@ allocated minus freed bytes, maximum over the step) — exact for tensors from P
 allocator, blind to scratch buffers that BLAS/oneDNN allocate themselves. The profiled call is the
 training warm-up call, so it costs no extra time.
 
-Caveats. (1) Timings repeat the same layer on the same input, so small weights (``k·d/n`` numbers
-for PHM) stay in the CPU cache between calls while a large dense weight does not. That is the
-regime of one layer called in a loop; inside a deep model the caches are shared between layers.
+Warm and cold. The first table (``--mode warm``) repeats the same layer on the same input, so
+small weights (``k·d/n`` numbers for PHM: 16 MiB at ``d = k = 4096``, ``n = 2``) stay in the CPU's
+last-level cache between calls while a large dense weight (64 MiB) streams from memory: the regime
+of one layer called in a loop, and it flatters PHM. A model's decoder cycles through many layers
+and gets no such help, so the second table (``--mode cold``) times a *stack* of ``L`` distinct
+layers per variant, called one after the other on the same ``x`` (as a batch-1 decoder step does),
+and reports the time per layer (pass time / ``L``). ``L`` is the smallest depth at which the PHM
+weights of the stack at the largest ``n`` are ``--cold-factor`` (2) times the last-level cache
+(read from ``/sys/devices/system/cpu/cpu0/cache``, else ``lscpu``, else a 32 MiB guess;
+``--llc-mib`` sets it, ``--stack-layers`` sets ``L``), so every variant's weights come from memory
+on every pass; the three ``PHMLinear`` modes of a layer share its parameters. The cold table has
+no memory columns and no ``kron`` column unless ``--cold-kron`` (kron writes an ``n·k·d``
+intermediate per call, cold or warm, and would take minutes). Its rows default to few (1, 8, 64):
+many rows are compute-bound and gain nothing from a cache. The header gives ``L`` and the stack
+sizes; the cold targets section checks ``auto`` against the faster path.
+
+Caveats. (1) Cold is the model-like figure only for models whose weights overflow the cache; a
+small model whose PHM weights fit in cache while the dense ones do not gets something between the
+two tables. On a machine shared with other processes use ``--threads 1 --clock cpu``.
 (2) PyTorch's CPU allocator calls ``malloc``, and glibc serves blocks above its mmap threshold
 (at most 32 MiB on 64-bit Linux) with ``mmap`` and unmaps them on free, so such a tensor (the
 dense ``grad_W`` at ``d = k = 4096``, the ``n·k·d`` product of ``kron``) is page-faulted afresh
@@ -117,12 +134,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 MiB = 2**20
 
 FULL = {"sizes": [512, 1024, 4096], "ns": [2, 4, 8, 16], "rows": [1, 8, 64, 4096],
-        "repeats": 5, "min_repeats": 3, "block_ms": 50.0, "budget_s": 20.0}
+        "repeats": 5, "min_repeats": 3, "block_ms": 50.0, "budget_s": 20.0,
+        "cold_sizes": [1024, 4096], "cold_rows": [1, 8, 64], "cold_phases": ["infer", "train"]}
 # d=k=4096 with 4096 rows costs ~1.5 s per dense forward and ~4.5 s per training step on 2 cores,
 # too slow for a 3-minute run; 1024 rows is already compute-bound (the 4096-row training target is then
 # checked at 1024 rows, which is stricter: forming H costs the same while the matmuls shrink 4x).
 QUICK = {"sizes": [1024, 4096], "ns": [2, 4, 8, 16], "rows": [1, 1024],
-         "repeats": 3, "min_repeats": 2, "block_ms": 20.0, "budget_s": 4.0}
+         "repeats": 3, "min_repeats": 2, "block_ms": 20.0, "budget_s": 4.0,
+         "cold_sizes": [4096], "cold_rows": [1, 8], "cold_phases": ["infer"]}
 
 
 # ----------------------------------------------------------------------------- the public approach
@@ -305,11 +324,19 @@ class Measurement:
     calls_per_block: int = 0
     peak_mib: float = math.nan
     skipped: str = ""
+    mode: str = "warm"  # "warm": one layer called again and again; "cold": a stack of `layers` layers
+    layers: int = 1  # layers per timed call; `ms` and `samples_ms` are per layer
 
 
-def measure_config(layers: dict[str, nn.Module], d: int, k: int, n: int, rows: int, phase: str,
+def measure_config(layers: dict[str, nn.Module | list[nn.Module]], d: int, k: int, n: int, rows: int, phase: str,
                    args, device: torch.device, dtype: torch.dtype) -> dict[str, Measurement]:
-    """Time (and for training, profile memory of) every variant on one shape, interleaved."""
+    """Time (and for training, profile memory of) every variant on one shape, interleaved.
+
+    A variant given as a list of ``L`` layers (the cold-cache stack) is timed as one pass through
+    all of them on the same ``x``; its times are reported per layer (pass time / ``L``) and its
+    memory is not profiled (it is that of one layer, measured in the warm table).
+    """
+    stacks = {name: layer if isinstance(layer, list) else [layer] for name, layer in layers.items()}
     gen = torch.Generator(device=device).manual_seed(1000 * rows + n)
     x = torch.randn(rows, d, device=device, dtype=dtype, generator=gen)
     g = torch.randn(rows, k, device=device, dtype=dtype, generator=gen)
@@ -320,9 +347,12 @@ def measure_config(layers: dict[str, nn.Module], d: int, k: int, n: int, rows: i
     out: dict[str, Measurement] = {}
     calls, clears = {}, {}
     itemsize = torch.empty((), dtype=dtype).element_size()
-    for name, layer in layers.items():
-        layer.train(train)
-        m = out[name] = Measurement(d, k, n, rows, phase, name)
+    for name, stack in stacks.items():
+        layer = stack[0]
+        for each in stack:
+            each.train(train)
+        m = out[name] = Measurement(d, k, n, rows, phase, name, layers=len(stack),
+                                    mode="warm" if len(stack) == 1 else "cold")
         if isinstance(layer, PHMLinear):
             with ctx():
                 m.path = layer.choose_mode(rows)
@@ -333,16 +363,21 @@ def measure_config(layers: dict[str, nn.Module], d: int, k: int, n: int, rows: i
             m.skipped = f"estimated {est / 2**30:.1f} GiB > --mem-limit-gib {args.mem_limit_gib:g}"
             continue
 
-        def clear(tensors=(x, *layer.parameters())):
+        def clear(tensors=(x, *(p for each in stack for p in each.parameters()))):
             for t in tensors:
                 t.grad = None
 
-        def train_step(layer=layer, clear=clear):
+        def train_step(stack=stack, clear=clear):
             clear()
-            layer(x).backward(g)
+            for each in stack:
+                each(x).backward(g)
+                if len(stack) > 1:  # free this layer's gradients now: one layer's worth alive, as in warm
+                    each.zero_grad(set_to_none=True)
+                    x.grad = None
 
-        def infer(layer=layer):
-            layer(x)
+        def infer(stack=stack):
+            for each in stack:
+                each(x)
 
         calls[name], clears[name] = (train_step if train else infer), clear
 
@@ -357,7 +392,7 @@ def measure_config(layers: dict[str, nn.Module], d: int, k: int, n: int, rows: i
     for name, call in calls.items():  # warm-up (profiled for memory when training), then calibration
         with ctx():
             t0 = clock()
-            if train:
+            if train and len(stacks[name]) == 1:
                 clears[name]()  # gradients freed before the profiler starts, so the peak starts from 0
                 out[name].peak_mib = peak_step_bytes(call, device) / MiB
             else:
@@ -375,10 +410,12 @@ def measure_config(layers: dict[str, nn.Module], d: int, k: int, n: int, rows: i
         for name in names[r % len(names):] + names[:r % len(names)]:
             with ctx():
                 out[name].samples_ms.append(1e3 * _block_time(calls[name], out[name].calls_per_block, device, clock))
-    for layer in layers.values():  # free gradients before the next shape
-        for p in layer.parameters():
-            p.grad = None
+    for stack in stacks.values():  # free gradients before the next shape
+        for each in stack:
+            each.zero_grad(set_to_none=True)
 
+    for m in out.values():  # per layer
+        m.samples_ms = [t / m.layers for t in m.samples_ms]
     dense = out["dense"].samples_ms
     for m in out.values():
         m.dense_ms = min(dense) if args.stat == "min" else statistics.median(dense)
@@ -402,6 +439,85 @@ def build_layers(d: int, k: int, n: int, device: torch.device, dtype: torch.dtyp
     layers["auto"] = auto
     layers["kron"] = BroadcastKronPHM(auto)
     return {name: layers[name] for name in VARIANTS}
+
+
+# ----------------------------------------------------------------------------- the cold-cache stack
+FALLBACK_LLC_MIB = 32  # when neither sysfs nor lscpu says (a common server L3 per CCX/socket)
+
+
+def _parse_size(text: str) -> int:
+    """``"32768K"`` / ``"32 MiB"`` / ``"33554432"`` → bytes."""
+    text = text.strip().replace("iB", "").replace("B", "").replace(" ", "")
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def last_level_cache() -> tuple[int, str]:
+    """Bytes of the largest data/unified CPU cache, and where that number came from."""
+    sizes = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (index / "type").read_text().strip() != "Instruction":
+                sizes.append(_parse_size((index / "size").read_text()))
+        except (OSError, ValueError):
+            continue
+    if sizes:
+        return max(sizes), "sysfs"
+    try:
+        import subprocess
+
+        text = subprocess.run(["lscpu", "-B", "-C=NAME,ONE-SIZE,TYPE"], capture_output=True, text=True,
+                              timeout=10).stdout
+        sizes = [int(f[1]) for f in (ln.split() for ln in text.splitlines()[1:])
+                 if len(f) >= 3 and f[1].isdigit() and f[2] != "Instruction"]
+        if sizes:
+            return max(sizes), "lscpu"
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
+    return FALLBACK_LLC_MIB * MiB, f"fallback guess, {FALLBACK_LLC_MIB} MiB (set --llc-mib)"
+
+
+def stack_depth(d: int, k: int, ns: list[int], itemsize: int, llc_bytes: int, args) -> tuple[int, str]:
+    """Layers ``L`` in the cold stack of size ``d = k``, and a note when it had to be capped.
+
+    ``L`` is the smallest depth at which the PHM weights of the stack at the largest ``n`` (``L·k·d/n``
+    numbers) are ``--cold-factor`` times the last-level cache, so that every variant's weights (dense
+    ones ``n`` times larger) overflow it and each layer's weights come from memory, as in a model
+    whose weights do not fit in cache. Capped so that the dense stack plus two cached ``H`` per layer
+    (the ``materialized`` and ``auto`` layers each keep one in inference) stay within ``--mem-limit-gib``.
+    (At ``d = 512`` this means ~1,000 layers: slow to build on a small machine, hence not in the default grid.)
+    """
+    if args.stack_layers:
+        phm = args.stack_layers * k * d // max(ns) * itemsize
+        return args.stack_layers, ("" if phm > llc_bytes else
+                                   f"the PHM weights at n={max(ns)} ({phm / MiB:g} MiB) fit in the last-level "
+                                   "cache: not a cold measurement for them")
+    want = math.ceil(args.cold_factor * llc_bytes * max(ns) / (k * d * itemsize))
+    cap = max(1, int(args.mem_limit_gib * 2**30 // (3 * k * d * itemsize)))
+    depth = max(2, min(want, cap))
+    note = "" if want <= cap else (f"d=k={d}: stack capped at {cap} layers by --mem-limit-gib (wanted {want}); "
+                                   "the PHM weights of large n may partly stay in cache")
+    return depth, note
+
+
+def build_stack(d: int, k: int, n: int, depth: int, device: torch.device, dtype: torch.dtype,
+                kron: bool, dense: list[nn.Module] | None = None) -> dict[str, list[nn.Module]]:
+    """``depth`` distinct layers per variant. The three ``PHMLinear`` modes of one layer share its
+    parameters (no copies: the stack's memory is one dense stack plus one PHM stack). ``dense``:
+    a dense stack to reuse (it does not depend on ``n``; building 1 GiB of layers takes seconds)."""
+    dense = dense or [nn.Linear(d, k, device=device, dtype=dtype) for _ in range(depth)]
+    autos = [PHMLinear(d, k, n, device=device, dtype=dtype) for _ in range(depth)]
+    stacks: dict[str, list[nn.Module]] = {"dense": dense}
+    for mode in ("structured", "materialized"):
+        stacks[mode] = []
+        for src in autos:
+            view = PHMLinear(d, k, n, bias=src.bias is not None, device="meta", forward_mode=mode)
+            view.phm_rule, view.phm_weight, view.bias = src.phm_rule, src.phm_weight, src.bias
+            stacks[mode].append(view)
+    stacks["auto"] = autos
+    if kron:
+        stacks["kron"] = [BroadcastKronPHM(src) for src in autos]
+    return stacks
 
 
 # ----------------------------------------------------------------------------- reporting
@@ -438,21 +554,30 @@ def _fmt_mib(m: Measurement | None) -> str:
     return f"{m.peak_mib:.1f}"
 
 
-def print_table(results: dict) -> None:
-    head = ["d=k", "n", "rows", "dense fwd ms", "str fwd", "cached fwd", "auto fwd", "kron fwd",
-            "dense f+b ms", "str f+b", "mat f+b", "auto f+b", "kron f+b", "auto path (inf / train)",
-            "MiB dense", "MiB auto", "MiB kron"]
+def print_table(results: dict, cold: bool = False) -> None:
+    """Markdown table of ``results[(d, n, rows)][phase][variant]``; the cold table has a ``layers``
+    column and no memory columns (a stack's memory per layer is the warm one)."""
+    head = ["d=k", "n", "rows"] + (["layers"] if cold else []) + [
+        "dense fwd ms", "str fwd", "cached fwd", "auto fwd", "kron fwd",
+        "dense f+b ms", "str f+b", "mat f+b", "auto f+b", "kron f+b", "auto path (inf / train)"]
+    head += [] if cold else ["MiB dense", "MiB auto", "MiB kron"]
+    path_col = head.index("auto path (inf / train)")
     print("| " + " | ".join(head) + " |")
-    print("|" + "|".join("---:" if i not in (13,) else ":---" for i in range(len(head))) + "|")
+    print("|" + "|".join("---:" if i != path_col else ":---" for i in range(len(head))) + "|")
     for (d, n, rows), phases in results.items():
         inf, trn = phases.get("infer", {}), phases.get("train", {})
-        cells = [str(d), str(n), str(rows), _fmt_ms(inf.get("dense"))]
+        cells = [str(d), str(n), str(rows)]
+        if cold:
+            cells += [str(next(iter((inf or trn).values())).layers)]
+        cells += [_fmt_ms(inf.get("dense")) if inf else "-"]
         cells += [_fmt_ratio(inf.get(v)) for v in ("structured", "materialized", "auto", "kron")]
-        cells += [_fmt_ms(trn.get("dense"))]
+        cells += [_fmt_ms(trn.get("dense")) if trn else "-"]
         cells += [_fmt_ratio(trn.get(v)) for v in ("structured", "materialized", "auto", "kron")]
-        paths = [phases[p]["auto"].path if p in phases and not phases[p]["auto"].skipped else "skip" for p in PHASES]
+        paths = [("-" if p not in phases else "skip" if phases[p]["auto"].skipped else phases[p]["auto"].path)
+                 for p in PHASES]
         cells += [" / ".join(paths)]
-        cells += [_fmt_mib(trn.get(v)) for v in ("dense", "auto", "kron")]
+        if not cold:
+            cells += [_fmt_mib(trn.get(v)) if trn else "-" for v in ("dense", "auto", "kron")]
         print("| " + " | ".join(cells) + " |")
 
 
@@ -495,6 +620,18 @@ def print_targets(results: dict, sizes: list[int], ns: list[int], rows_grid: lis
                 print(f"  d=k={big}, {rows} rows, training fwd+bwd, auto <= 1.08x dense, n={n}: {text}{note}")
         else:
             print("  (no rows >= 1024 in the grid: the 4096-row training target is not evaluated)")
+    print_auto_check(results)
+
+
+def print_auto_check(results: dict, where: str = "every grid point") -> None:
+    """PASS/MISS of ``auto <= 1.10 x min(str, mat)`` at every point of ``results``, per phase; then
+    whether auto's *choice* is right: the time of the path it takes (the ``str`` or ``mat`` column)
+    within 1.10x of the faster one. The second check is immune to the noise between two timings of
+    the same path (auto and the column of its path run the same code)."""
+
+    def ratio(d, n, rows, phase, variant):
+        m = results.get((d, n, rows), {}).get(phase, {}).get(variant)
+        return None if m is None or m.skipped or math.isnan(m.ratio) else m.ratio
 
     for phase, label in (("infer", "inference fwd"), ("train", "training fwd+bwd")):
         worst, checked, misses = None, 0, []
@@ -511,19 +648,32 @@ def print_targets(results: dict, sizes: list[int], ns: list[int], rows_grid: lis
             if q > 1.10:
                 misses.append(f"    MISS  d=k={d}, n={n}, rows={rows}: auto = {q:.3f}x min(str, mat)")
         if worst is None:
-            print(f"  every grid point, {label}, auto <= 1.10x min(str, mat): n/a")
+            print(f"  {where}, {label}, auto <= 1.10x min(str, mat): n/a")
             continue
         q, d, n, rows = worst
-        print(f"  every grid point, {label}, auto <= 1.10x min(str, mat): {_verdict(not misses)}  "
+        print(f"  {where}, {label}, auto <= 1.10x min(str, mat): {_verdict(not misses)}  "
               f"{checked - len(misses)}/{checked} within; worst {q:.3f}x at d=k={d}, n={n}, rows={rows}")
         for line in misses:
+            print(line)
+        wrong = []
+        for (d, n, rows), phases in results.items():
+            m = phases.get(phase, {}).get("auto")
+            if m is None or m.skipped or m.path not in ("structured", "materialized", "cached"):
+                continue
+            took = ratio(d, n, rows, phase, "structured" if m.path == "structured" else "materialized")
+            other = ratio(d, n, rows, phase, "materialized" if m.path == "structured" else "structured")
+            if took is not None and other is not None and took > 1.10 * other:
+                wrong.append(f"    MISS  d=k={d}, n={n}, rows={rows}: auto took {m.path}, {took / other:.3f}x the other path")
+        print(f"  {where}, {label}, auto's path within 1.10x of the faster path: {_verdict(not wrong)}  "
+              f"{checked - len(wrong)}/{checked} right")
+        for line in wrong:
             print(line)
 
 
 def write_csv(path: str, records: list[Measurement]) -> None:
     """One row per (shape, phase, variant); times in ms (``ms`` is the chosen statistic), NaN as empty."""
-    cols = ["d", "k", "n", "rows", "phase", "variant", "path", "ms", "ratio", "dense_ms", "calls_per_block",
-            "n_samples", "peak_mib", "skipped"]
+    cols = ["mode", "layers", "d", "k", "n", "rows", "phase", "variant", "path", "ms", "ratio", "dense_ms",
+            "calls_per_block", "n_samples", "peak_mib", "skipped"]
 
     def num(v: float) -> str:
         return "" if math.isnan(v) else f"{v:.6g}"
@@ -532,7 +682,7 @@ def write_csv(path: str, records: list[Measurement]) -> None:
         w = csv.writer(fh)
         w.writerow(cols)
         for m in records:
-            w.writerow([m.d, m.k, m.n, m.rows, m.phase, m.variant, m.path, num(m.ms), num(m.ratio), num(m.dense_ms),
+            w.writerow([m.mode, m.layers, m.d, m.k, m.n, m.rows, m.phase, m.variant, m.path, num(m.ms), num(m.ratio), num(m.dense_ms),
                         m.calls_per_block, len(m.samples_ms), num(m.peak_mib), m.skipped])
 
 
@@ -574,6 +724,30 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="default cuda if available, else cpu")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="default float32")
     p.add_argument("--threads", type=int, metavar="N", help="torch.set_num_threads(N) (default: torch's choice)")
+    p.add_argument("--mode", choices=["both", "warm", "cold"], default="both",
+                   help="warm: one layer called again and again (its weights may stay in cache); cold: a stack of "
+                        "distinct layers called in sequence, whose weights overflow the last-level cache as a "
+                        "model's do; both: warm table then cold table (default both)")
+    p.add_argument("--phases", nargs="+", choices=list(PHASES), default=list(PHASES),
+                   help="phases of the warm table (default infer train)")
+    p.add_argument("--cold-sizes", type=int, nargs="+", metavar="D",
+                   help=f"layer sizes of the cold table (default {FULL['cold_sizes']}; --quick {QUICK['cold_sizes']})")
+    p.add_argument("--cold-rows", type=int, nargs="+", metavar="R",
+                   help=f"rows of the cold table (default {FULL['cold_rows']}; --quick {QUICK['cold_rows']}); "
+                        "many rows are compute-bound and gain nothing from a cache")
+    p.add_argument("--cold-phases", nargs="+", choices=list(PHASES),
+                   help=f"phases of the cold table (default {FULL['cold_phases']}; --quick {QUICK['cold_phases']})")
+    p.add_argument("--cold-kron", action="store_true",
+                   help="also time the kron layer in the cold stack (off by default: it forms an n*k*d "
+                        "intermediate on every call, far beyond any cache either way, and costs minutes)")
+    p.add_argument("--stack-layers", type=int, metavar="L",
+                   help="layers in the cold stack (default: the smallest L whose PHM weights at the largest n "
+                        "are --cold-factor times the last-level cache, capped by --mem-limit-gib)")
+    p.add_argument("--cold-factor", type=float, default=2.0,
+                   help="cold stack: PHM weights at the largest n / last-level cache (default 2)")
+    p.add_argument("--llc-mib", type=float, metavar="MIB",
+                   help="last-level cache size in MiB (default: read from /sys/devices/system/cpu/cpu0/cache, "
+                        f"else lscpu, else {FALLBACK_LLC_MIB})")
     p.add_argument("--seed", type=int, default=0, help="seed for the layer parameters (default 0)")
     p.add_argument("--csv", metavar="PATH", help="also write every measurement (absolute ms included) as CSV")
     p.add_argument("--json", metavar="PATH", help="also write metadata and every measurement (with all samples) "
@@ -585,8 +759,11 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.min_repeats > args.repeats:
         args.min_repeats = args.repeats
-    if min(args.sizes + args.ns + args.rows) < 1 or args.repeats < 1:
-        p.error("--sizes, --ns, --rows and --repeats must be positive")
+    if min(args.sizes + args.ns + args.rows + args.cold_sizes + args.cold_rows) < 1 or args.repeats < 1:
+        p.error("--sizes, --cold-sizes, --ns, --rows, --cold-rows and --repeats must be positive")
+    if (args.stack_layers is not None and args.stack_layers < 1) or args.cold_factor <= 0 \
+            or (args.llc_mib is not None and args.llc_mib <= 0):
+        p.error("--stack-layers, --cold-factor and --llc-mib must be positive")
     return args
 
 
@@ -608,27 +785,50 @@ def main(argv=None) -> int:
     verify_kron(sorted(set(args.ns)))
     print("kron re-implementation matches PHMLinear (outputs and gradients, float64): ok", file=sys.stderr)
 
-    results: dict[tuple[int, int, int], dict[str, dict[str, Measurement]]] = {}
     records: list[Measurement] = []
-    skipped_shapes = []
-    configs = [(d, n) for d in args.sizes for n in args.ns]
-    for i, (d, n) in enumerate(configs, 1):
-        k = d
+    skipped_shapes: list[str] = []
+
+    def divides(d: int, n: int) -> bool:
         if d % n:
             skipped_shapes.append(f"d=k={d}, n={n}: n does not divide d")
             print(f"skip d=k={d} n={n}: n does not divide d", file=sys.stderr)
-            continue
-        torch.manual_seed(args.seed)
-        layers = build_layers(d, k, n, device, dtype)
-        for rows in args.rows:
-            t0 = time.perf_counter()
-            entry = results.setdefault((d, n, rows), {})
-            for phase in PHASES:
-                entry[phase] = measure_config(layers, d, k, n, rows, phase, args, device, dtype)
-                records += entry[phase].values()
-            print(f"[{i}/{len(configs)}] d=k={d} n={n} rows={rows}: {time.perf_counter() - t0:.1f} s "
-                  f"(total {time.perf_counter() - started:.0f} s)", file=sys.stderr)
-        del layers
+        return d % n == 0
+
+    def run_grid(build, sizes, rows_grid, phases, label):
+        """``results[(d, n, rows)][phase][variant]`` for layers from ``build(d, n)``."""
+        results: dict[tuple[int, int, int], dict[str, dict[str, Measurement]]] = {}
+        configs = [(d, n) for d in sizes for n in args.ns if divides(d, n)]
+        for i, (d, n) in enumerate(configs, 1):
+            torch.manual_seed(args.seed)
+            layers = build(d, n)
+            for rows in rows_grid:
+                t0 = time.perf_counter()
+                entry = results.setdefault((d, n, rows), {})
+                for phase in phases:
+                    entry[phase] = measure_config(layers, d, d, n, rows, phase, args, device, dtype)
+                    records.extend(entry[phase].values())
+                print(f"{label} [{i}/{len(configs)}] d=k={d} n={n} rows={rows}: {time.perf_counter() - t0:.1f} s "
+                      f"(total {time.perf_counter() - started:.0f} s)", file=sys.stderr)
+            del layers
+        return results
+
+    warm = cold = None
+    if args.mode in ("both", "warm"):
+        warm = run_grid(lambda d, n: build_layers(d, d, n, device, dtype), args.sizes, args.rows, args.phases, "warm")
+    llc, llc_source = (int(args.llc_mib * MiB), "--llc-mib") if args.llc_mib else last_level_cache()
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    depths = {d: stack_depth(d, d, args.ns, itemsize, llc, args) for d in args.cold_sizes}
+    if args.mode in ("both", "cold"):
+        dense_stacks: dict[int, list[nn.Module]] = {}  # per d, shared by every n
+
+        def cold_stack(d: int, n: int) -> dict[str, list[nn.Module]]:
+            if d not in dense_stacks:  # a new size: drop the previous one's dense stack first
+                dense_stacks.clear()
+            stacks = build_stack(d, d, n, depths[d][0], device, dtype, args.cold_kron, dense_stacks.get(d))
+            dense_stacks[d] = stacks["dense"]
+            return stacks
+
+        cold = run_grid(cold_stack, args.cold_sizes, args.cold_rows, args.cold_phases, "cold")
 
     print(f"# PHMLinear benchmark — {stamp}")
     print(machine_line(device, args.dtype) + f"; clock {args.clock}, statistic {args.stat}"
@@ -640,18 +840,37 @@ def main(argv=None) -> int:
                                else ""))
     print(f"command: {command}")
     print("ratios are time / nn.Linear time on the same input (below 1 = faster); fwd = inference forward, "
-          "f+b = training forward+backward; MiB = peak extra memory of one training step\n")
-    print_table(results)
-    skips = [f"{m.variant} {m.phase} d=k={m.d} n={m.n} rows={m.rows}: {m.skipped}" for m in records if m.skipped]
-    for line in skipped_shapes + skips:
+          "f+b = training forward+backward; ms are per layer; MiB = peak extra memory of one training step")
+    for line in skipped_shapes:
         print(f"skip: {line}")
-    print_targets(results, args.sizes, args.ns, args.rows)
+    if warm is not None:
+        print("\n## warm: one layer called again and again (weights that fit stay in cache between calls)\n")
+        print_table(warm)
+        for m in records:
+            if m.skipped and m.mode == "warm":
+                print(f"skip: {m.variant} {m.phase} d=k={m.d} n={m.n} rows={m.rows}: {m.skipped}")
+        print_targets(warm, args.sizes, args.ns, args.rows)
+    if cold is not None:
+        print(f"\n## cold: a stack of distinct layers called in sequence (last-level cache {llc / MiB:g} MiB, "
+              f"{llc_source})\n")
+        for d, (depth, note) in depths.items():
+            print(f"d=k={d}: {depth} layers = {depth * d * d * itemsize / MiB:g} MiB of dense weights, "
+                  + ", ".join(f"{depth * d * d // n * itemsize / MiB:g}" for n in args.ns)
+                  + f" MiB of PHM weights for n = {', '.join(map(str, args.ns))}" + (f"; {note}" if note else ""))
+        print()
+        print_table(cold, cold=True)
+        for m in records:
+            if m.skipped and m.mode == "cold":
+                print(f"skip: {m.variant} {m.phase} d=k={m.d} n={m.n} rows={m.rows}: {m.skipped}")
+        print("\ntargets (cold)")
+        print_auto_check(cold, "every cold point")
     print(f"\nwall time {time.perf_counter() - started:.0f} s")
 
     if args.csv:
         write_csv(args.csv, records)
     if args.json:
         meta = {"date": stamp, "command": command, "machine": machine_line(device, args.dtype), "args": vars(args),
+                "llc_bytes": llc, "llc_source": llc_source, "stack_layers": {d: v[0] for d, v in depths.items()},
                 "busy_cores_elsewhere": [load_before, load_after],
                 "malloc": malloc, "wall_s": time.perf_counter() - started}
         with open(args.json, "w") as fh:

@@ -220,16 +220,26 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"hyperplex {args.command}: interrupted", file=sys.stderr)
         return 130
-    except Exception as err:  # noqa: BLE001 - the CLI's contract: one line, no traceback
-        if debug:
-            raise
-        message = str(err) or type(err).__name__
-        if isinstance(err, FileNotFoundError) and err.filename and str(err.filename) not in message:
-            message = f"{message}: {err.filename}"
-        known = isinstance(err, (ValueError, OSError, RuntimeError))
-        suffix = "" if known else f" ({type(err).__name__}; run with --debug for the traceback)"
-        print(f"hyperplex {args.command}: error: {message.splitlines()[0] if message else ''}{suffix}", file=sys.stderr)
-        return 1
+    except Exception as err:  # noqa: BLE001
+        from hyperplex.train.trainer import TrainingInterrupted
+
+        if not isinstance(err, TrainingInterrupted):
+            return _report_error(args, err, debug)
+        print(f"hyperplex {args.command}: {err}", file=sys.stderr)
+        return 128 + err.signal_number  # the shell convention: 130 for SIGINT, 143 for SIGTERM
+
+
+def _report_error(args: argparse.Namespace, err: Exception, debug: bool) -> int:
+    """The CLI's contract for errors: one line on stderr (the traceback only with --debug), exit 1."""
+    if debug:
+        raise err
+    message = str(err) or type(err).__name__
+    if isinstance(err, FileNotFoundError) and err.filename and str(err.filename) not in message:
+        message = f"{message}: {err.filename}"
+    known = isinstance(err, (ValueError, OSError, RuntimeError))
+    suffix = "" if known else f" ({type(err).__name__}; run with --debug for the traceback)"
+    print(f"hyperplex {args.command}: error: {message.splitlines()[0] if message else ''}{suffix}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

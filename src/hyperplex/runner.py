@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 from hyperplex.config import ConfigError, load_yaml
-from hyperplex.experiment import ExperimentConfig, build_experiment, default_data_root, load_experiment
+from hyperplex.experiment import (
+    ExperimentConfig, build_experiment, default_data_root, load_experiment, resume_experiment,
+)
 
 CHECKPOINT_NAMES = {"best": "best.safetensors", "last": "last.safetensors"}
 
@@ -22,13 +24,13 @@ def train(config: str, overrides: list[str] | None = None, model_dir: str | None
     from hyperplex.train.trainer import Trainer
 
     cfg = load_experiment(config, overrides, model_dir)
-    if resume:  # the saved config is authoritative; overrides on resume would silently fork the run
-        saved = Path(cfg.model_dir) / "config.yaml"
-        if saved.is_file():
-            cfg = _load_model_config(Path(cfg.model_dir))
+    changes: list[str] = []
+    if resume and (Path(cfg.model_dir) / "config.yaml").is_file():
+        # The saved config is the run's; only budget keys may change (anything else is refused, by name).
+        cfg, changes = resume_experiment(cfg.model_dir, config, overrides)
     try:
         trainer = Trainer(cfg, task_class(cfg.data.task), cfg.model_dir, data_root or default_data_root(),
-                          resume=resume)
+                          resume=resume, resume_changes=changes)
         return trainer.train()
     finally:  # later calls in this process (evaluate, another train) must not log into this model's train.log
         log = logging.getLogger("hyperplex")
@@ -65,7 +67,7 @@ def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str |
     import torch
 
     from hyperplex.tasks import build_task
-    from hyperplex.train.checkpoint import load_model_weights
+    from hyperplex.train.checkpoint import load_into, load_model_weights
 
     model_dir = Path(model_dir)
     cfg = _load_model_config(model_dir)
@@ -77,11 +79,7 @@ def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str |
         task.load_vocabularies()
     model = task.build_model()
     path = checkpoint_path(model_dir, checkpoint)
-    state = load_model_weights(path)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{path} does not fit the model in {model_dir / 'config.yaml'}: missing keys {missing[:5]}, "
-                         f"unexpected keys {unexpected[:5]}")
+    load_into(model, load_model_weights(path), path, expected_from=str(model_dir / "config.yaml"))
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.training.device != "cpu" else "cpu")
     model.to(device).eval()
     return cfg, task, model
@@ -220,19 +218,24 @@ def params(config: str, overrides: list[str] | None = None, vocab_size: int | No
     from hyperplex.models.params import format_breakdown, parameter_breakdown
     from hyperplex.models.registry import get_architecture
 
+    for flag, value in (("--vocab-size", vocab_size), ("--tgt-vocab-size", tgt_vocab_size),
+                        ("--num-classes", num_classes)):
+        if value is not None and value < (2 if flag == "--num-classes" else 1):
+            raise ValueError(f"{flag} must be ≥ {2 if flag == '--num-classes' else 1}, got {value}")
     cfg = load_experiment(config, overrides, model_dir="(params)")
     arch = get_architecture(cfg.model["architecture"], cfg.data.task)
     _, model_class = arch.load()
-    v = vocab_size or cfg.data.vocab_size
+    v = cfg.data.vocab_size if vocab_size is None else vocab_size
     if arch.family == "seq2seq":
-        model = model_class(cfg.model_config, v, tgt_vocab_size or v)
+        model = model_class(cfg.model_config, v, v if tgt_vocab_size is None else tgt_vocab_size)
     elif arch.family == "classifier":
-        model = model_class(cfg.model_config, v, num_classes or max(2, len(cfg.data.labels)))
+        model = model_class(cfg.model_config, v, num_classes if num_classes is not None else max(2, len(cfg.data.labels)))
     else:
-        outputs = 1 if cfg.data.task == "ranking" else (num_classes or max(2, len(cfg.data.labels)))
+        outputs = 1 if cfg.data.task == "ranking" else (num_classes if num_classes is not None else max(2, len(cfg.data.labels)))
         model = model_class(v, outputs, config=cfg.model_config)
     header = f"{cfg.name}: {cfg.model['architecture']} (vocabulary {v}"
-    header += f", target vocabulary {tgt_vocab_size or v})" if arch.family == "seq2seq" else ")"
+    header += f", target vocabulary {v if tgt_vocab_size is None else tgt_vocab_size})" \
+        if arch.family == "seq2seq" else ")"
     return header + "\n" + format_breakdown(parameter_breakdown(model))
 
 

@@ -198,7 +198,8 @@ class TranslationTask(Task):
         cut = [(i + 1, f"{len(t)} tokens") for i, t in enumerate(tokens) if limit is not None and len(t) > limit]
         if cut:
             if warn:
-                action = f"translated its first {limit} tokens" if len(cut) == 1 else                     f"translated the first {limit} tokens of each"
+                action = f"translated its first {limit} tokens" if len(cut) == 1 else \
+                    f"translated the first {limit} tokens of each"
                 self.log.warning(self._cut_message(cut, "line", action))
             tokens = [t[:limit] for t in tokens]
         return tokens

@@ -90,29 +90,26 @@ def refine(layer: nn.Module, weight: Tensor, factor: Tensor, steps: int = 200, l
     flags = [p.requires_grad for p in params]
     for p in params:
         p.requires_grad_(True)
-    # Adam written out: a few tensors per factor, and no torch.optim first-step import cost (seconds).
-    rates = [lr * float(p.detach().square().mean().sqrt().clamp_min(1e-8)) for p in params]
-    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
-    beta1, beta2, eps = 0.9, 0.999, 1e-12
+    # Per-factor step sizes: the factors of one layer differ in scale by orders of magnitude.
+    groups = [{"params": [p], "lr": lr * float(p.detach().square().mean().sqrt().clamp_min(1e-8))} for p in params]
+    optimizer = torch.optim.Adam(groups, betas=(0.9, 0.999), eps=1e-12)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / steps)))
     best = [p.detach().clone() for p in params]
     with torch.no_grad():
         best_loss = float((target - layer.dense_weight() @ F).square().sum() / scale)
     before = math.sqrt(best_loss)
-    for step in range(steps):
-        decay = 0.5 * (1 + math.cos(math.pi * step / steps))  # cosine schedule
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
         with torch.enable_grad():
             loss = (target - layer.dense_weight() @ F).square().sum() / scale
-            grads = torch.autograd.grad(loss, params)
+            loss.backward()
         value = float(loss.detach())
         if value < best_loss:
             best_loss, best = value, [p.detach().clone() for p in params]
-        with torch.no_grad():
-            for p, g, (m, v), rate in zip(params, grads, moments, rates):
-                m.mul_(beta1).add_(g, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                m_hat = m / (1 - beta1 ** (step + 1))
-                v_hat = v / (1 - beta2 ** (step + 1))
-                p.sub_(rate * decay * m_hat / (v_hat.sqrt() + eps))
+        optimizer.step()
+        schedule.step()
+    for p in params:
+        p.grad = None
     with torch.no_grad():
         final = float((target - layer.dense_weight() @ F).square().sum() / scale)
         if final > best_loss:

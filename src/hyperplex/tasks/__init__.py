@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hyperplex.tasks.base import Task, metric_mode
+from hyperplex.train.task import Task, metric_mode
 
 
 def task_class(task: str) -> type[Task]:

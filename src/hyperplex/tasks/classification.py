@@ -12,7 +12,7 @@ from hyperplex.data.phrases import sentence_carve
 from hyperplex.data.readers import DataError, DropReport, check_labels, read_agreement, read_jsonl, read_tsv
 from hyperplex.data.vocab import PAD_INDEX
 from hyperplex.models.registry import get_architecture
-from hyperplex.tasks.base import Task
+from hyperplex.train.task import Task
 from hyperplex.tasks.common import carve_seed, data_file, lowercase_if, split_off, subset, tokenizer_and_vocab
 from hyperplex.train.metrics import accuracy, ranking_metrics
 

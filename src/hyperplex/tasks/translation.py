@@ -20,7 +20,7 @@ from hyperplex.data.mlu import FILE_SUFFIXES as MLU_SUFFIXES, generate_mlu
 from hyperplex.data.readers import DataError, DropReport, read_parallel
 from hyperplex.data.vocab import BOS_INDEX, EOS, EOS_INDEX, PAD_INDEX, UNK, UNK_INDEX
 from hyperplex.models.registry import get_architecture
-from hyperplex.tasks.base import Task
+from hyperplex.train.task import Task
 from hyperplex.tasks.common import carve_seed, data_file, lowercase_if, split_off, subset, tokenizer_and_vocab
 from hyperplex.train.metrics import corpus_bleu, corpus_chrf, perplexity
 

@@ -1,7 +1,9 @@
 """What the trainer needs from a task: data in batches, a loss, and validation metrics.
 
-One :class:`Task` subclass per kind of data (translation, classification, sentence pairs). The
-trainer (:mod:`hyperplex.train.trainer`) is the same loop for all of them.
+The trainer (:mod:`hyperplex.train.trainer`) is one loop for every kind of data; each kind is a
+:class:`Task` subclass in :mod:`hyperplex.tasks` (translation, classification, sentence pairs,
+ranking). The protocol lives here, below the tasks, so that ``train`` never imports ``tasks``:
+dependencies run one way (tasks → train).
 """
 
 from __future__ import annotations

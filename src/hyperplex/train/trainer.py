@@ -29,7 +29,7 @@ from torch import nn
 
 from hyperplex.config import dump_yaml
 from hyperplex.experiment import ExperimentConfig, experiment_dict
-from hyperplex.tasks.base import Task, metric_mode
+from hyperplex.train.task import Task, metric_mode
 from hyperplex.fileio import atomic_write, atomic_write_text
 from hyperplex.train.checkpoint import CheckpointManager, load_checkpoint, load_into, restore_rng
 from hyperplex.train.optim import apply_lr, build_optimizer, build_schedule

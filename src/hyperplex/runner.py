@@ -14,7 +14,7 @@ from hyperplex.experiment import (
     ExperimentConfig, build_experiment, default_data_root, load_experiment, resume_experiment,
 )
 
-CHECKPOINT_NAMES = {"best": "best.safetensors", "last": "last.safetensors"}
+
 
 
 def train(config: str, overrides: list[str] | None = None, model_dir: str | None = None,
@@ -53,7 +53,9 @@ def _load_model_config(model_dir: Path) -> ExperimentConfig:
 
 def checkpoint_path(model_dir: Path, checkpoint: str) -> Path:
     """``best`` / ``last`` / a file name in the folder / a path."""
-    name = CHECKPOINT_NAMES.get(checkpoint, checkpoint)
+    from hyperplex.train.checkpoint import BEST, LAST
+
+    name = {"best": BEST, "last": LAST}.get(checkpoint, checkpoint)
     for candidate in (model_dir / name, Path(name)):
         if candidate.is_file():
             return candidate

@@ -13,7 +13,6 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-import hyperplex.train.checkpoint as ckpt_module
 from hyperplex.train.checkpoint import (
     CheckpointError, CheckpointManager, average_checkpoints, capture_rng, checkpoint_info, load_checkpoint,
     load_model_weights, restore_rng, save_checkpoint, save_model_weights,
@@ -201,7 +200,7 @@ def test_crash_during_save_keeps_previous_file(tmp_path, monkeypatch):
     def crash(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ckpt_module.os, "replace", crash)
+    monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(CheckpointError, match="last.safetensors: cannot write.*unchanged"):
         save_checkpoint(path, {"w": torch.ones(1000)}, extra={"version": 2})
     monkeypatch.undo()
@@ -284,7 +283,7 @@ def test_manager_min_mode_and_last(tmp_path):
 def test_manager_crash_during_best_save(tmp_path, monkeypatch):
     m = CheckpointManager(tmp_path, keep_best=1, metric_mode="max")
     m.save_if_best(1.0, 1, state(1.0))
-    monkeypatch.setattr(ckpt_module.os, "replace", lambda s, d: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    monkeypatch.setattr(os, "replace", lambda s, d: (_ for _ in ()).throw(OSError(5, "I/O error")))
     with pytest.raises(CheckpointError):
         m.save_if_best(2.0, 2, state(2.0))
     monkeypatch.undo()

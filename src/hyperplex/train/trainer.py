@@ -31,10 +31,9 @@ from hyperplex.config import dump_yaml
 from hyperplex.experiment import ExperimentConfig, experiment_dict
 from hyperplex.train.task import Task, metric_mode
 from hyperplex.fileio import atomic_write, atomic_write_text
-from hyperplex.train.checkpoint import CheckpointManager, load_checkpoint, load_into, restore_rng
+from hyperplex.train.checkpoint import LAST, CheckpointManager, load_checkpoint, load_into, restore_rng
 from hyperplex.train.optim import apply_lr, build_optimizer, build_schedule
 
-LAST = "last.safetensors"
 
 
 class TrainingError(RuntimeError):

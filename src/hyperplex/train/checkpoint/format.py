@@ -18,18 +18,13 @@ Tied weights: tensors that share memory are stored once and restored as one tens
 name (``load_state_dict`` then fills the tied parameter as usual); overlapping but different views
 are stored as separate copies.
 """
-
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import math
 import os
-import random
-import re
-import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,10 +36,11 @@ from torch import Tensor
 from hyperplex import fileio
 from hyperplex.fileio import WriteError
 
+from hyperplex.train.checkpoint.rng import capture_rng
+
 __all__ = [
-    "CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint", "checkpoint_info",
-    "save_model_weights", "load_model_weights", "capture_rng", "restore_rng", "CheckpointManager",
-    "average_checkpoints", "atomic_write", "load_into",
+    "CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint", "checkpoint_info", "save_model_weights",
+    "load_model_weights", "load_into", "atomic_write",
 ]
 
 log = logging.getLogger(__name__)
@@ -162,34 +158,6 @@ def _digest(t: Tensor) -> str:
     h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
     h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
     return h.hexdigest()
-
-
-# ---------------------------------------------------------------------------- RNG
-def capture_rng() -> dict:
-    """Snapshot every global RNG: ``{"python", "numpy", "torch": uint8 Tensor, "cuda": [uint8 Tensor]}``.
-
-    CUDA states are captured only when CUDA is already initialised (this never initialises it).
-    """
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": cuda}
-
-
-def restore_rng(state: dict) -> None:
-    """Restore the RNGs captured by :func:`capture_rng` (e.g. ``Checkpoint.rng_state``).
-
-    CUDA states are restored for as many devices as both the snapshot and this machine have.
-    """
-    missing = {"python", "numpy", "torch"} - set(state)
-    if missing:
-        raise CheckpointError(f"restore_rng: RNG state lacks {sorted(missing)}; expected the dict from capture_rng()")
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    np.random.set_state(tuple(state["numpy"]))
-    torch.set_rng_state(state["torch"].cpu())
-    cuda = list(state.get("cuda") or [])
-    if cuda and torch.cuda.is_available():
-        for i, s in enumerate(cuda[: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(s.cpu(), i)
 
 
 # ---------------------------------------------------------------------------- save / load
@@ -376,211 +344,3 @@ def load_into(model: torch.nn.Module, state: dict[str, Tensor], path, expected_f
                           f"{'; '.join(parts)}{saved}")
 
 
-# ---------------------------------------------------------------------------- averaging
-def average_checkpoints(paths: Sequence) -> dict[str, Tensor]:
-    """Element-wise mean of the model weights of several checkpoints (Vaswani et al. 2017 §6.1).
-
-    Floating-point tensors are averaged in float64 and cast back; integer/bool tensors (e.g.
-    BatchNorm's ``num_batches_tracked``) are taken from the last path. Tied weights stay tied.
-
-    Raises:
-        CheckpointError: no paths, an unreadable file, or keys/shapes/dtypes that differ (naming the key).
-    """
-    paths = [os.fspath(p) for p in paths]
-    if not paths:
-        raise CheckpointError("average_checkpoints: no checkpoint paths given")
-    first = load_model_weights(paths[0])
-    sums = {k: t.double() if t.is_floating_point() else t for k, t in first.items()}
-    for path in paths[1:]:
-        state = load_model_weights(path)
-        for k in set(first) ^ set(state):
-            where, other = (path, paths[0]) if k in first else (paths[0], path)
-            raise CheckpointError(f"{where}: key {k!r} is missing (present in {other}); cannot average")
-        for k, t in state.items():
-            if t.shape != first[k].shape or t.dtype != first[k].dtype:
-                raise CheckpointError(f"{path}: key {k!r} has shape {tuple(t.shape)} dtype {t.dtype}, but {paths[0]} "
-                                      f"has {tuple(first[k].shape)} {first[k].dtype}; cannot average")
-            sums[k] = sums[k] + t.double() if t.is_floating_point() else t
-    out, seen = {}, {}
-    for k, t in first.items():
-        if id(t) in seen:  # tied in the source: keep the same tensor under both names
-            out[k] = out[seen[id(t)]]
-            continue
-        seen[id(t)] = k
-        out[k] = (sums[k] / len(paths)).to(t.dtype) if t.is_floating_point() else sums[k].clone()
-    return out
-
-
-# ---------------------------------------------------------------------------- manager
-_BEST_PATTERN = re.compile(r"^best-(\d+)\.safetensors$")
-
-
-class CheckpointManager:
-    """Keeps ``last.safetensors`` and the best ``keep_best`` checkpoints of a model folder.
-
-    Files in ``model_dir``: ``last.safetensors``; ``best-<step>.safetensors`` for the ``keep_best``
-    best validation scores; ``best.safetensors``, a hard link (a copy where links are unsupported)
-    to the single best; ``checkpoints.json``, the index (best first). Ties keep the earlier step.
-
-    Every file is written atomically, and a file that drops out of the top ``k`` is deleted only
-    after the new one and the index are safely on disk. Each best file also records its step and
-    metric in its own header, so on start-up the manager rebuilds a missing or stale index from the
-    files (after a crash between steps) and removes leftover temporary files.
-
-    Args:
-        model_dir: the model folder (created if missing).
-        keep_best: how many best checkpoints to keep, ≥ 1.
-        metric_mode: ``"max"`` (BLEU, accuracy) or ``"min"`` (loss, perplexity).
-        metric_name: optional; recorded in the index, and a restart with a different name or mode
-            raises :class:`CheckpointError` instead of mixing rankings.
-    """
-
-    INDEX = "checkpoints.json"
-    LAST = "last.safetensors"
-    BEST = "best.safetensors"
-
-    def __init__(self, model_dir, keep_best: int = 1, metric_mode: str = "max", metric_name: str | None = None) -> None:
-        if not isinstance(keep_best, int) or keep_best < 1:
-            raise ValueError(f"keep_best must be an integer >= 1, got {keep_best!r}")
-        if metric_mode not in ("max", "min"):
-            raise ValueError(f"metric_mode must be 'max' or 'min', got {metric_mode!r}")
-        self.model_dir, self.keep_best = os.fspath(model_dir), keep_best
-        self.metric_mode, self.metric_name = metric_mode, metric_name
-        try:
-            os.makedirs(self.model_dir, exist_ok=True)
-        except OSError as e:
-            raise CheckpointError(f"{self.model_dir}: cannot create the model folder ({e.strerror or e})") from e
-        self.entries: list[dict] = []  # [{"step", "metric", "file"}], best first
-        self._recover()
-
-    # ------------------------------------------------------------------ paths and ranking
-    def path(self, name: str) -> str:
-        """Absolute path of a file in the model folder."""
-        return os.path.join(self.model_dir, name)
-
-    @property
-    def last_path(self) -> str:
-        return self.path(self.LAST)
-
-    @property
-    def best_path(self) -> str:
-        return self.path(self.BEST)
-
-    @property
-    def best_metric(self) -> float | None:
-        """The best metric value kept so far, or ``None``."""
-        return self.entries[0]["metric"] if self.entries else None
-
-    def _key(self, entry: dict) -> tuple:
-        return (-entry["metric"] if self.metric_mode == "max" else entry["metric"], entry["step"])
-
-    def is_better(self, value: float, than: float | None) -> bool:
-        """Whether ``value`` is strictly better than ``than`` (``None`` = nothing yet) under ``metric_mode``."""
-        if than is None:
-            return True
-        return value > than if self.metric_mode == "max" else value < than
-
-    # ------------------------------------------------------------------ saving
-    def save_last(self, model_state: dict[str, Tensor], optimizer_state: dict | None = None,
-                  extra: dict | None = None, rng: bool = True) -> str:
-        """Atomically (over)write ``last.safetensors``; arguments as :func:`save_checkpoint`. Returns its path."""
-        return save_checkpoint(self.last_path, model_state, optimizer_state, extra, rng)
-
-    def save_if_best(self, metric_value: float, step: int, model_state: dict[str, Tensor],
-                     optimizer_state: dict | None = None, extra: dict | None = None, rng: bool = True) -> str | None:
-        """Save ``best-<step>.safetensors`` if ``metric_value`` ranks in the top ``keep_best``.
-
-        Returns the new file's path, or ``None`` when it does not rank (nothing is written).
-        Raises ``ValueError`` for a NaN or infinite metric.
-        """
-        metric_value = float(metric_value)
-        if not math.isfinite(metric_value):
-            raise ValueError(f"save_if_best: the validation metric is {metric_value}; refusing to rank it")
-        entry = {"step": int(step), "metric": metric_value, "file": f"best-{int(step)}.safetensors"}
-        ranked = sorted([e for e in self.entries if e["step"] != entry["step"]] + [entry], key=self._key)
-        kept = ranked[: self.keep_best]
-        if entry not in kept:
-            return None
-        info = {"step": entry["step"], "metric": metric_value, "metric_mode": self.metric_mode,
-                "metric_name": self.metric_name}
-        _save(self.path(entry["file"]), "checkpoint", model_state, optimizer_state, extra, rng, manager=info)
-        self._commit(kept)
-        return self.path(entry["file"])
-
-    def _commit(self, kept: list[dict]) -> None:
-        """Point best.safetensors at the top entry, write the index, then delete what dropped out."""
-        dropped = [e for e in self.entries if e["file"] not in {k["file"] for k in kept}]
-        if kept and not self._is_linked(kept[0]):
-            self._link_best(kept[0])
-        self.entries = kept
-        self._write_index()
-        for e in dropped:  # only now: the new file and the index are on disk
-            try:
-                os.unlink(self.path(e["file"]))
-            except FileNotFoundError:
-                pass
-
-    def _is_linked(self, entry: dict) -> bool:
-        try:
-            return os.path.samefile(self.best_path, self.path(entry["file"]))
-        except OSError:
-            return False
-
-    def _link_best(self, entry: dict) -> None:
-        source = self.path(entry["file"])
-
-        def write(tmp: str) -> None:
-            try:
-                os.link(source, tmp)
-            except OSError:  # no hard links on this file system: copy
-                shutil.copyfile(source, tmp)
-
-        atomic_write(self.best_path, write)
-
-    def _write_index(self) -> None:
-        index = {"format": "hyperplex-checkpoint-index", "version": 1, "metric_mode": self.metric_mode,
-                 "metric_name": self.metric_name, "keep_best": self.keep_best, "best": self.entries}
-
-        def write(tmp: str) -> None:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(index, f, indent=1)
-
-        atomic_write(self.path(self.INDEX), write)
-
-    # ------------------------------------------------------------------ start-up recovery
-    def _recover(self) -> None:
-        """Rebuild the ranking from the index and the best-*.safetensors files actually present."""
-        names = os.listdir(self.model_dir)
-        for name in names:  # temporary files of writes killed mid-way
-            if fileio.TMP_PATTERN.match(name):
-                leftover = self.path(name)
-                try:
-                    shutil.rmtree(leftover) if os.path.isdir(leftover) else os.unlink(leftover)
-                except OSError:
-                    pass
-        index_path, index = self.path(self.INDEX), {}
-        if os.path.exists(index_path):
-            try:
-                with open(index_path, encoding="utf-8") as f:
-                    index = json.load(f)
-            except (OSError, ValueError) as e:
-                log.warning("%s: unreadable checkpoint index (%s); rebuilding it from the best-*.safetensors files",
-                            index_path, e)
-        old_mode, old_name = index.get("metric_mode", self.metric_mode), index.get("metric_name", self.metric_name)
-        if (old_mode, old_name) != (self.metric_mode, self.metric_name) and index.get("best"):
-            raise CheckpointError(
-                f"{index_path}: the best checkpoints here are ranked by {old_name!r} ({old_mode}), this run ranks by "
-                f"{self.metric_name!r} ({self.metric_mode}); use another model_dir or delete the best-* files and the index")
-        by_file = {e["file"]: e for e in index.get("best", []) if os.path.exists(self.path(e["file"]))}
-        for name in names:
-            if _BEST_PATTERN.match(name) and name not in by_file:  # written or dropped around a crash
-                try:
-                    info = checkpoint_info(self.path(name))["manager"] or {}
-                except CheckpointError as e:
-                    log.warning("ignoring %s: %s", name, e)
-                    continue
-                if "metric" in info and info.get("metric_mode") == self.metric_mode:
-                    by_file[name] = {"step": info["step"], "metric": info["metric"], "file": name}
-        self.entries = sorted(by_file.values(), key=self._key)
-        if by_file or index:
-            self._commit(self.entries[: self.keep_best])

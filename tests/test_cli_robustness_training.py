@@ -186,9 +186,9 @@ def test_signal_saves_a_resumable_checkpoint_and_resume_matches_an_uninterrupted
 
 
 def test_a_second_signal_stops_at_once_without_saving():
-    from hyperplex.train.trainer import TrainingInterrupted, _InterruptFlag
+    from hyperplex.train.interrupts import InterruptFlag, TrainingInterrupted
 
-    flag = _InterruptFlag()
+    flag = InterruptFlag()
     flag._handle(signal.SIGINT, None)
     assert flag.signal_number == signal.SIGINT
     with pytest.raises(TrainingInterrupted) as caught:

@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hyperplex {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001
-        from hyperplex.train.trainer import TrainingInterrupted
+        from hyperplex.train.interrupts import TrainingInterrupted
 
         if not isinstance(err, TrainingInterrupted):
             return _report_error(args, err, debug)

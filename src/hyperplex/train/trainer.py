@@ -10,14 +10,10 @@ run killed at any instant and resumed from ``last.safetensors`` ends where an un
 from __future__ import annotations
 
 import contextlib
-import csv
-import logging
 import math
-import os
 import random
 import signal
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,24 +26,17 @@ from torch import nn
 from hyperplex.config import dump_yaml
 from hyperplex.experiment import ExperimentConfig, experiment_dict
 from hyperplex.train.task import Task, metric_mode
-from hyperplex.fileio import atomic_write, atomic_write_text
+from hyperplex.fileio import atomic_write_text
 from hyperplex.train.checkpoint import LAST, CheckpointManager, load_checkpoint, load_into, restore_rng
+from hyperplex.train.interrupts import InterruptFlag, TrainingInterrupted
 from hyperplex.train.optim import apply_lr, build_optimizer, build_schedule
+from hyperplex.train.process import check_writable, distributed, resolve_device
+from hyperplex.train.records import MetricsWriter, setup_logger
 
 
 
 class TrainingError(RuntimeError):
     """Training cannot go on (e.g. the loss became NaN); the message says where and what was kept."""
-
-
-class TrainingInterrupted(Exception):
-    """SIGINT/SIGTERM stopped training. ``saved``: a resumable ``last.safetensors`` was written first.
-
-    The CLI exits with ``128 + signal_number`` (130 for Ctrl-C, 143 for SIGTERM)."""
-
-    def __init__(self, message: str, signal_number: int, saved: bool) -> None:
-        super().__init__(message)
-        self.signal_number, self.saved = signal_number, saved
 
 
 @dataclass
@@ -71,150 +60,6 @@ class TrainState:
     window_grad_norm_max: float = 0.0
 
 
-class _InterruptFlag:
-    """SIGINT/SIGTERM during training: the first one is remembered, and the loop saves a resumable
-    checkpoint at the end of the current step and stops; a second one stops at once (nothing saved,
-    the previous ``last`` intact). Handlers are installed only in the main thread and restored after."""
-
-    def __init__(self) -> None:
-        self.signal_number = 0
-        self._previous: dict[int, object] = {}
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.getsignal(sig)
-            signal.signal(sig, self._handle)
-
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def _handle(self, signal_number: int, frame) -> None:
-        if self.signal_number:
-            raise TrainingInterrupted(f"interrupted again by {signal.Signals(signal_number).name}: stopped at once "
-                                      f"without saving (the last checkpoint written, if any, is intact)",
-                                      signal_number, saved=False)
-        self.signal_number = signal_number
-        print(f"\n{signal.Signals(signal_number).name}: saving a resumable checkpoint at the end of this step "
-              f"(again to stop at once)", file=sys.stderr, flush=True)
-
-    def pending(self, trainer: "Trainer") -> bool:
-        """Whether any process got a signal (under DDP every rank must stop at the same step)."""
-        if trainer.world > 1:
-            flag = torch.tensor([self.signal_number], dtype=torch.int64,
-                                device=trainer.device if trainer.device.type == "cuda" else "cpu")
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            self.signal_number = int(flag.item())
-        return bool(self.signal_number)
-
-
-def _distributed() -> tuple[int, int]:
-    """(rank, world size) from the torchrun environment; initialises the process group once."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() and os.environ.get("HYPERPLEX_BACKEND") != "gloo" else "gloo"
-        dist.init_process_group(backend=backend)
-    return dist.get_rank(), dist.get_world_size()
-
-
-def resolve_device(name: str, rank: int = 0) -> torch.device:
-    """``auto`` → CUDA (this rank's GPU under torchrun) if available, else CPU; unknown devices are errors."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"training.device: unknown device {name!r} (expected auto, cpu, cuda or cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"training.device is {name!r} but CUDA is not available on this machine")
-    return device
-
-
-def setup_logger(model_dir: Path, rank: int) -> logging.Logger:
-    """Logger writing to ``model_dir/train.log`` and stderr (rank 0 only)."""
-    log = logging.getLogger("hyperplex")
-    log.setLevel(logging.INFO)
-    for handler in list(log.handlers):
-        log.removeHandler(handler)
-        handler.close()
-    log.propagate = False
-    if rank != 0:
-        log.addHandler(logging.NullHandler())
-        return log
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
-    file_handler = logging.FileHandler(model_dir / "train.log", encoding="utf-8")
-    file_handler.setFormatter(fmt)
-    stream = logging.StreamHandler(sys.stderr)
-    stream.setFormatter(logging.Formatter("%(message)s"))
-    log.addHandler(file_handler)
-    log.addHandler(stream)
-    return log
-
-
-def check_writable(model_dir: Path) -> None:
-    """Create the model folder and prove it is writable before any work is done."""
-    try:
-        model_dir.mkdir(parents=True, exist_ok=True)
-        probe = model_dir / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise OSError(f"model folder {model_dir} is not writable: {err.strerror or err}") from None
-
-
-class MetricsWriter:
-    """``metrics.csv`` in long format (``step,epoch,split,name,value``) plus TensorBoard scalars."""
-
-    FIELDS = ("step", "epoch", "split", "name", "value")
-
-    def __init__(self, model_dir: Path, resume_step: int | None, tensorboard: bool = True) -> None:
-        self.path = model_dir / "metrics.csv"
-        if resume_step is not None and self.path.exists():
-            # Rows written after the checkpoint we resume from belong to a run that was killed.
-            with open(self.path, newline="", encoding="utf-8") as f:
-                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
-
-            def write(tmp: str) -> None:
-                with open(tmp, "w", newline="", encoding="utf-8") as f:
-                    writer = csv.DictWriter(f, self.FIELDS)
-                    writer.writeheader()
-                    writer.writerows(rows)
-
-            atomic_write(self.path, write)
-        elif not self.path.exists() or resume_step is None:
-            with open(self.path, "w", newline="", encoding="utf-8") as f:
-                csv.writer(f).writerow(self.FIELDS)
-        self.tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(model_dir / "tensorboard"), purge_step=resume_step)
-            except ImportError:  # tensorboard is a dependency, but do not die over logging
-                logging.getLogger("hyperplex").warning("tensorboard not installed: no TensorBoard logs")
-
-    def write(self, step: int, epoch: int, split: str, values: dict[str, float]) -> None:
-        with open(self.path, "a", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            for name, value in values.items():
-                writer.writerow((step, epoch, split, name, f"{value:.6g}"))
-                if self.tb is not None:
-                    self.tb.add_scalar(f"{split}/{name}", value, step)
-        if self.tb is not None:
-            self.tb.flush()
-
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
-
-
 class Trainer:
     """Train ``task``'s model as ``cfg`` says, writing everything into ``model_dir``."""
 
@@ -224,7 +69,7 @@ class Trainer:
         self.model_dir = Path(model_dir)
         self.resume = resume
         self.resume_changes = list(resume_changes or [])  # "key: old → new" lines, logged after resuming
-        self.rank, self.world = _distributed()
+        self.rank, self.world = distributed()
         # Checks that need no files come first, so a refused start creates and touches nothing.
         last = self.model_dir / LAST
         if resume and not last.exists():
@@ -342,7 +187,7 @@ class Trainer:
                        disable=None)
         last_val: dict[str, float] = {}
         speed_tokens, window_start = 0, time.perf_counter()  # for tokens/s: this process's own time only
-        interrupts = _InterruptFlag()
+        interrupts = InterruptFlag()
         try:
             interrupts.install()
             model.train()
@@ -355,38 +200,7 @@ class Trainer:
                     count = sum(b.num_tokens for b in group)
                     lr = schedule.lr(tcfg.lr, state.step + 1, state.epoch)
                     apply_lr(optimizer, lr)
-                    step_loss = 0.0
-                    for j, batch in enumerate(group):
-                        shard = batch.shard(self.rank, self.world) if self.world > 1 else batch
-                        shard = shard.to(self.device)
-                        sync = contextlib.nullcontext()
-                        if self.world > 1 and j < len(group) - 1:
-                            sync = train_model.no_sync()
-                        with sync:
-                            with self._autocast():
-                                loss_sum = self.task.loss(train_model, shard).float()
-                            self._check_finite(loss_sum, state)
-                            # DDP averages gradients over processes; scale so the result is the
-                            # gradient of (total loss / total tokens) of the global batch.
-                            scaled = loss_sum * (self.world / max(count, 1))
-                            (scaler.scale(scaled) if scaler else scaled).backward()
-                        step_loss += loss_sum.item()
-                    if scaler:
-                        scaler.unscale_(optimizer)
-                    if tcfg.clip_grad_norm > 0:
-                        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), tcfg.clip_grad_norm)
-                    else:
-                        grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-                    grad_norm = float(grad_norm)
-                    state.window_grad_norm += grad_norm
-                    if not grad_norm <= state.window_grad_norm_max:  # a NaN norm is kept, not skipped by max()
-                        state.window_grad_norm_max = grad_norm
-                    if scaler:
-                        scaler.step(optimizer)
-                        scaler.update()
-                    else:
-                        optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+                    step_loss = self._optimizer_step(group, count, train_model, model, optimizer, scaler, state)
                     state.step += 1
                     state.batch_index += len(group)
                     epoch_done = state.batch_index >= len(batches)
@@ -394,8 +208,6 @@ class Trainer:
                         self._next_epoch(state)  # the checkpoint must point at the next epoch's start
                     state.stop_reason = self._budget_reached(state)
                     state.finished = bool(state.stop_reason)
-                    if self.world > 1:
-                        step_loss = self._all_sum(step_loss)
                     state.window_loss += step_loss
                     state.window_tokens += count  # targets (or examples) since the last log line
                     speed_tokens += count
@@ -422,7 +234,7 @@ class Trainer:
                         last_val = self._validate_and_save(model, optimizer, state, manager, metrics)
                     elif tcfg.checkpoint_every and state.step % tcfg.checkpoint_every == 0 and manager:
                         manager.save_last(model.state_dict(), optimizer.state_dict(), self._extra(state))
-                    if interrupts.pending(self) and not state.finished:
+                    if interrupts.pending(self.world, self.device) and not state.finished:
                         self._save_and_stop(interrupts.signal_number, model, optimizer, state, manager, bar)
                     if epoch_done or state.finished:
                         break
@@ -437,6 +249,46 @@ class Trainer:
         log.info(f"finished at step {state.step} (epoch {state.epoch}): {self._stop_message(state)}; "
                  f"best {self.metric} {state.best_metric}")
         return last_val
+
+    def _optimizer_step(self, group: list, count: int, train_model: nn.Module, model: nn.Module, optimizer,
+                        scaler, state: TrainState) -> float:
+        """One optimiser step over the accumulated ``group`` of batches (``count`` targets in all): forward
+        and backward per batch, gradient norm (clipped if configured, recorded for the log window),
+        update. Returns the summed loss of the global batch over every process."""
+        tcfg = self.tcfg
+        step_loss = 0.0
+        for j, batch in enumerate(group):
+            shard = batch.shard(self.rank, self.world) if self.world > 1 else batch
+            shard = shard.to(self.device)
+            sync = contextlib.nullcontext()
+            if self.world > 1 and j < len(group) - 1:
+                sync = train_model.no_sync()
+            with sync:
+                with self._autocast():
+                    loss_sum = self.task.loss(train_model, shard).float()
+                self._check_finite(loss_sum, state)
+                # DDP averages gradients over processes; scale so the result is the
+                # gradient of (total loss / total tokens) of the global batch.
+                scaled = loss_sum * (self.world / max(count, 1))
+                (scaler.scale(scaled) if scaler else scaled).backward()
+            step_loss += loss_sum.item()
+        if scaler:
+            scaler.unscale_(optimizer)
+        if tcfg.clip_grad_norm > 0:
+            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), tcfg.clip_grad_norm)
+        else:
+            grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+        grad_norm = float(grad_norm)
+        state.window_grad_norm += grad_norm
+        if not grad_norm <= state.window_grad_norm_max:  # a NaN norm is kept, not skipped by max()
+            state.window_grad_norm_max = grad_norm
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return self._all_sum(step_loss) if self.world > 1 else step_loss
 
     def _save_and_stop(self, signal_number: int, model, optimizer, state: TrainState, manager, bar) -> None:
         """After a SIGINT/SIGTERM: write a resumable ``last`` at this step boundary, log it, stop."""

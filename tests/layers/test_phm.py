@@ -287,16 +287,22 @@ def test_auto_dispatch_by_rows_weight_size_and_grad_mode():
     # one layer called in a loop (warm cache) and re-checked on a stack of distinct layers whose
     # weights overflow the last-level cache (cold, model-like, `--mode cold`): at d=k=1024 and 4096,
     # 1/8/64 rows (and 32/64 rows at the 4096 boundary), the path auto takes was within 1.10x of
-    # the faster path in both regimes, up to the noise of a shared 2-core machine
-    # (docs/performance.md, "Cold cache"). Change them only with both tables re-measured.
+    # the faster path in both regimes, up to the noise of a shared 2-core machine. Training at
+    # 4096², n=16, 128 rows was the one clear miss (structured 1.3x faster, warm and cold), hence
+    # rows·n ≤ 2048 for weights of 4096² and up; at 1024², n=16, 128 rows structured was 3x slower,
+    # so smaller weights keep 1024 (docs/performance.md, "Cold cache"). Change them only with both
+    # tables re-measured.
     assert (PHMLinear.STRUCTURED_ROW_LIMIT_INFERENCE, PHMLinear.STRUCTURED_ROW_LIMIT_TRAINING) == (256, 1024)
+    assert (PHMLinear.STRUCTURED_ROW_LIMIT_TRAINING_LARGE, PHMLinear.LARGE_WEIGHT) == (2048, 2**24)
     assert (PHMLinear.WEIGHT_PER_ROW_INFERENCE, PHMLinear.WEIGHT_PER_ROW_TRAINING) == (2**17, 2**13)
     assert PHMLinear.CACHE_RESIDENT_WEIGHT == 2**19
     # Shapes only (the layer is never called), so large sizes cost nothing but the allocation.
     huge = PHMLinear(4096, 4096, 8)  # k·d = 2^24: the row budget is rows·n ≤ 256 in inference
     with torch.no_grad():
         assert huge.choose_mode(32) == "structured" and huge.choose_mode(33) == "cached"
-    assert huge.choose_mode(128) == "structured" and huge.choose_mode(129) == "materialized"  # 129·8 > 1024
+    assert huge.choose_mode(256) == "structured" and huge.choose_mode(257) == "materialized"  # 257·8 > 2048
+    assert PHMLinear(4096, 4096, 16).choose_mode(128) == "structured"  # the measured point
+    assert PHMLinear(4096, 4096, 16).choose_mode(129) == "materialized"
     huge2 = PHMLinear(4096, 4096, 2)
     with torch.no_grad():  # rows·n ≤ 256 would allow 128 rows; the weight budget 2^24 / 2^17 also gives 128
         assert huge2.choose_mode(128) == "structured" and huge2.choose_mode(129) == "cached"
@@ -306,7 +312,8 @@ def test_auto_dispatch_by_rows_weight_size_and_grad_mode():
     assert big.choose_mode(128) == "structured"  # 128 · 2^13 ≤ 2^20 and 128 · 4 ≤ 1024
     assert big.choose_mode(129) == "materialized"  # weight budget: 129 rows > 2^20 / 2^13
     assert big.choose_mode(4096) == "materialized"
-    assert PHMLinear(1024, 1024, 16).choose_mode(65) == "materialized"  # 65 · 16 > 1024
+    assert PHMLinear(1024, 1024, 16).choose_mode(65) == "materialized"  # 65 · 16 > 1024 (small weight)
+    assert PHMLinear(2048, 2048, 16).choose_mode(65) == "materialized"  # 2^22 < LARGE_WEIGHT
     with torch.no_grad():
         assert big.choose_mode(1) == "structured"
         assert big.choose_mode(8) == "structured"  # 8 · 2^17 ≤ 2^20

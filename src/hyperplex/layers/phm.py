@@ -239,11 +239,21 @@ class PHMLinear(nn.Module):
     #: weight gradients) ...
     STRUCTURED_ROW_LIMIT_TRAINING = 1024
     STRUCTURED_ROW_LIMIT_INFERENCE = 256
+    #: With weight gradients and an ``H`` of at least ``LARGE_WEIGHT`` elements (4096² and up), the
+    #: training limit is ``STRUCTURED_ROW_LIMIT_TRAINING_LARGE``: forming ``H`` and its gradient
+    #: then moves 2 × 64 MiB per step, and at 4096², n = 16, 128 rows the structured step was
+    #: 1.3× faster than the materialised one both warm and cold (n = 4 / 8 at rows·n = 2048: level).
+    #: At 1024² the same rows·n = 2048 (n = 16, 128 rows) made the structured step 3× slower, so
+    #: the larger limit is kept to large weights; sizes above 4096² are extrapolated, unmeasured.
+    STRUCTURED_ROW_LIMIT_TRAINING_LARGE = 2048
+    LARGE_WEIGHT = 2 ** 24
     #: ... and while ``rows ≤ k·d / WEIGHT_PER_ROW`` (k·d = elements of ``H``). The structured path
     #: saves reading ``H`` from memory; a small ``H`` sits in cache and reading it is cheap, so the
     #: row budget grows with the weight's size (inference: 512² → 0 rows, 1024² → 8, 4096² → 128;
-    #: training: 512² → 32 rows, 1024² → 128). Fitted on CPU with benchmarks/bench_phm.py
-    #: (docs/performance.md).
+    #: training: 512² → 32 rows, 1024² → 128). Fitted on CPU with benchmarks/bench_phm.py on one
+    #: layer in a loop (warm cache) and re-checked on stacks of layers whose weights overflow the
+    #: last-level cache, as a model's do (``--mode cold``); docs/performance.md gives both tables
+    #: and the points where the two regimes disagree.
     WEIGHT_PER_ROW_TRAINING = 2 ** 13
     WEIGHT_PER_ROW_INFERENCE = 2 ** 17
     #: In inference, an ``H`` of at most this many elements (2 MiB in fp32, a per-core L2) is read
@@ -262,11 +272,13 @@ class PHMLinear(nn.Module):
             # Many rows, or a cache-resident weight: the matmul is compute-bound and forming H once
             # (or reusing the cached H, which costs nothing to form) beats the structured path's
             # n² mixing.
+            weight = self.in_features * self.out_features
             if cacheable:
                 limit, per_row = self.STRUCTURED_ROW_LIMIT_INFERENCE, self.WEIGHT_PER_ROW_INFERENCE
             else:
                 limit, per_row = self.STRUCTURED_ROW_LIMIT_TRAINING, self.WEIGHT_PER_ROW_TRAINING
-            weight = self.in_features * self.out_features
+                if weight >= self.LARGE_WEIGHT:
+                    limit = self.STRUCTURED_ROW_LIMIT_TRAINING_LARGE
             structured = rows * self.n <= limit and rows * per_row <= weight
             if cacheable and weight <= self.CACHE_RESIDENT_WEIGHT:
                 structured = False

@@ -3,7 +3,7 @@
 
 Usage (from the repository root)::
 
-    PYTHONPATH=src python benchmarks/bench_phm.py --quick                # reduced grid, < 3 min on 2 CPU cores
+    PYTHONPATH=src python benchmarks/bench_phm.py --quick                # reduced grid, warm and cold, ~4 min on 2 cores
     PYTHONPATH=src python benchmarks/bench_phm.py                        # full grid (warm, then cold)
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_phm.py --threads 1 --clock cpu --mode cold
     PYTHONPATH=src python benchmarks/bench_phm.py --sizes 4096 --ns 4 --rows 1 64 --csv phm.csv
@@ -694,10 +694,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "print a markdown table of ratios to nn.Linear, training peak memory, and a targets check.",
         epilog="The docstring at the top of this file explains the method, every column and the memory measure.")
     p.add_argument("--quick", action="store_true",
-                   help=f"reduced grid and repetitions, under 3 min on 2 CPU cores: sizes {QUICK['sizes']}, "
+                   help=f"reduced grid and repetitions, a few minutes on 2 CPU cores: sizes {QUICK['sizes']}, "
                         f"ns {QUICK['ns']}, rows {QUICK['rows']}, repeats {QUICK['repeats']}, "
                         f"min-repeats {QUICK['min_repeats']}, block-ms {QUICK['block_ms']:g}, "
-                        f"budget-s {QUICK['budget_s']:g}; explicit flags override these")
+                        f"budget-s {QUICK['budget_s']:g}; cold: sizes {QUICK['cold_sizes']}, rows "
+                        f"{QUICK['cold_rows']}, phases {QUICK['cold_phases']}; explicit flags override these")
     p.add_argument("--sizes", type=int, nargs="+", metavar="D", help=f"layer sizes d = k (default {FULL['sizes']})")
     p.add_argument("--ns", type=int, nargs="+", metavar="N",
                    help=f"numbers of Kronecker terms n; each must divide d (default {FULL['ns']})")

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from hyperplex.algebra import hamilton, merge_components, split_components
 from hyperplex.nn.attention import component_softmax
 from hyperplex.nn.linear import LinearSpec, make_linear
+from hyperplex.nn.masks import lengths_to_mask
 from hyperplex.nn.rnn import PHMLSTM
 
 __all__ = [
@@ -30,11 +31,6 @@ __all__ = [
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
 _ACTIVATION_HELP = "non-linearity of the feed-forward layers: relu, tanh or gelu"
-
-
-def _lengths_mask(lengths: Tensor, steps: int) -> Tensor:
-    """``(B,)`` lengths → ``(B, T)`` bool mask, True on valid positions."""
-    return torch.arange(steps, device=lengths.device)[None, :] < lengths[:, None]
 
 
 def _masked_softmax(scores: Tensor, mask: Tensor, dim: int) -> Tensor:
@@ -122,7 +118,7 @@ class _PairModel(nn.Module):
             if bool((lengths < 1).any()) or bool((lengths > tokens.shape[1]).any()):
                 raise ValueError(f"{name}: {label}_lengths must lie in [1, {tokens.shape[1]}], got {lengths.tolist()}")
         return (self.embedding(a), self.embedding(b),
-                _lengths_mask(a_lengths.to(a.device), a.shape[1]), _lengths_mask(b_lengths.to(b.device), b.shape[1]))
+                lengths_to_mask(a_lengths.to(a.device), a.shape[1]), lengths_to_mask(b_lengths.to(b.device), b.shape[1]))
 
 
 # --------------------------------------------------------------------------- NLI encoder (ICLR App. B.1)

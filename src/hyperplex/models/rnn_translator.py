@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from hyperplex.layers import shared_weights
 from hyperplex.nn.linear import LinearSpec, make_linear
 from hyperplex.nn.luong import ATTENTIONS, make_attention
+from hyperplex.nn.masks import lengths_to_mask
 from hyperplex.nn.rnn import PHMLSTM, reverse_padded
 
 __all__ = ["RNNTranslatorConfig", "RNNTranslator"]
@@ -170,7 +171,7 @@ class RNNTranslator(nn.Module):
         """Run the encoder; returns the decoder's initial state (see class doc), batch on dim 0."""
         src_lengths = src_lengths.to(src.device)
         self._check_source(src, src_lengths)
-        mask = torch.arange(src.shape[1], device=src.device)[None] < src_lengths[:, None]  # (B, S)
+        mask = lengths_to_mask(src_lengths, src.shape[1])  # (B, S)
         tokens = reverse_padded(src, src_lengths) if self.config.reverse_source else src
         memory, (h, c) = self.encoder(self.drop(self.src_embed(tokens)), src_lengths)  # (B, S, H)
         if self.config.reverse_source:

@@ -26,14 +26,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.nn.linear import LinearSpec, make_linear
+from hyperplex.nn.masks import lengths_to_mask
 from hyperplex.nn.transformer import TransformerDecoder, TransformerEmbedding, TransformerEncoder, scoped_specs
 
-__all__ = ["TransformerConfig", "TransformerTranslator", "TransformerClassifier", "lengths_to_padding_mask"]
+__all__ = ["TransformerConfig", "TransformerTranslator", "TransformerClassifier"]
 
 
 @dataclass
@@ -124,15 +124,6 @@ class TransformerConfig:
                     attention_type=self.attention_type, attention_bias=self.attention_bias)
 
 
-def lengths_to_padding_mask(lengths: Tensor, max_len: int) -> Tensor:
-    """``(B,)`` lengths → bool ``(B, max_len)``, ``True`` at padding positions."""
-    if lengths.dim() != 1:
-        raise ValueError(f"lengths must have shape (B,), got {tuple(lengths.shape)}")
-    if bool((lengths < 1).any()) or bool((lengths > max_len).any()):
-        raise ValueError(f"lengths must be in [1, {max_len}], got {lengths.tolist()}")
-    return torch.arange(max_len, device=lengths.device).unsqueeze(0) >= lengths.unsqueeze(1)
-
-
 def _output_layer(config: TransformerConfig, d_model: int, size: int, where: str, device, dtype) -> nn.Module:
     spec = config.linear if config.output_layer == "same" else LinearSpec("dense")
     spec.check_divides(d_model, size, where=f"{where} (output_layer='same')")
@@ -181,14 +172,14 @@ class TransformerTranslator(nn.Module):
         Target padding needs no mask: it sits after the real tokens, which the causal mask already
         hides from them; outputs at padded positions are ignored by the loss.
         """
-        mask = lengths_to_padding_mask(src_lengths, src.shape[1])
+        mask = ~lengths_to_mask(src_lengths, src.shape[1])
         memory = self.encoder(self.src_embed(src), mask)  # (B, S, d)
         hidden, _, _ = self.decoder(self.tgt_embed(tgt_in), memory, mask)  # (B, T, d)
         return self.output_projection(hidden)
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> dict:
         """``src (B, S)``, ``src_lengths (B,)`` → decoding state (see the class docstring)."""
-        mask = lengths_to_padding_mask(src_lengths, src.shape[1])
+        mask = ~lengths_to_mask(src_lengths, src.shape[1])
         memory = self.encoder(self.src_embed(src), mask)
         cross = self.decoder.project_memory(memory)
         caches = self.decoder.empty_caches(src.shape[0], device=memory.device, dtype=memory.dtype)
@@ -236,7 +227,7 @@ class TransformerClassifier(nn.Module):
         self.classifier = _output_layer(config, d_model, num_classes, "TransformerClassifier", **factory)
 
     def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
-        mask = lengths_to_padding_mask(lengths, tokens.shape[1])  # (B, T) True = pad
+        mask = ~lengths_to_mask(lengths, tokens.shape[1])  # (B, T) True = pad
         hidden = self.encoder(self.embed(tokens), mask)  # (B, T, d)
         if self.pooling == "first":
             pooled = hidden[:, 0]

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from hyperplex.layers import LowRankLinear, PHMLinear, shared_weights
 from hyperplex.nn.linear import LinearSpec, make_linear
+from hyperplex.nn.masks import lengths_to_mask
 
 __all__ = ["PHMLSTMCell", "PHMLSTM", "reverse_padded"]
 
@@ -196,7 +197,7 @@ class PHMLSTM(nn.Module):
         mask = None
         if lengths is not None and bool((lengths < T).any()):
             lengths = lengths.to(x.device)
-            mask = torch.arange(T, device=x.device)[None, :] < lengths[:, None]  # (B, T)
+            mask = lengths_to_mask(lengths, T)  # (B, T)
         h_n, c_n = [], []
         for layer in range(self.num_layers):
             outputs = []

@@ -1,0 +1,21 @@
+"""Masks from sequence lengths, with one convention for the whole package: ``True`` marks a real token.
+
+Attention layers that want the opposite (``key_padding_mask``: ``True`` at padding, as in
+``torch.nn.MultiheadAttention``) take ``~lengths_to_mask(...)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["lengths_to_mask"]
+
+
+def lengths_to_mask(lengths: Tensor, max_len: int) -> Tensor:
+    """``(B,)`` lengths → bool ``(B, max_len)``, ``True`` at the first ``lengths[b]`` positions of row ``b``."""
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must have shape (B,), got {tuple(lengths.shape)}")
+    if bool((lengths < 0).any()) or bool((lengths > max_len).any()):  # a caller's bug, not data: fail loudly
+        raise ValueError(f"lengths must be in [0, {max_len}], got {lengths.tolist()}")
+    return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]

@@ -8,10 +8,10 @@ A plan (``experiments/*.yaml``, see ``experiments/README.md``) lists rows
 ``{name, config, overrides, seeds}`` plus a plan-level ``budget`` (overrides applied to every
 row), a ``title`` and the ``metrics`` to report. Every row × seed is validated first (config,
 overrides, model construction, the state of its folder) so a typo fails before any training.
-Each model trains through :func:`hyperplex.runner.train` into ``OUT/<row>/seed<k>``; a folder
+Each model trains through :func:`hyperplex.cli.runner.train` into ``OUT/<row>/seed<k>``; a folder
 whose ``last.safetensors`` says ``trainer.finished`` is skipped, an unfinished one continues
 with ``--resume``. Each finished model is evaluated on the validation split the way
-:func:`hyperplex.runner.evaluate` does (beam from the config), its parameters are counted with
+:func:`hyperplex.cli.runner.evaluate` does (beam from the config), its parameters are counted with
 :func:`hyperplex.models.params.parameter_breakdown`, and ``OUT/results.{md,json}`` are written.
 """
 
@@ -285,8 +285,8 @@ def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: P
     row's model can be built, eval overrides are valid, requested metrics fit the task, and existing
     folders hold the same config (unfinished ones need ``--resume``). All problems are reported
     together. Returns (runs to train, all runs of the plan, resolved config of each row)."""
-    from hyperplex import runner
-    from hyperplex.experiment import experiment_dict, load_experiment
+    from hyperplex.cli import runner
+    from hyperplex.config.experiment import experiment_dict, load_experiment
 
     names = [r.name for r in plan.rows]
     sweeps = {r.sweep_of: [s.name for s in plan.rows if s.sweep_of == r.sweep_of] for r in plan.rows if r.sweep_of}
@@ -350,7 +350,7 @@ def saved_config(model_dir: Path) -> dict:
     """A model folder's ``config.yaml`` resolved through today's config classes, so keys added since it
     was written compare as their defaults. A config without ``data.split_seed`` predates that key: such
     runs carved (and generated) their data with ``seed``, which is what it is set to here."""
-    from hyperplex.experiment import build_experiment, experiment_dict
+    from hyperplex.config.experiment import build_experiment, experiment_dict
 
     raw = load_yaml(model_dir / "config.yaml")
     if isinstance(raw.get("data"), dict):
@@ -426,8 +426,8 @@ def _write_run_file(model_dir: Path, data: dict) -> None:
 def train_run(run: Run, resume: bool, data_root: str | None, command: str) -> None:
     """Train (or resume) one model, recording the wall-clock segment, command and machine in
     ``MODEL_DIR/experiment.json`` (written before training starts, so a killed run leaves its start)."""
-    from hyperplex import runner
-    from hyperplex.experiment import load_experiment
+    from hyperplex.cli import runner
+    from hyperplex.config.experiment import load_experiment
     from hyperplex.train.trainer import TrainingError
 
     cfg = load_experiment(run.row.config, run.overrides, str(run.model_dir))
@@ -494,12 +494,12 @@ def training_time(model_dir: Path) -> tuple[float | None, str]:
 # ---------------------------------------------------------------------------- evaluation
 def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval_overrides: list[str],
                    eval_split: str = "") -> dict:
-    """``{"metrics", "params"}`` of one model folder: the steps of :func:`hyperplex.runner.evaluate`
+    """``{"metrics", "params"}`` of one model folder: the steps of :func:`hyperplex.cli.runner.evaluate`
     (load, validation split or the file ``eval_split``, the configured beam) with ``eval_overrides``
     (``testing.*``) applied to the saved config first, and
     :func:`~hyperplex.models.params.parameter_breakdown` of the loaded model."""
-    from hyperplex import runner
-    from hyperplex.experiment import TestingConfig
+    from hyperplex.cli import runner
+    from hyperplex.config.experiment import TestingConfig
     from hyperplex.models.params import parameter_breakdown
 
     cfg, task, model = runner.load_model(str(model_dir), checkpoint, data_root)
@@ -517,7 +517,7 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
 
 def cached_evaluation(run: Run, row: Row, checkpoint: str, data_root: str | None) -> dict:
     """:func:`evaluate_model`, cached in ``MODEL_DIR/evaluation-<row>.json`` until the checkpoint file changes."""
-    from hyperplex.runner import checkpoint_path
+    from hyperplex.cli.runner import checkpoint_path
 
     ckpt = checkpoint_path(run.model_dir, checkpoint)
     stat = ckpt.stat()

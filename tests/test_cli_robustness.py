@@ -26,7 +26,7 @@ import pytest
 import torch
 import yaml
 
-from hyperplex import runner
+from hyperplex.cli import runner
 from hyperplex.cli import main
 from hyperplex.config import ConfigError, merge
 from hyperplex.train.checkpoint import load_checkpoint, load_model_weights
@@ -172,7 +172,7 @@ def test_wrong_type_names_key_and_expected_type(world, tmp_path, capsys):
 
 def test_scientific_notation_is_a_float(world, tmp_path):
     """PyYAML reads ``3e-4`` (no dot) as a string; the loader must still take it as the float the user meant."""
-    from hyperplex.experiment import load_experiment
+    from hyperplex.config.experiment import load_experiment
 
     path = write_config(tmp_path / "sci.yaml", mt_config(world.data))
     path.write_text(path.read_text().replace("lr: 0.003", "lr: 3e-3"))

@@ -31,7 +31,7 @@ import pytest
 import torch
 import yaml
 
-from hyperplex import runner
+from hyperplex.cli import runner
 from hyperplex.cli import main
 from hyperplex.train.checkpoint import load_model_weights, save_model_weights
 

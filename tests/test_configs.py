@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from hyperplex import runner
-from hyperplex.experiment import load_experiment
+from hyperplex.cli import runner
+from hyperplex.config.experiment import load_experiment
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 

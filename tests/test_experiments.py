@@ -88,7 +88,7 @@ def test_mean_std_and_interval_recomputed_from_json(done):
 
 
 def test_evaluation_equals_runner_evaluate_and_params_breakdown(done):
-    from hyperplex import runner
+    from hyperplex.cli import runner
     from hyperplex.models.params import parameter_breakdown
 
     _, out, _, results = done
@@ -208,7 +208,7 @@ def test_shipped_plans_validate(plan, tmp_path, capsys):
 
 
 def test_eval_split_row_scores_a_file_like_hyperplex_evaluate(tmp_path):
-    from hyperplex import runner
+    from hyperplex.cli import runner
     from hyperplex.data.mlu import generate_mlu
     held_out, _ = generate_mlu(12, 1, seed=99)  # PREFIX.src / PREFIX.tgt, as data.mlu.write_mlu names them
     for side, column in (("src", 0), ("tgt", 1)):
@@ -310,7 +310,7 @@ def test_stability_read_from_metrics_csv(tmp_path):
 
 
 def test_sweep_records_divergence_and_plots(tmp_path, monkeypatch, capsys):
-    from hyperplex import runner
+    from hyperplex.cli import runner
     from hyperplex.train.trainer import TrainingError
 
     real_train = runner.train
@@ -347,7 +347,7 @@ def test_grad_norm_window_mean_and_max_in_metrics_csv(tmp_path):
     the same (deterministic) run logs with log_every=1."""
     import csv
 
-    from hyperplex import runner
+    from hyperplex.cli import runner
 
     logged = {}
     for every in (1, 2):

@@ -1,13 +1,13 @@
 from pathlib import Path
 
-from hyperplex.reference import config_reference
+from hyperplex.config.reference import config_reference
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
 
 def test_config_reference_is_up_to_date():
     # docs/config.md is generated from the config classes; regenerate with
-    # `python -m hyperplex.reference > docs/config.md` after changing any config field.
+    # `python -m hyperplex.config.reference > docs/config.md` after changing any config field.
     assert DOC.read_text(encoding="utf-8") == config_reference()
 
 

@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from hyperplex import cli, runner
+from hyperplex import cli
+from hyperplex.cli import runner
 from hyperplex.train.checkpoint import load_model_weights
 
 

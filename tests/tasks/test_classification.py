@@ -8,7 +8,7 @@ import random
 import pytest
 import yaml
 
-from hyperplex import runner
+from hyperplex.cli import runner
 
 WORDS = "the a cat dog bird runs sits sees big small red blue".split()
 
@@ -123,7 +123,7 @@ def test_ranking_overfits_to_perfect_map_and_mrr(tmp_path):
 def _carving_task(tmp_path, lines, seed, split_seed=None, carve="random", fraction=0.25, model_dir="m", **extra):
     """A classification task over ``lines`` whose labels are the line numbers, so the labels of its
     validation set say which lines were carved."""
-    from hyperplex.experiment import build_experiment
+    from hyperplex.config.experiment import build_experiment
     from hyperplex.tasks import build_task
 
     path = tmp_path / "lines.tsv"

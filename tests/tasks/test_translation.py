@@ -4,7 +4,7 @@ memorises generated arithmetic expressions (003 §4.4 format) to exact-match acc
 import pytest
 import yaml
 
-from hyperplex import runner
+from hyperplex.cli import runner
 from hyperplex.data.mlu import evaluate_mlu_input, generate_mlu
 
 

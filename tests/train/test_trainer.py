@@ -14,7 +14,7 @@ import yaml
 
 from conftest import write_tiny_config
 
-from hyperplex import runner
+from hyperplex.cli import runner
 from hyperplex.train.checkpoint import load_checkpoint, load_model_weights
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,6 @@ import math
 import sys
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.adapters.config import PHMAdapterConfig

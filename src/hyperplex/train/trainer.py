@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hyperplex.config import dump_yaml
-from hyperplex.experiment import ExperimentConfig, experiment_dict
+from hyperplex.config.experiment import ExperimentConfig, experiment_dict
 from hyperplex.train.task import Task, metric_mode
 from hyperplex.fileio import atomic_write_text
 from hyperplex.train.checkpoint import LAST, CheckpointManager, load_checkpoint, load_into, restore_rng

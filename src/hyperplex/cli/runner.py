@@ -1,5 +1,5 @@
 """What the CLI verbs do: train, evaluate, translate, params, average. Each takes plain arguments
-so it can be called from Python as well (``hyperplex.runner.train("configs/x.yaml")``)."""
+so it can be called from Python as well (``hyperplex.cli.runner.train("configs/x.yaml")``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from hyperplex.config import ConfigError, load_yaml
-from hyperplex.experiment import (
+from hyperplex.config.experiment import (
     ExperimentConfig, build_experiment, default_data_root, load_experiment, resume_experiment,
 )
 

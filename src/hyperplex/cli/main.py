@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from hyperplex.demo import run_demo
+    from hyperplex.cli.demo import run_demo
     from hyperplex.threads import parse_threads
 
     run_demo(args.out, quick=args.quick, seed=args.seed, threads=parse_threads(args.threads))
@@ -22,7 +22,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from hyperplex import runner
+    from hyperplex.cli import runner
 
     metrics = runner.train(args.config, args.overrides, args.model_dir, args.data_root, args.resume)
     if metrics:
@@ -31,7 +31,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from hyperplex import runner
+    from hyperplex.cli import runner
 
     metrics = runner.evaluate(args.model_dir, args.checkpoint, args.split, args.data_root, args.beam_size,
                               threads=args.threads)
@@ -40,7 +40,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from hyperplex import runner
+    from hyperplex.cli import runner
 
     runner.translate(args.model_dir, args.input, args.output, args.checkpoint, args.beam_size, args.plot_attention,
                      threads=args.threads)
@@ -48,21 +48,21 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def _params(args: argparse.Namespace) -> int:
-    from hyperplex import runner
+    from hyperplex.cli import runner
 
     print(runner.params(args.config, args.overrides, args.vocab_size, args.tgt_vocab_size, args.num_classes))
     return 0
 
 
 def _average(args: argparse.Namespace) -> int:
-    from hyperplex import runner
+    from hyperplex.cli import runner
 
     print(runner.average(args.inputs, args.output))
     return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
-    scripts = Path(__file__).resolve().parents[2] / "benchmarks"
+    scripts = Path(__file__).resolve().parents[3] / "benchmarks"
     script = scripts / f"bench_{args.name}.py"
     if not script.is_file():
         available = sorted(p.stem.removeprefix("bench_") for p in scripts.glob("bench_*.py")) if scripts.is_dir() else []
@@ -180,7 +180,7 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     loader to reject with a message naming it (and the verb), rather than an argparse usage error."""
     from dataclasses import fields
 
-    from hyperplex.experiment import ExperimentConfig
+    from hyperplex.config.experiment import ExperimentConfig
 
     top = {f.name for f in fields(ExperimentConfig)}
     rest, overrides = [], []

@@ -2,7 +2,7 @@ from pathlib import Path
 
 from hyperplex.config.reference import config_reference
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 
 def test_config_reference_is_up_to_date():

@@ -1,5 +1,5 @@
 """Robustness of decoding, translation and thread use (issue 16, items 3-5), driven through
-``hyperplex.cli.main`` like ``tests/test_cli_robustness.py``: exit code, stdout and every stderr
+``hyperplex.cli.main`` like ``tests/cli/test_cli_robustness.py``: exit code, stdout and every stderr
 line are checked.
 
 - Item 3: a line longer than the Transformer's positions is cut with one warning naming it; every

@@ -130,7 +130,7 @@ def test_resume_refuses_an_edited_config_file(world, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------- item 6 and 10b: signals
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
 
 
 def _command(cfg: Path, folder: Path, *extra: str) -> list[str]:

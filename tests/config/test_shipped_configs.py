@@ -7,7 +7,7 @@ import pytest
 from hyperplex.cli import runner
 from hyperplex.config.experiment import load_experiment
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
 
 def test_there_is_a_config_per_model_and_task():

@@ -159,7 +159,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
-        return from_dict(tp, value, key)
+        resolve = getattr(tp, "resolve_class", None)  # a polymorphic section (``model:``): pick the subclass
+        return from_dict(resolve(value, key) if resolve else tp, value, key)
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: expected bool (true/false), got {value!r}")
@@ -211,6 +212,12 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"
             raise ConfigError(f"unknown config key {dotted!r}{hint}")
         kwargs[key] = _convert(value, hints[key], dotted)
+        choices = fields[key].metadata.get("choices")  # a registry-backed choice: the live table decides
+        if choices is not None and kwargs[key] not in choices():
+            valid = choices()
+            close = difflib.get_close_matches(str(value), [str(c) for c in valid], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{dotted}: {value!r} is not one of {', '.join(repr(c) for c in valid)}{hint}")
     try:
         return cls(**kwargs)
     except ConfigError:
@@ -259,7 +266,8 @@ def reference_markdown(cls: type, prefix: str = "", heading_level: int = 3, inst
         shown = yaml.safe_dump(to_dict(default), default_flow_style=True).strip().removesuffix("...").strip() \
             if default not in ("(required)", "see below") else default
         help_text = f.metadata.get("help", "").replace("|", "\\|").replace("\n", " ")
-        rows.append(f"| `{dotted}` | {_type_name(tp).replace('|', chr(92) + '|')} | `{shown}` | {help_text} |")
+        type_name = " | ".join(repr(c) for c in f.metadata["choices"]()) if "choices" in f.metadata else _type_name(tp)
+        rows.append(f"| `{dotted}` | {type_name.replace('|', chr(92) + '|')} | `{shown}` | {help_text} |")
     text = "| key | type | default | meaning |\n|---|---|---|---|\n" + "\n".join(rows) + "\n"
     for dotted, tp, value in nested:
         text += f"\n{'#' * heading_level} `{dotted}`\n\n" + reference_markdown(tp, dotted, heading_level, value)

@@ -1,7 +1,7 @@
 """The experiment config: one YAML file per experiment, validated into these dataclasses.
 
 Sections: ``data`` (:class:`DataConfig`), ``model`` (``architecture`` plus that architecture's
-config class, see :mod:`hyperplex.models.registry`), ``training`` (:class:`TrainingConfig`) and
+config class, see :mod:`hyperplex.config.registry`), ``training`` (:class:`TrainingConfig`) and
 ``testing`` (:class:`TestingConfig`). ``hyperplex train CONFIG --training.lr=3e-4`` overrides
 any key; the resolved config is saved as ``config.yaml`` in the model folder.
 """
@@ -13,17 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from hyperplex.config import ConfigError, from_dict, load_yaml, merge, parse_overrides, to_dict
-
-TASKS = ("translation", "classification", "pair_classification", "ranking")
+from hyperplex.config.core import ConfigError, from_dict, load_yaml, merge, parse_overrides, to_dict
+from hyperplex.config.registry import ModelConfig, get_architecture, task_names
 
 
 @dataclass
 class DataConfig:
     """Where the data is and how it becomes token ids."""
 
-    task: Literal["translation", "classification", "pair_classification", "ranking"] = field(
-        default="translation", metadata={"help": "translation: sequence-to-sequence (also style transfer and the "
+    task: str = field(
+        default="translation", metadata={"choices": task_names,
+                                         "help": "translation: sequence-to-sequence (also style transfer and the "
                                          "arithmetic task); classification: one text → label (sentiment, agreement); "
                                          "pair_classification: two texts → label (NLI); ranking: question/answer "
                                          "pairs scored and ranked per question (WikiQA)"})
@@ -186,13 +186,15 @@ class ExperimentConfig:
                                                  "`--model-dir` overrides"})
     seed: int = field(default=1, metadata={"help": "seed for initialisation, data order, dropout and splits"})
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data section"})
-    model: dict = field(default_factory=dict, metadata={
-        "help": "`architecture:` plus that architecture's keys (see the model sections below)"})
+    model: ModelConfig = field(default=None, metadata={  # type: ignore[assignment]
+        "help": "`architecture:` plus that architecture's keys (see the model sections below); becomes the "
+                "architecture's own config dataclass at load"})
     training: TrainingConfig = field(default_factory=TrainingConfig, metadata={"help": "training section"})
     testing: TestingConfig = field(default_factory=TestingConfig, metadata={"help": "testing section"})
 
     def __post_init__(self) -> None:
-        self.model_config: Any = None  # set by load_experiment from `model`
+        if self.model is None:
+            get_architecture(None, self.data.task)  # raises: model.architecture is required (valid: …)
 
 
 def default_data_root() -> str | None:
@@ -214,14 +216,16 @@ def resolve_data_path(path: str, data_root: str | None) -> Path:
     return rooted if rooted.parent.is_dir() or not p.parent.is_dir() else p
 
 
-def build_experiment(raw: dict, source: str = "config") -> ExperimentConfig:
-    """Validate a raw dict into an :class:`ExperimentConfig` with its model config resolved."""
-    from hyperplex.models.registry import model_config_from_dict
+def build_experiment(raw: dict) -> ExperimentConfig:
+    """Validate a raw dict into an :class:`ExperimentConfig`; ``model`` becomes its architecture's dataclass.
 
-    cfg = from_dict(ExperimentConfig, raw)
-    cfg.model_config = model_config_from_dict(cfg.model, cfg.data.task)
-    cfg.model = to_dict(cfg.model_config) | {"architecture": cfg.model.get("architecture")}
-    return cfg
+    The one cross-section rule — the task must be able to train the architecture — is checked first,
+    so a mismatch is reported as such rather than as the other architecture's unknown keys."""
+    data, model = raw.get("data"), raw.get("model")
+    task = data.get("task", "translation") if isinstance(data, dict) else "translation"
+    if isinstance(model, dict) and model.get("architecture") and task in task_names():
+        get_architecture(model["architecture"], task)
+    return from_dict(ExperimentConfig, raw)
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None, model_dir: str | None = None) -> ExperimentConfig:
@@ -242,9 +246,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None, model_
 
 def experiment_dict(cfg: ExperimentConfig) -> dict:
     """The resolved config as a plain dict (what ``config.yaml`` in the model folder holds)."""
-    out = to_dict(cfg)
-    out["model"] = dict(cfg.model)
-    return out
+    return to_dict(cfg)
 
 
 #: Keys a resumed run may change: its budget and how it reports, never what it computes.

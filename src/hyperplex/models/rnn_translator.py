@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hyperplex.config.registry import ModelConfig
 from hyperplex.layers import shared_weights
 from hyperplex.nn.linear import LinearSpec, make_linear
 from hyperplex.nn.luong import ATTENTIONS, make_attention
@@ -47,7 +48,7 @@ __all__ = ["RNNTranslatorConfig", "RNNTranslator"]
 
 
 @dataclass
-class RNNTranslatorConfig:
+class RNNTranslatorConfig(ModelConfig):
     """Hyper-parameters of :class:`RNNTranslator` (thesis defaults in the ``help`` texts)."""
 
     embedding_dim: int = field(default=256, metadata={"help": "word embedding size (thesis: 1000); default 256"})
@@ -97,6 +98,12 @@ class RNNTranslatorConfig:
         if self.tie_embeddings and self.embedding_dim != self.hidden_size:
             raise ValueError(f"RNNTranslatorConfig.tie_embeddings needs embedding_dim == hidden_size, "
                              f"got {self.embedding_dim} and {self.hidden_size}")
+        # Sizes that linear.n must divide, checked here (at config load) rather than after the data is read.
+        encoder_hidden = self.hidden_size // 2 if self.bidirectional_encoder else self.hidden_size
+        decoder_input = self.embedding_dim + (self.hidden_size if self.input_feeding else 0)
+        self.linear.check_divides(self.embedding_dim, self.hidden_size, encoder_hidden, decoder_input,
+                                  where="model.embedding_dim / model.hidden_size (halved per direction when "
+                                        "bidirectional_encoder; + embedding_dim with input_feeding)")
 
 
 class RNNTranslator(nn.Module):
@@ -112,8 +119,8 @@ class RNNTranslator(nn.Module):
     - ``decode_step(prev_tokens (B,), state, step) -> (log_probs (B, V), state, weights (B, S) | None)``.
     """
 
-    def __init__(self, config: RNNTranslatorConfig, src_vocab_size: int, tgt_vocab_size: int, pad_index: int = 0,
-                 unk_index: int = 1, bos_index: int = 2, eos_index: int = 3) -> None:
+    def __init__(self, config: RNNTranslatorConfig, src_vocab_size: int, tgt_vocab_size: int, *,
+                 pad_index: int = 0, unk_index: int = 1, bos_index: int = 2, eos_index: int = 3) -> None:
         super().__init__()
         c = self.config = config
         self.pad_index, self.unk_index, self.bos_index, self.eos_index = pad_index, unk_index, bos_index, eos_index
@@ -121,10 +128,8 @@ class RNNTranslator(nn.Module):
         H, E, spec = c.hidden_size, c.embedding_dim, c.linear
         encoder_hidden = H // 2 if c.bidirectional_encoder else H
         decoder_input = E + (H if c.input_feeding else 0)
-        spec.check_divides(E, H, encoder_hidden, decoder_input, where="RNNTranslator (embedding_dim, hidden_size, "
-                           "hidden_size/2 of a bidirectional encoder)")
         dense_output = c.tie_embeddings or c.dense_output_layer
-        if not dense_output and spec.kind in ("phm", "quaternion") and tgt_vocab_size % spec.num_components:
+        if not dense_output and spec.needs_divisible and tgt_vocab_size % spec.num_components:
             raise ValueError(f"RNNTranslator: linear n={spec.num_components} does not divide the target vocabulary "
                              f"size {tgt_vocab_size}; set dense_output_layer: true or pad the vocabulary")
 

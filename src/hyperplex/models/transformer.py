@@ -29,6 +29,7 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hyperplex.config.registry import ModelConfig
 from hyperplex.nn.linear import LinearSpec, make_linear
 from hyperplex.nn.masks import lengths_to_mask
 from hyperplex.nn.transformer import TransformerDecoder, TransformerEmbedding, TransformerEncoder, scoped_specs
@@ -37,7 +38,7 @@ __all__ = ["TransformerConfig", "TransformerTranslator", "TransformerClassifier"
 
 
 @dataclass
-class TransformerConfig:
+class TransformerConfig(ModelConfig):
     """Architecture of a (PHM / Quaternion) Transformer; sizes before ``rescale``."""
 
     d_model: int = field(default=512, metadata={"help": "model width d (embeddings, residual stream); multiple of "
@@ -139,8 +140,9 @@ class TransformerTranslator(nn.Module):
     and ``self_keys``/``self_values`` ``(B, H, t, d_k)`` (grow by one position per step).
     """
 
-    def __init__(self, config: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int, pad_index: int = 0,
-                 unk_index: int = 1, bos_index: int = 2, eos_index: int = 3, device=None, dtype=None) -> None:
+    def __init__(self, config: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int, *,
+                 pad_index: int = 0, unk_index: int = 1, bos_index: int = 2, eos_index: int = 3,
+                 device=None, dtype=None) -> None:
         super().__init__()
         if config.decoder_layers < 1:
             raise ValueError("TransformerTranslator needs decoder_layers >= 1")
@@ -212,8 +214,8 @@ class TransformerClassifier(nn.Module):
 
     POOLINGS = ("mean", "first", "max")
 
-    def __init__(self, config: TransformerConfig, vocab_size: int, num_classes: int, pad_index: int = 0,
-                 pooling: str = "mean", device=None, dtype=None) -> None:
+    def __init__(self, config: TransformerConfig, vocab_size: int, num_classes: int, *,
+                 pad_index: int = 0, pooling: str = "mean", device=None, dtype=None) -> None:
         super().__init__()
         if pooling not in self.POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; valid: {', '.join(self.POOLINGS)}")

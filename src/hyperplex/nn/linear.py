@@ -3,11 +3,14 @@ quaternion (fixed Hamilton rule) or low-rank with the PHM layer's parameter budg
 
 Models never construct ``nn.Linear`` / ``PHMLinear`` directly; they call
 :func:`make_linear` with a :class:`LinearSpec` taken from their config, so switching a whole
-model to PHM is one config change (``linear: {kind: phm, n: 4}``).
+model to PHM is one config change (``linear: {kind: phm, n: 4}``). The kinds are a registry:
+a new kind is one builder function plus one :func:`register_linear_kind` call, and the config's
+choices, its error messages and ``docs/config.md`` follow the registry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -15,17 +18,39 @@ from torch import nn
 
 from hyperplex.layers import LowRankLinear, PHMLinear, matching_rank
 
-#: Valid values of :attr:`LinearSpec.kind`.
-LINEAR_KINDS = ("dense", "phm", "quaternion", "lowrank")
+
+@dataclass(frozen=True)
+class LinearKind:
+    """A registered linear kind: ``build(in_features, out_features, spec, bias, factory) → module`` and the
+    ``n`` its layers have (``None``: the spec's ``n``; PHM kinds need it to divide the sizes)."""
+
+    build: Callable[..., nn.Module]
+    components: int | None = None
+    divides: bool = False
+    help: str = ""
+
+
+#: kind name → :class:`LinearKind`; read by :class:`LinearSpec` (choices) and :func:`make_linear`.
+LINEAR_KINDS: dict[str, LinearKind] = {}
+
+
+def register_linear_kind(name: str, kind: LinearKind) -> None:
+    """Add (or replace) a linear kind under ``name``."""
+    LINEAR_KINDS[name] = kind
+
+
+def linear_kind_names() -> tuple[str, ...]:
+    return tuple(LINEAR_KINDS)
 
 
 @dataclass(frozen=True)
 class LinearSpec:
     """How to build a linear map ``d → k``."""
 
-    kind: Literal["dense", "phm", "quaternion", "lowrank"] = field(
+    kind: str = field(
         default="dense",
-        metadata={"help": "dense: nn.Linear; phm: PHMLinear with n terms and `rule`; quaternion: PHMLinear "
+        metadata={"choices": linear_kind_names,
+                  "help": "dense: nn.Linear; phm: PHMLinear with n terms and `rule`; quaternion: PHMLinear "
                   "with n=4 and the fixed Hamilton rule; lowrank: rank-r factorisation with the largest r "
                   "whose parameter count does not exceed PHM with the same n"})
     n: int = field(default=4, metadata={"help": "number of Kronecker terms for phm/lowrank (ignored for dense; "
@@ -46,11 +71,17 @@ class LinearSpec:
     @property
     def num_components(self) -> int:
         """``n`` of the layers this spec builds (1 for dense)."""
-        return {"dense": 1, "quaternion": 4}.get(self.kind, self.n)
+        fixed = LINEAR_KINDS[self.kind].components
+        return self.n if fixed is None else fixed
+
+    @property
+    def needs_divisible(self) -> bool:
+        """Whether ``n`` must divide the layer sizes (the PHM kinds)."""
+        return LINEAR_KINDS[self.kind].divides
 
     def check_divides(self, *sizes: int, where: str = "") -> None:
         """Raise a ValueError naming ``where`` if ``n`` does not divide every size (PHM kinds)."""
-        if self.kind in ("phm", "quaternion"):
+        if self.needs_divisible:
             bad = [s for s in sizes if s % self.num_components]
             if bad:
                 at = f" in {where}" if where else ""
@@ -65,12 +96,17 @@ def make_linear(in_features: int, out_features: int, spec: LinearSpec | None = N
     Shape: input ``(*, in_features)``, output ``(*, out_features)``.
     """
     spec = spec or LinearSpec()
-    factory = {"device": device, "dtype": dtype}
-    if spec.kind == "dense":
-        return nn.Linear(in_features, out_features, bias=bias, **factory)
-    if spec.kind == "quaternion":
-        return PHMLinear(in_features, out_features, 4, bias=bias, rule="quaternion", **factory)
-    if spec.kind == "phm":
-        return PHMLinear(in_features, out_features, spec.n, bias=bias, rule=spec.rule, **factory)
-    rank = matching_rank(in_features, out_features, spec.n, bias=bias, rounding=spec.rank_rounding)
-    return LowRankLinear(in_features, out_features, rank, bias=bias, **factory)
+    return LINEAR_KINDS[spec.kind].build(in_features, out_features, spec, bias, {"device": device, "dtype": dtype})
+
+
+def _lowrank(d: int, k: int, spec: LinearSpec, bias: bool, factory: dict) -> nn.Module:
+    rank = matching_rank(d, k, spec.n, bias=bias, rounding=spec.rank_rounding)
+    return LowRankLinear(d, k, rank, bias=bias, **factory)
+
+
+register_linear_kind("dense", LinearKind(lambda d, k, spec, bias, f: nn.Linear(d, k, bias=bias, **f), components=1))
+register_linear_kind("phm", LinearKind(lambda d, k, spec, bias, f: PHMLinear(d, k, spec.n, bias=bias, rule=spec.rule,
+                                                                             **f), divides=True))
+register_linear_kind("quaternion", LinearKind(
+    lambda d, k, spec, bias, f: PHMLinear(d, k, 4, bias=bias, rule="quaternion", **f), components=4, divides=True))
+register_linear_kind("lowrank", LinearKind(_lowrank))

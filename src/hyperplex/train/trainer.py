@@ -87,7 +87,7 @@ class Trainer:
         from hyperplex.threads import TOKENS_PER_SENTENCE, model_width, set_threads
 
         rows = self.tcfg.batch_size * (1 if self.tcfg.batch_type == "token" else TOKENS_PER_SENTENCE)
-        set_threads(self.tcfg.num_threads, max(1, rows // self.world), model_width(cfg.model_config))
+        set_threads(self.tcfg.num_threads, max(1, rows // self.world), model_width(cfg.model))
         if self.tcfg.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.task: Task = task_factory(cfg, self.model_dir, data_root, self.log)
@@ -167,7 +167,7 @@ class Trainer:
         elif self.rank == 0:
             atomic_write_text(self.model_dir / "config.yaml", dump_yaml(experiment_dict(cfg)))
         n_params = sum(p.numel() for p in model.parameters())
-        log.info(f"{cfg.name}: task {self.task.name}, model {cfg.model.get('architecture')}, {n_params:,} parameters, "
+        log.info(f"{cfg.name}: task {self.task.name}, model {cfg.model.architecture}, {n_params:,} parameters, "
                  f"device {self.device}, {self.world} process(es), {torch.get_num_threads()} thread(s)")
         steps_per_epoch = max(1, math.ceil(len(self.task.train_batches(state.epoch)) / tcfg.accum_steps))
         expected_last = self._log_budget(state, steps_per_epoch)

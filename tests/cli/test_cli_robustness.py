@@ -29,7 +29,7 @@ import yaml
 from hyperplex.cli import runner
 from hyperplex.cli import main
 from hyperplex.config import ConfigError, merge
-from hyperplex.train.checkpoint import load_checkpoint, load_model_weights
+from hyperplex.train.checkpoint import load_checkpoint, load_model_weights, save_model_weights
 
 # ---------------------------------------------------------------------------- data and configs
 EN = [f"w{i} w{(3 * i) % 7} w{(5 * i) % 11}" for i in range(16)]
@@ -390,11 +390,14 @@ def test_evaluate_a_missing_model_folder(tmp_path, capsys):
 
 
 def test_model_folder_without_its_config(mt_model, tmp_path, capsys):
+    """Without config.yaml the checkpoint's stored config is used (tests/cli/test_checkpoint_only.py);
+    a weights-only file stores none, so that is an error naming both."""
     model = copy_model(mt_model, tmp_path)
     (model / "config.yaml").unlink()
+    save_model_weights(model / "w.safetensors", load_model_weights(model / "best.safetensors"))
     before = snapshot(model)
-    msg = fail(capsys, "evaluate", model)
-    assert "config file not found" in msg and str(model / "config.yaml") in msg
+    msg = fail(capsys, "evaluate", model, "--checkpoint", "w.safetensors")
+    assert msg.startswith(f"{model / 'w.safetensors'} stores no config") and str(model / "config.yaml") in msg
     assert snapshot(model) == before
 
 

@@ -121,14 +121,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overrides(train)
     train.set_defaults(func=_train)
 
+    model_help = ("model folder written by `hyperplex train`, or a checkpoint file (.safetensors): its stored "
+                  "config is used unless a config.yaml sits beside it, and its tokeniser/vocabulary files "
+                  "(the names it records, e.g. src.json, src_vocab.json) are read from its folder")
     evaluate = sub.add_parser("evaluate", parents=[common], help="metrics of a trained model on its validation split",
-                              description="Load a model folder and print its validation metrics as JSON "
+                              description="Load a model folder (or a checkpoint file with its vocabulary files "
+                              "beside it) and print its validation metrics as JSON "
                               "(translation: BLEU/chrF with the configured beam, loss, perplexity).")
-    evaluate.add_argument("model_dir", help="model folder written by `hyperplex train`")
+    evaluate.add_argument("model_dir", metavar="MODEL", help=model_help)
     evaluate.add_argument("--split", default="dev", metavar="dev|train|FILE",
                           help="dev (default), train (classification tasks), or a file in the task's format — "
                           "a parallel prefix for translation — e.g. linzen_agreement/numpred.test.1.gz")
-    evaluate.add_argument("--checkpoint", default="best", help="best (default), last, or a checkpoint file")
+    evaluate.add_argument("--checkpoint", default="best",
+                          help="with a model folder: best (default), last, or a checkpoint file")
     evaluate.add_argument("--beam-size", type=int, help="override testing.beam_size")
     evaluate.add_argument("--data-root", **data_root)
     _add_threads(evaluate)
@@ -136,11 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     translate = sub.add_parser("translate", parents=[common], help="translate sentences with a trained model",
                                description="Translate one sentence per line from a file or stdin to a file or "
-                               "stdout, with the model folder's tokenisers, vocabularies and decoding settings.")
-    translate.add_argument("model_dir", help="model folder written by `hyperplex train`")
+                               "stdout, with the model folder's tokenisers, vocabularies and decoding settings "
+                               "(or a checkpoint file's, with its vocabulary files beside it).")
+    translate.add_argument("model_dir", metavar="MODEL", help=model_help)
     translate.add_argument("-i", "--input", help="input file (default: stdin)")
     translate.add_argument("-o", "--output", help="output file (default: stdout)")
-    translate.add_argument("--checkpoint", default="best", help="best (default), last, or a checkpoint file")
+    translate.add_argument("--checkpoint", default="best",
+                           help="with a model folder: best (default), last, or a checkpoint file")
     translate.add_argument("--beam-size", type=int, help="override testing.beam_size (1 = greedy)")
     translate.add_argument("--plot-attention", metavar="PNG",
                            help="draw the attention heat-map of the first non-empty sentence")

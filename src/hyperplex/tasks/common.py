@@ -77,6 +77,34 @@ def tokenizer_and_vocab(cfg: DataConfig, lines: list[str] | None, model_dir: Pat
     return load_tokenizer(model_dir, name), Vocabulary.load(model_dir / f"{name}_vocab.json")
 
 
+def vocabulary_files(cfg: DataConfig, name: str) -> dict[str, str]:
+    """The files the tokeniser/vocabulary ``name`` is saved as (what :func:`tokenizer_and_vocab` writes):
+    ``{"tokenizer": "NAME.json", "vocabulary": "NAME_vocab.json"}`` plus ``"model": "NAME.model"`` for
+    sentencepiece. Tasks record these in every checkpoint, so a copied checkpoint says what to copy with it."""
+    files = {"tokenizer": f"{name}.json", "vocabulary": f"{name}_vocab.json"}
+    if cfg.tokenizer in ("bpe", "unigram"):
+        files["model"] = f"{name}.model"
+    return files
+
+
+def load_saved_vocabularies(cfg: DataConfig, folder: Path, names: tuple[str, ...],
+                            recorded: dict | None = None) -> dict[str, tuple[Tokenizer, Vocabulary]]:
+    """``{name: (tokeniser, vocabulary)}`` read from ``folder`` by the file names a checkpoint ``recorded``
+    (its task metadata's ``"files"``), or by the standard names (:func:`vocabulary_files`) for checkpoints
+    written before they were recorded. Every file is looked for before any is read, so a missing one is
+    one error naming all the missing files and the folder (FileNotFoundError)."""
+    recorded = recorded or {}
+    files = {name: recorded.get(name) or vocabulary_files(cfg, name) for name in names}
+    wanted = [f for entry in files.values() for f in entry.values()]
+    missing = [f for f in wanted if not (Path(folder) / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"file{'s' if len(missing) > 1 else ''} not found: "
+                                f"{', '.join(str(Path(folder) / f) for f in missing)} (the model's tokeniser and "
+                                f"vocabulary files are read from beside its checkpoint, {folder}: {', '.join(wanted)})")
+    return {name: (load_tokenizer(folder, Path(entry["tokenizer"]).stem),
+                   Vocabulary.load(Path(folder) / entry["vocabulary"])) for name, entry in files.items()}
+
+
 def lowercase_if(cfg: DataConfig, text: str) -> str:
     """Apply ``data.lowercase`` to raw text (sources, targets and references alike, so BLEU compares
     lowercased output with lowercased references)."""

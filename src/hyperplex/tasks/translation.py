@@ -21,12 +21,18 @@ from hyperplex.data.readers import DataError, DropReport, read_parallel
 from hyperplex.data.vocab import BOS_INDEX, EOS, EOS_INDEX, PAD_INDEX, UNK, UNK_INDEX
 from hyperplex.models.registry import get_architecture
 from hyperplex.train.task import Task
-from hyperplex.tasks.common import carve_seed, data_file, lowercase_if, split_off, subset, tokenizer_and_vocab
+from hyperplex.tasks.common import (
+    carve_seed, data_file, load_saved_vocabularies, lowercase_if, split_off, subset, tokenizer_and_vocab,
+    vocabulary_files,
+)
 from hyperplex.train.metrics import corpus_bleu, corpus_chrf, perplexity
 
 
 class TranslationTask(Task):
     name = "translation"
+    #: The task metadata of the checkpoint being loaded (set by the runner before ``prepare(fresh=False)``
+    #: or :meth:`load_vocabularies`): its ``"files"`` name the vocabulary files to read.
+    checkpoint_record: dict | None = None
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -55,14 +61,16 @@ class TranslationTask(Task):
             raise DataError("no validation data: set data.dev or data.dev_fraction")
         return train, dev
 
+    def _vocabulary_names(self) -> tuple[str, ...]:
+        return ("src",) if self.cfg.data.shared_vocab else ("src", "tgt")
+
     def load_vocabularies(self) -> None:
-        """Load the saved tokenisers/vocabularies only (enough to translate; no data is read)."""
-        d = self.cfg.data
-        self.src_tok, self.src_vocab = tokenizer_and_vocab(d, None, self.model_dir, "src", fresh=False)
-        if d.shared_vocab:
-            self.tgt_tok, self.tgt_vocab = self.src_tok, self.src_vocab
-        else:
-            self.tgt_tok, self.tgt_vocab = tokenizer_and_vocab(d, None, self.model_dir, "tgt", fresh=False)
+        """Load the saved tokenisers/vocabularies only (enough to translate; no data is read), by the
+        file names :attr:`checkpoint_record` lists, else the standard ones."""
+        record = (self.checkpoint_record or {}).get("files")
+        loaded = load_saved_vocabularies(self.cfg.data, self.model_dir, self._vocabulary_names(), record)
+        self.src_tok, self.src_vocab = loaded["src"]
+        self.tgt_tok, self.tgt_vocab = loaded.get("tgt", loaded["src"])
 
     def prepare(self, fresh: bool) -> None:
         d = self.cfg.data
@@ -71,7 +79,9 @@ class TranslationTask(Task):
             train = subset(train, d.max_train_examples, self.cfg.seed)
             self.log.info(f"using a seeded subset of {len(train)} training pairs")
         train = [(lowercase_if(d, s), lowercase_if(d, t)) for s, t in train]
-        if d.shared_vocab:
+        if not fresh:
+            self.load_vocabularies()
+        elif d.shared_vocab:
             lines = [s for s, _ in train] + [t for _, t in train]
             self.src_tok, self.src_vocab = tokenizer_and_vocab(d, lines, self.model_dir, "src", fresh)
             self.tgt_tok, self.tgt_vocab = self.src_tok, self.src_vocab
@@ -275,4 +285,5 @@ class TranslationTask(Task):
         return texts
 
     def metadata(self) -> dict:
-        return {"src_vocab_size": len(self.src_vocab), "tgt_vocab_size": len(self.tgt_vocab)}
+        return {"src_vocab_size": len(self.src_vocab), "tgt_vocab_size": len(self.tgt_vocab),
+                "files": {name: vocabulary_files(self.cfg.data, name) for name in self._vocabulary_names()}}

@@ -25,16 +25,16 @@ def tiny(kind: str, num_outputs: int = 3, **overrides):
     """Tiny model of each kind (dropout 0 so eval and train agree)."""
     if kind == "nli":
         config = NLIEncoderConfig(embedding_dim=8, hidden_size=8, mlp_dim=8, dropout=0.0, **overrides)
-        return NLIEncoderClassifier(VOCAB, num_outputs, config)
+        return NLIEncoderClassifier(config, VOCAB, num_outputs)
     if kind == "nli-bi":
         config = NLIEncoderConfig(embedding_dim=8, hidden_size=8, mlp_dim=8, dropout=0.0, bidirectional=True,
                                   num_layers=2, **overrides)
-        return NLIEncoderClassifier(VOCAB, num_outputs, config)
+        return NLIEncoderClassifier(config, VOCAB, num_outputs)
     if kind == "deatt":
-        return DecomposableAttention(VOCAB, num_outputs, DecomposableAttentionConfig(
-            embedding_dim=8, hidden_size=8, dropout=0.0, **overrides))
-    return QuaternionAttentionModel(VOCAB, num_outputs, QuaternionAttentionConfig(
-        embedding_dim=8, hidden_size=8, dropout=0.0, **overrides))
+        return DecomposableAttention(DecomposableAttentionConfig(
+            embedding_dim=8, hidden_size=8, dropout=0.0, **overrides), VOCAB, num_outputs)
+    return QuaternionAttentionModel(QuaternionAttentionConfig(
+        embedding_dim=8, hidden_size=8, dropout=0.0, **overrides), VOCAB, num_outputs)
 
 
 KINDS = ["nli", "nli-bi", "deatt", "qatt"]
@@ -176,14 +176,25 @@ def test_padding_invariance(kind):
         torch.testing.assert_close(single[0], logits[n], atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_gradients_reach_every_parameter(kind):
+@pytest.mark.parametrize("kind,linear", [("nli", LinearSpec("phm", n=2)), ("nli-bi", LinearSpec("phm", n=2)),
+                                         ("deatt", LinearSpec("phm", n=2)), ("qatt", LinearSpec("quaternion")),
+                                         ("qatt", LinearSpec("phm", n=4))],
+                         ids=["nli-phm2", "nli-bi-phm2", "deatt-phm2", "qatt-quaternion", "qatt-phm4"])
+def test_gradients_match_finite_differences(kind, linear):
+    # Backprop through the whole model (masks, pooling, Hamilton alignment, PHM rules and weights)
+    # against central differences in float64, w.r.t. every parameter: a parameter cut off from
+    # the graph, or a wrong hand-written backward, gives a mismatch. fast_mode compares random
+    # projections vᵀJu per parameter instead of the full Jacobian, so this takes seconds, not minutes.
     torch.manual_seed(10)
-    model = tiny(kind, linear=LinearSpec("phm", n=2)) if kind != "qatt" else tiny(kind)
+    model = tiny(kind, linear=linear).double().eval()
     a, la, b, lb = random_batch(torch.Generator().manual_seed(11))
-    F.cross_entropy(model(a, la, b, lb), torch.tensor([0, 1, 2, 1])).backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    names, params = zip(*[(n, p.detach().clone().requires_grad_()) for n, p in model.named_parameters()])
+    assert any(n.endswith("phm_rule") for n in names) == (linear.kind == "phm")  # the rules are checked too
+
+    def logits(*values):
+        return torch.func.functional_call(model, dict(zip(names, values)), (a, la, b, lb))
+
+    assert torch.autograd.gradcheck(logits, params, eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=True)
 
 
 def test_frozen_embeddings_and_ranking_output():
@@ -198,7 +209,7 @@ def test_loads_into_model_embedding(tmp_path):
     path.write_text("the 0.1 0.2 -0.3\ncat 1 2 3\n")
     vocab = ["<pad>", "<unk>", "the", "cat"]
     torch.manual_seed(0)
-    model = DecomposableAttention(len(vocab), 3, DecomposableAttentionConfig(embedding_dim=3, hidden_size=4))
+    model = DecomposableAttention(DecomposableAttentionConfig(embedding_dim=3, hidden_size=4), len(vocab), 3)
     before = model.embedding.weight.detach().clone()
     vectors, mask = load_glove(path, vocab, dim=3)
     model.load_pretrained_embeddings(vectors, mask)
@@ -213,9 +224,9 @@ def test_config_errors():
     with pytest.raises(ValueError, match="linear n=7 does not divide size 8 in NLIEncoderConfig"):
         tiny("nli", linear=LinearSpec("phm", n=7))
     with pytest.raises(ValueError, match="hidden_size must be a multiple of 4"):
-        QuaternionAttentionModel(VOCAB, 3, QuaternionAttentionConfig(embedding_dim=8, hidden_size=10))
+        QuaternionAttentionModel(QuaternionAttentionConfig(embedding_dim=8, hidden_size=10), VOCAB, 3)
     with pytest.raises(ValueError, match="projection=false needs hidden_size == embedding_dim"):
-        DecomposableAttention(VOCAB, 3, DecomposableAttentionConfig(embedding_dim=8, hidden_size=4, projection=False))
+        DecomposableAttention(DecomposableAttentionConfig(embedding_dim=8, hidden_size=4, projection=False), VOCAB, 3)
     with pytest.raises(ValueError, match="num_outputs must be >= 1"):
         tiny("deatt", num_outputs=0)
     model = tiny("deatt")
@@ -227,9 +238,9 @@ def test_config_errors():
 
 
 def test_phm_config_switch_shrinks_nli_model():
-    dense = NLIEncoderClassifier(50, 3, NLIEncoderConfig(embedding_dim=20, hidden_size=20, mlp_dim=20))
-    phm = NLIEncoderClassifier(50, 3, NLIEncoderConfig(embedding_dim=20, hidden_size=20, mlp_dim=20,
-                                                       linear=LinearSpec("phm", n=5)))
+    dense = NLIEncoderClassifier(NLIEncoderConfig(embedding_dim=20, hidden_size=20, mlp_dim=20), 50, 3)
+    phm = NLIEncoderClassifier(NLIEncoderConfig(embedding_dim=20, hidden_size=20, mlp_dim=20,
+                                                linear=LinearSpec("phm", n=5)), 50, 3)
     count = lambda m: sum(p.numel() for n, p in m.named_parameters() if not n.startswith("embedding"))  # noqa: E731
     assert count(phm) < count(dense) / 2
 

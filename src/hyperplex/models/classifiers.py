@@ -1,7 +1,10 @@
 """Sentence-pair classifiers: the NLI encoder (ICLR App. B.1), decomposable attention (DeAtt) and
 the Quaternion attention model Q-Att (Tay et al. 2019 §3.2).
 
-Pair-classifier protocol: ``forward(a (B, Ta), a_lengths (B,), b (B, Tb), b_lengths (B,)) -> logits (B, C)``
+Pair-classifier protocol: ``Model(config, vocab_size, num_outputs, *, pad_index=0, device=None, dtype=None)``
+(the constructor every model of :mod:`hyperplex.models` shares, so the tasks and ``hyperplex params``
+build any architecture the same way) and
+``forward(a (B, Ta), a_lengths (B,), b (B, Tb), b_lengths (B,)) -> logits (B, C)``
 with ``C = num_outputs`` (3 for NLI; 1 for a ranking score trained with binary cross-entropy).
 Positions at or past a sequence's length are padding and never influence the logits. Every
 linear map comes from :func:`hyperplex.nn.make_linear` with the config's :class:`LinearSpec`,
@@ -16,6 +19,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from hyperplex.config.registry import ModelConfig
 from hyperplex.algebra import hamilton, merge_components, split_components
 from hyperplex.nn.attention import component_softmax
 from hyperplex.nn.linear import LinearSpec, make_linear
@@ -123,7 +127,7 @@ class _PairModel(nn.Module):
 
 # --------------------------------------------------------------------------- NLI encoder (ICLR App. B.1)
 @dataclass
-class NLIEncoderConfig:
+class NLIEncoderConfig(ModelConfig):
     """Siamese (PHM-)LSTM encoder classifier of the PHM paper (Zhang et al. 2021, App. B.1)."""
 
     embedding_dim: int = field(default=300, metadata={"help": "word embedding size (300 = GloVe 300d); default 300"})
@@ -156,9 +160,8 @@ class NLIEncoderClassifier(_PairModel):
     Shape: ``forward(a (B, Ta), a_lengths (B,), b (B, Tb), b_lengths (B,)) -> logits (B, num_outputs)``.
     """
 
-    def __init__(self, vocab_size: int, num_outputs: int = 3, config: NLIEncoderConfig | None = None,
+    def __init__(self, config: NLIEncoderConfig, vocab_size: int, num_outputs: int, *,
                  pad_index: int = 0, device=None, dtype=None) -> None:
-        config = config or NLIEncoderConfig()
         factory = {"device": device, "dtype": dtype}
         super().__init__(vocab_size, config.embedding_dim, num_outputs, pad_index, config.freeze_embeddings, factory)
         self.config = config
@@ -194,7 +197,7 @@ class NLIEncoderClassifier(_PairModel):
 
 # --------------------------------------------------------------------------- DeAtt (Parikh et al. 2016)
 @dataclass
-class DecomposableAttentionConfig:
+class DecomposableAttentionConfig(ModelConfig):
     """Decomposable attention (Parikh et al. 2016) with the [a; β; a⊙β; a−β] compare input (Tay et al. §4.1)."""
 
     embedding_dim: int = field(default=300, metadata={"help": "word embedding size; default 300"})
@@ -219,9 +222,8 @@ class DecomposableAttention(_PairModel):
     Shape: ``forward(a (B, Ta), a_lengths (B,), b (B, Tb), b_lengths (B,)) -> logits (B, num_outputs)``.
     """
 
-    def __init__(self, vocab_size: int, num_outputs: int = 3, config: DecomposableAttentionConfig | None = None,
+    def __init__(self, config: DecomposableAttentionConfig, vocab_size: int, num_outputs: int, *,
                  pad_index: int = 0, device=None, dtype=None) -> None:
-        config = config or DecomposableAttentionConfig()
         factory = {"device": device, "dtype": dtype}
         super().__init__(vocab_size, config.embedding_dim, num_outputs, pad_index, config.freeze_embeddings, factory)
         self.config = config
@@ -255,7 +257,7 @@ class DecomposableAttention(_PairModel):
 
 # --------------------------------------------------------------------------- Q-Att (Tay et al. 2019 §3.2)
 @dataclass
-class QuaternionAttentionConfig:
+class QuaternionAttentionConfig(ModelConfig):
     """Quaternion attention model Q-Att (Tay et al. 2019, §3.2, §3.4, §4.1)."""
 
     embedding_dim: int = field(default=300, metadata={"help": "word embedding size; default 300"})
@@ -290,9 +292,8 @@ class QuaternionAttentionModel(_PairModel):
     Shape: ``forward(a (B, Ta), a_lengths (B,), b (B, Tb), b_lengths (B,)) -> logits (B, num_outputs)``.
     """
 
-    def __init__(self, vocab_size: int, num_outputs: int = 3, config: QuaternionAttentionConfig | None = None,
+    def __init__(self, config: QuaternionAttentionConfig, vocab_size: int, num_outputs: int, *,
                  pad_index: int = 0, device=None, dtype=None) -> None:
-        config = config or QuaternionAttentionConfig()
         factory = {"device": device, "dtype": dtype}
         super().__init__(vocab_size, config.embedding_dim, num_outputs, pad_index, config.freeze_embeddings, factory)
         self.config = config

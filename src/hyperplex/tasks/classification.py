@@ -11,21 +11,14 @@ from hyperplex.data.datasets import ClassificationDataset, PairDataset
 from hyperplex.data.phrases import sentence_carve
 from hyperplex.data.readers import DataError, DropReport, check_labels, read_agreement, read_jsonl, read_tsv
 from hyperplex.data.vocab import PAD_INDEX
-from hyperplex.models.registry import get_architecture
+from hyperplex.config.registry import get_architecture
 from hyperplex.train.task import Task
-from hyperplex.tasks.common import (
-    carve_seed, data_file, load_saved_vocabularies, lowercase_if, split_off, subset, tokenizer_and_vocab,
-    vocabulary_files,
-)
+from hyperplex.tasks.common import carve_seed, data_file, lowercase_if, split_off, subset, tokenizer_and_vocab
 from hyperplex.train.metrics import accuracy, ranking_metrics
 
 
 class ClassificationTask(Task):
     """Single-text and text-pair classification, and ranking (``data.task: ranking``)."""
-
-    #: The task metadata of the checkpoint being loaded (set by the runner before ``prepare(fresh=False)``
-    #: or :meth:`load_vocabularies`): its ``"files"`` name the vocabulary files, its ``"labels"`` the classes.
-    checkpoint_record: dict | None = None
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -90,14 +83,10 @@ class ClassificationTask(Task):
         if self.ranking:
             self.labels = ["0", "1"]
         else:
-            saved = [] if fresh else (self.checkpoint_record or {}).get("labels")  # the model's output order
-            self.labels = list(d.labels) or list(saved or []) or sorted({r["label"] for r in train})
+            self.labels = list(d.labels) or sorted({r["label"] for r in train})
         self._check_labels(train + dev)
-        if fresh:
-            lines = [lowercase_if(d, t) for rec in train for t in self._texts(rec)]
-            self.tok, self.vocab = tokenizer_and_vocab(d, lines, self.model_dir, "text", fresh)
-        else:
-            self._load_vocabulary()
+        lines = [lowercase_if(d, t) for rec in train for t in self._texts(rec)]
+        self.tok, self.vocab = tokenizer_and_vocab(d, lines, self.model_dir, "text", fresh)
         self.train_set, report = self._dataset(train, "training examples")
         self.log.info(str(report))
         self.dev_set, dev_report = self._dataset(dev, "validation examples")
@@ -105,24 +94,6 @@ class ClassificationTask(Task):
             self.log.info(str(dev_report))
         self.log.info(f"vocabulary {len(self.vocab)}; labels {self.labels}; {len(self.train_set)} training / "
                       f"{len(self.dev_set)} validation examples")
-
-    def _load_vocabulary(self) -> None:
-        record = (self.checkpoint_record or {}).get("files")
-        self.tok, self.vocab = load_saved_vocabularies(self.cfg.data, self.model_dir, ("text",), record)["text"]
-
-    def load_vocabularies(self) -> None:
-        """Load the saved tokeniser, vocabulary and label order only, enough to score a file in the task's
-        format (:meth:`use_evaluation_file`) without the training data. The labels are the checkpoint's
-        record (the order of the model's outputs), else ``data.labels``; with neither, the training file
-        is read for them (:meth:`prepare`)."""
-        labels = ["0", "1"] if self.ranking else \
-            list((self.checkpoint_record or {}).get("labels") or self.cfg.data.labels)
-        if not labels:
-            self.prepare(fresh=False)
-            return
-        self.fresh = False
-        self.labels = labels
-        self._load_vocabulary()
 
     def _carve(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
         """(train, dev) records: ``data.dev_fraction`` of the training file held out with ``seed``
@@ -195,11 +166,8 @@ class ClassificationTask(Task):
         return 1 if self.ranking else len(self.labels)
 
     def build_model(self) -> nn.Module:
-        _, model_class = get_architecture(self.cfg.model["architecture"], self.name).load()
-        if self.pair:
-            model = model_class(len(self.vocab), self.num_outputs, config=self.cfg.model_config, pad_index=PAD_INDEX)
-        else:
-            model = model_class(self.cfg.model_config, len(self.vocab), self.num_outputs, pad_index=PAD_INDEX)
+        _, model_class = get_architecture(self.cfg.model.architecture, self.name).load()
+        model = model_class(self.cfg.model, len(self.vocab), self.num_outputs, pad_index=PAD_INDEX)
         if self.cfg.data.embeddings and getattr(self, "fresh", False):
             self._load_embeddings(model)
         return model
@@ -253,8 +221,7 @@ class ClassificationTask(Task):
         return {"accuracy": 100.0 * accuracy(logits.argmax(-1).tolist(), labels.tolist()), "loss": loss}
 
     def metadata(self) -> dict:
-        meta = {"vocab_size": len(self.vocab), "labels": self.labels,
-                "files": {"text": vocabulary_files(self.cfg.data, "text")}}
+        meta = {"vocab_size": len(self.vocab), "labels": self.labels}
         if getattr(self, "carve_counts", None):
             meta["carve"] = self.carve_counts
         return meta

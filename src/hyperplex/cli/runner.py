@@ -4,6 +4,7 @@ so it can be called from Python as well (``hyperplex.cli.runner.train("configs/x
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from hyperplex.config import ConfigError, load_yaml
 from hyperplex.config.experiment import (
-    ExperimentConfig, build_experiment, default_data_root, load_experiment, resume_experiment,
+    ExperimentConfig, build_experiment, default_data_root, experiment_dict, load_experiment, resume_experiment,
 )
 
 
@@ -39,16 +40,73 @@ def train(config: str, overrides: list[str] | None = None, model_dir: str | None
             handler.close()
 
 
-def _load_model_config(model_dir: Path) -> ExperimentConfig:
-    path = model_dir / "config.yaml"
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"model folder not found: {model_dir}")
-    raw = load_yaml(path)
-    raw["model_dir"] = str(model_dir)
+def resolve_model(model: str | Path, checkpoint: str = "best") -> tuple[Path, Path]:
+    """(model folder, checkpoint file) named by the MODEL argument of ``evaluate``/``translate``: a model
+    folder, whose ``checkpoint`` is ``best`` / ``last`` / a file name in it / a path; or a checkpoint file,
+    whose own folder is then the model folder (its vocabulary files are read from beside it)."""
+    model = Path(model)
+    if model.is_dir():
+        return model, checkpoint_path(model, checkpoint)
+    if model.is_file():
+        if checkpoint != "best":
+            raise ValueError(f"{model} is a checkpoint file; --checkpoint {checkpoint} cannot choose another")
+        return model.parent, model
+    what = "checkpoint file" if model.suffix == ".safetensors" else "model folder"
+    raise FileNotFoundError(f"{what} not found: {model}")
+
+
+def _model_config(folder: Path, path: Path, info: dict) -> tuple[ExperimentConfig, str]:
+    """The config a saved model is built with, and where it came from (named in errors).
+
+    The folder's ``config.yaml`` when there is one, as it always was: its decoding and data settings
+    may be edited, and a model section that no longer fits the weights is an error (:func:`load_model`).
+    Otherwise the config the checkpoint stored when it was written (every training checkpoint has it),
+    so a copied checkpoint file, or a folder that lost its ``config.yaml``, still loads."""
+    yaml_path = folder / "config.yaml"
+    if yaml_path.is_file():
+        raw, source = load_yaml(yaml_path), str(yaml_path)
+    else:
+        stored = info["extra"].get("config")
+        if not isinstance(stored, dict):
+            raise ConfigError(f"{path} stores no config (a {info['kind']} file, e.g. written by `hyperplex average`) "
+                              f"and {yaml_path} does not exist: put the training run's config.yaml beside it")
+        raw, source = copy.deepcopy(stored), f"the config stored in {path}"
+        data = raw.get("data")
+        if isinstance(data, dict) and "split_seed" not in data and "seed" in raw:
+            data["split_seed"] = raw["seed"]  # saved before data.split_seed existed: it carved with seed (carve_seed)
+    raw["model_dir"] = str(folder)
     try:
-        return build_experiment(raw)
+        return build_experiment(raw), source
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+        raise ConfigError(f"{source}: {err}") from None
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _check_model_section(cfg: ExperimentConfig, source: str, path: Path, stored: dict) -> None:
+    """A ``config.yaml`` whose model section differs from the one the checkpoint was trained with is an
+    error even when the tensor shapes happen to fit (an activation, a linear kind with equal shapes):
+    the checkpoint's own config is the truth for its weights."""
+    try:
+        saved = _leaves(experiment_dict(build_experiment({**stored, "model_dir": cfg.model_dir}))["model"])
+    except (ConfigError, TypeError):
+        return  # a stored config this version cannot read: the weights fit, there is nothing to compare
+    current = _leaves(experiment_dict(cfg)["model"])
+    differ = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+    if differ:
+        shown = "; ".join(f"model.{k} is {current.get(k)!r} there but {saved.get(k)!r} in the checkpoint"
+                          for k in differ[:3])
+        raise ConfigError(f"{source} does not match the config {path} was trained with: {shown}"
+                          f"{' …' if len(differ) > 3 else ''}; restore those keys, or remove config.yaml to use "
+                          f"the checkpoint's own config")
 
 
 def checkpoint_path(model_dir: Path, checkpoint: str) -> Path:
@@ -64,24 +122,31 @@ def checkpoint_path(model_dir: Path, checkpoint: str) -> Path:
 
 def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str | None = None,
                read_data: bool = True, logger: logging.Logger | None = None):
-    """(config, task, model) from a model folder alone. ``read_data=False`` loads only the
-    vocabularies (translation), enough to translate new text."""
+    """(config, task, model) from a model folder or a checkpoint file alone (:func:`resolve_model`;
+    the config: :func:`_model_config`). ``read_data=False`` loads only the tokenisers, vocabularies
+    (and labels), enough to translate new text or score a file; the vocabulary files are those the
+    checkpoint records, read from the model folder (the standard names for older checkpoints)."""
     import torch
 
     from hyperplex.tasks import build_task
-    from hyperplex.train.checkpoint import load_into, load_model_weights
+    from hyperplex.train.checkpoint import checkpoint_info, load_into, load_model_weights
 
-    model_dir = Path(model_dir)
-    cfg = _load_model_config(model_dir)
+    model_dir, path = resolve_model(model_dir, checkpoint)
+    info = checkpoint_info(path)  # header only: "not a hyperplex checkpoint" before anything else is read
+    cfg, source = _model_config(model_dir, path, info)
     log = logger or logging.getLogger("hyperplex.inference")
     task = build_task(cfg, model_dir, data_root or default_data_root(), log)
+    record = info["extra"].get("task")
+    task.checkpoint_record = record if isinstance(record, dict) else None
     if read_data or not hasattr(task, "load_vocabularies"):
         task.prepare(fresh=False)
     else:
         task.load_vocabularies()
     model = task.build_model()
-    path = checkpoint_path(model_dir, checkpoint)
-    load_into(model, load_model_weights(path), path, expected_from=str(model_dir / "config.yaml"))
+    load_into(model, load_model_weights(path), path, expected_from=source)
+    stored = info["extra"].get("config")
+    if source == str(model_dir / "config.yaml") and isinstance(stored, dict):
+        _check_model_section(cfg, source, path, stored)
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.training.device != "cpu" else "cpu")
     model.to(device).eval()
     return cfg, task, model
@@ -131,7 +196,9 @@ def evaluate(model_dir: str, checkpoint: str = "best", split: str = "dev", data_
     _check_beam(beam_size)
     threads = None if threads is None else parse_threads(threads)
     with _warnings_to_stderr("evaluate") as log:
-        cfg, task, model = load_model(model_dir, checkpoint, data_root, logger=log)
+        # a file to score needs no training data: the saved vocabularies (and labels) are enough
+        cfg, task, model = load_model(model_dir, checkpoint, data_root, read_data=split in ("dev", "train"),
+                                      logger=log)
         _set_inference_threads(threads, cfg, model, beam_size)
         return _evaluate_split(cfg, task, model, split, beam_size, progress)
 

@@ -13,12 +13,19 @@ from hyperplex.data.readers import DataError, DropReport, check_labels, read_agr
 from hyperplex.data.vocab import PAD_INDEX
 from hyperplex.config.registry import get_architecture
 from hyperplex.train.task import Task
-from hyperplex.tasks.common import carve_seed, data_file, lowercase_if, split_off, subset, tokenizer_and_vocab
+from hyperplex.tasks.common import (
+    carve_seed, data_file, load_saved_vocabularies, lowercase_if, split_off, subset, tokenizer_and_vocab,
+    vocabulary_files,
+)
 from hyperplex.train.metrics import accuracy, ranking_metrics
 
 
 class ClassificationTask(Task):
     """Single-text and text-pair classification, and ranking (``data.task: ranking``)."""
+
+    #: The task metadata of the checkpoint being loaded (set by the runner before ``prepare(fresh=False)``
+    #: or :meth:`load_vocabularies`): its ``"files"`` name the vocabulary files, its ``"labels"`` the classes.
+    checkpoint_record: dict | None = None
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -83,10 +90,14 @@ class ClassificationTask(Task):
         if self.ranking:
             self.labels = ["0", "1"]
         else:
-            self.labels = list(d.labels) or sorted({r["label"] for r in train})
+            saved = [] if fresh else (self.checkpoint_record or {}).get("labels")  # the model's output order
+            self.labels = list(d.labels) or list(saved or []) or sorted({r["label"] for r in train})
         self._check_labels(train + dev)
-        lines = [lowercase_if(d, t) for rec in train for t in self._texts(rec)]
-        self.tok, self.vocab = tokenizer_and_vocab(d, lines, self.model_dir, "text", fresh)
+        if fresh:
+            lines = [lowercase_if(d, t) for rec in train for t in self._texts(rec)]
+            self.tok, self.vocab = tokenizer_and_vocab(d, lines, self.model_dir, "text", fresh)
+        else:
+            self._load_vocabulary()
         self.train_set, report = self._dataset(train, "training examples")
         self.log.info(str(report))
         self.dev_set, dev_report = self._dataset(dev, "validation examples")
@@ -94,6 +105,24 @@ class ClassificationTask(Task):
             self.log.info(str(dev_report))
         self.log.info(f"vocabulary {len(self.vocab)}; labels {self.labels}; {len(self.train_set)} training / "
                       f"{len(self.dev_set)} validation examples")
+
+    def _load_vocabulary(self) -> None:
+        record = (self.checkpoint_record or {}).get("files")
+        self.tok, self.vocab = load_saved_vocabularies(self.cfg.data, self.model_dir, ("text",), record)["text"]
+
+    def load_vocabularies(self) -> None:
+        """Load the saved tokeniser, vocabulary and label order only, enough to score a file in the task's
+        format (:meth:`use_evaluation_file`) without the training data. The labels are the checkpoint's
+        record (the order of the model's outputs), else ``data.labels``; with neither, the training file
+        is read for them (:meth:`prepare`)."""
+        labels = ["0", "1"] if self.ranking else \
+            list((self.checkpoint_record or {}).get("labels") or self.cfg.data.labels)
+        if not labels:
+            self.prepare(fresh=False)
+            return
+        self.fresh = False
+        self.labels = labels
+        self._load_vocabulary()
 
     def _carve(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
         """(train, dev) records: ``data.dev_fraction`` of the training file held out with ``seed``
@@ -221,7 +250,8 @@ class ClassificationTask(Task):
         return {"accuracy": 100.0 * accuracy(logits.argmax(-1).tolist(), labels.tolist()), "loss": loss}
 
     def metadata(self) -> dict:
-        meta = {"vocab_size": len(self.vocab), "labels": self.labels}
+        meta = {"vocab_size": len(self.vocab), "labels": self.labels,
+                "files": {"text": vocabulary_files(self.cfg.data, "text")}}
         if getattr(self, "carve_counts", None):
             meta["carve"] = self.carve_counts
         return meta

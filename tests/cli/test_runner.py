@@ -1,15 +1,19 @@
 """The CLI verbs end to end on a tiny model: train, evaluate, translate (file and stdin), attention
-plot, average, params, bench lookup — each needing nothing but the model folder."""
+plot, average, params, bench lookup — each needing nothing but the model folder. Each verb's output
+is checked against the same computation done directly through the Python API."""
 
+import csv
 import io
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from hyperplex import cli
 from hyperplex.cli import runner
+from hyperplex.config import load_yaml
 from hyperplex.train.checkpoint import load_model_weights
 
 
@@ -30,26 +34,57 @@ def test_model_folder_has_everything(trained):
                  "checkpoints.json", "src.json", "src_vocab.json", "curves.png", "phm_rules.png"):
         assert (model_dir / name).is_file(), name
     assert any((model_dir / "tensorboard").iterdir())
+    saved = load_yaml(model_dir / "config.yaml")  # the resolved config: overrides applied, not recorded as flags
+    assert saved["training"]["lr"] == 0.003 and saved["training"]["max_steps"] == 24
     assert "--training.lr" not in (model_dir / "config.yaml").read_text()
-    assert "lr: 0.003" in (model_dir / "config.yaml").read_text()  # the resolved config, overrides applied
 
 
-def test_evaluate_prints_metrics_json(trained, capsys):
+def test_evaluate_prints_the_metrics_of_the_loaded_model(trained, capsys):
     _, model_dir = trained
     assert cli.main(["evaluate", str(model_dir), "--beam-size", "2"]) == 0
     metrics = json.loads(capsys.readouterr().out)
-    assert set(metrics) == {"bleu", "chrf", "accuracy", "loss", "ppl", "bleu_signature", "chrf_signature"}
-    assert metrics["bleu_signature"].startswith("nrefs:1|") and "tok:13a" in metrics["bleu_signature"]
+    _, task, model = runner.load_model(model_dir)  # the same model scored directly, same beam
+    expected = task.validate(model, beam_size=2)
+    assert set(expected) == {"bleu", "chrf", "accuracy", "loss", "ppl"}
+    assert {k: v for k, v in metrics.items() if not k.endswith("_signature")} == \
+        {k: round(v, 4) for k, v in expected.items()}  # the CLI prints 4 decimals
+    assert {k.removesuffix("_signature"): v for k, v in metrics.items() if k.endswith("_signature")} == \
+        task.signatures and set(task.signatures) == {"bleu", "chrf"}
     assert metrics["ppl"] == pytest.approx(torch.tensor(metrics["loss"]).exp().item(), rel=1e-3)
 
 
-def test_bf16_autocast_training_runs(tmp_path):
+def _metric_series(model_dir: Path, split: str, name: str) -> list[float]:
+    with open(model_dir / "metrics.csv", newline="") as f:
+        return [float(row["value"]) for row in csv.DictReader(f) if row["split"] == split and row["name"] == name]
+
+
+def test_bf16_autocast_training_learns_with_fp32_master_weights(tmp_path):
     from conftest import write_tiny_config
 
-    config = write_tiny_config(tmp_path, precision="bf16", max_steps=3, validation_every=3)
-    assert cli.main(["train", str(config), "--model-dir", str(tmp_path / "bf16")]) == 0
-    state = load_model_weights(tmp_path / "bf16" / "last.safetensors")
-    assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in state.values())  # fp32 master weights
+    steps, lr = 12, 3e-3
+    config = write_tiny_config(tmp_path, precision="bf16", max_steps=steps, validation_every=6, lr=lr)
+    model_dir = tmp_path / "bf16"
+    assert cli.main(["train", str(config), "--model-dir", str(model_dir)]) == 0
+    train_loss, dev_loss = _metric_series(model_dir, "train", "loss"), _metric_series(model_dir, "dev", "loss")
+    assert len(train_loss) == steps and len(dev_loss) == 2
+    assert all(torch.isfinite(torch.tensor(train_loss + dev_loss)))
+    assert sum(train_loss[-3:]) < sum(train_loss[:3])  # it learns under autocast
+    assert dev_loss[1] < dev_loss[0]
+
+    # The initial weights: the trainer seeds torch with cfg.seed and then builds the model, so doing
+    # the same here rebuilds them (the bound below fails if it does not).
+    cfg, task, _ = runner.load_model(model_dir, checkpoint="last", read_data=False)
+    torch.manual_seed(cfg.seed)
+    initial = task.build_model().state_dict()
+    state = load_model_weights(model_dir / "last.safetensors")
+    assert set(state) == set(initial)
+    for name, weights in state.items():
+        assert weights.dtype == torch.float32, name  # fp32 master weights, autocast only in the forward
+        change = (weights - initial[name]).abs().max().item()
+        # every tensor trained; Adam moves a weight by about lr per step at most
+        assert 0 < change <= 2 * steps * lr, (name, change)
+        # and the stored values are not bf16 values widened to fp32 (they keep fp32 precision)
+        assert not torch.equal(weights, weights.bfloat16().float()), name
 
 
 def test_translate_file_stdin_and_attention_plot(trained, tmp_path, capsys, monkeypatch):
@@ -60,7 +95,8 @@ def test_translate_file_stdin_and_attention_plot(trained, tmp_path, capsys, monk
     png = tmp_path / "attention.png"
     assert cli.main(["translate", str(model_dir), "-i", str(src), "-o", str(out), "--plot-attention", str(png)]) == 0
     lines = out.read_text().splitlines()
-    assert len(lines) == 2
+    _, task, model = runner.load_model(model_dir, read_data=False)  # the same model, the config's decoding
+    assert lines == task.translate(model, src.read_text().splitlines())
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     monkeypatch.setattr(sys, "stdin", io.StringIO("x=1,y=2,x+y\ny=-5,x=3,y*x\n"))
     assert cli.main(["translate", str(model_dir)]) == 0
@@ -99,14 +135,26 @@ def _one_line(tmp_path):
     return path
 
 
-def test_params_verb_prints_breakdown(trained, capsys):
-    config, _ = trained
+def test_params_verb_counts_the_model(trained, capsys):
+    from hyperplex.config.registry import get_architecture
+
+    config, model_dir = trained
     assert cli.main(["params", str(config), "--vocab-size", "30"]) == 0
     out = capsys.readouterr().out
-    assert "| phm_rules |" in out and "| total |" in out
+    rows = {cells[1].strip(): int(cells[2].replace(",", "")) for cells in
+            (line.split("|") for line in out.splitlines()[3:] if line.startswith("| "))}
+    cfg, _, trained_model = runner.load_model(model_dir, read_data=False)
+    model = get_architecture(cfg.model.architecture).load()[1](cfg.model, 30, 30)  # the config's model, vocab 30
+    assert rows["total"] == sum(p.numel() for p in model.parameters())
+    # the learned PHM rules A_i do not depend on the vocabulary: the trained model has the same ones
+    assert rows["phm_rules"] == sum(p.numel() for n, p in trained_model.named_parameters() if n.endswith("phm_rule"))
+    assert rows["phm_rules"] > 0
 
 
 def test_bench_lists_available_scripts(capsys):
     assert cli.main(["bench", "nonexistent"]) == 1
-    err = capsys.readouterr().err
-    assert "no benchmark" in err and "phm" in err
+    err = capsys.readouterr().err.strip()
+    assert "no benchmark" in err
+    scripts = Path(__file__).resolve().parents[2] / "benchmarks"
+    listed = err.rsplit("available: ", 1)[1].split(", ")
+    assert listed == sorted(p.stem.removeprefix("bench_") for p in scripts.glob("bench_*.py")) and "phm" in listed

@@ -1,11 +1,15 @@
-"""Every shipped config validates and builds its model; the CLI's params verb prints its table."""
+"""Every shipped config validates and builds its model; the CLI's params verb counts its parameters
+exactly (checked against the model's own parameters, built independently of the verb)."""
 
+import inspect
 from pathlib import Path
 
 import pytest
+from torch import nn
 
 from hyperplex.cli import runner
 from hyperplex.config.experiment import load_experiment
+from hyperplex.config.registry import ARCHITECTURES, get_architecture
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -13,22 +17,55 @@ CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"
 def test_there_is_a_config_per_model_and_task():
     names = {p.stem for p in CONFIGS}
     assert len(names) >= 12
-    archs = {load_experiment(p).model["architecture"] for p in CONFIGS}
+    archs = {load_experiment(p).model.architecture for p in CONFIGS}
     assert archs == {"rnn_translator", "transformer", "transformer_classifier", "nli_encoder",
                      "decomposable_attention", "quaternion_attention"}
 
 
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_every_architecture_has_the_one_constructor_signature(name):
+    # Model(config, vocab_size, num_outputs, *, pad_index=0, ...): the tasks and the params verb build
+    # every model with one call, so no caller may special-case a family.
+    config_class, model_class = ARCHITECTURES[name].load()
+    params = list(inspect.signature(model_class).parameters.values())
+    assert [p.kind for p in params[:3]] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 3
+    assert params[0].name == "config" and params[0].annotation in (config_class, config_class.__name__)
+    pad = inspect.signature(model_class).parameters["pad_index"]
+    assert (pad.kind, pad.default) == (inspect.Parameter.KEYWORD_ONLY, 0)
+    assert all(p.kind == inspect.Parameter.KEYWORD_ONLY for p in params[3:])
+
+
+def table_rows(table: str) -> dict[str, int]:
+    """``{component: count}`` of a :func:`runner.params` table (``| name | 1,234 | 1.23K | share |`` rows)."""
+    rows = [line.split("|") for line in table.splitlines()[3:]]  # after the title, header and rule lines
+    return {cells[1].strip(): int(cells[2].replace(",", "")) for cells in rows}
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
-def test_config_validates_and_builds(path):
+def test_params_table_counts_the_built_model(path):
     cfg = load_experiment(path)
     assert cfg.model_dir.startswith("runs/")
-    table = runner.params(str(path), vocab_size=64)
-    assert "total" in table
+    # The model the config describes, built here from the registry (not through the verb), with the
+    # sizes the verb is given: a 64-word vocabulary and 5 classes (ranking: one score; seq2seq: the
+    # shared 64-word vocabulary on both sides).
+    arch = get_architecture(cfg.model.architecture, cfg.data.task)
+    outputs = 64 if arch.family == "seq2seq" else 1 if cfg.data.task == "ranking" else 5
+    model = arch.load()[1](cfg.model, 64, outputs)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)  # shared tensors once
+    embeddings = sum({id(m.weight): m.weight.numel() for m in model.modules()
+                      if isinstance(m, nn.Embedding) and m.weight.requires_grad}.values())
+
+    table = runner.params(str(path), vocab_size=64, num_classes=5)
+    assert table.splitlines()[0].startswith(f"{cfg.name}: {cfg.model.architecture} (vocabulary 64")
+    rows = table_rows(table)
+    assert rows["total"] == trainable
+    assert sum(v for k, v in rows.items() if not k.startswith("total")) == rows["total"]  # disjoint components
+    assert rows["embeddings"] == embeddings
+    assert rows["total_without_embeddings"] == trainable - embeddings
 
 
 def non_embedding_total(table: str) -> int:
-    row = next(line for line in table.splitlines() if line.startswith("| total_without_embeddings |"))
-    return int(row.split("|")[2].replace(",", ""))
+    return table_rows(table)["total_without_embeddings"]
 
 
 @pytest.mark.parametrize("kind", ["phm", "quaternion", "lowrank"])

@@ -8,9 +8,7 @@ import yaml
 
 from hyperplex.config.experiment import DataConfig, load_experiment
 from hyperplex.data.readers import DataError
-from hyperplex.tasks.common import (
-    carve_seed, data_file, split_off, subset, tokenizer_and_vocab, tokenizer_options,
-)
+from hyperplex.tasks.common import carve_seed, data_file, split_off, subset, tokenizer_and_vocab, tokenizer_options
 
 
 # --------------------------------------------------------------------------- data_file

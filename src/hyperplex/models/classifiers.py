@@ -19,8 +19,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from hyperplex.config.registry import ModelConfig
 from hyperplex.algebra import hamilton, merge_components, split_components
+from hyperplex.config.registry import ModelConfig
 from hyperplex.nn.attention import component_softmax
 from hyperplex.nn.linear import LinearSpec, make_linear
 from hyperplex.nn.masks import lengths_to_mask

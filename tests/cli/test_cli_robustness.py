@@ -188,7 +188,7 @@ CONFIG_CASES = {
     "architecture_cannot_do_task": (["--model.architecture=nli_encoder"],
                                     ["model.architecture 'nli_encoder' cannot do task 'translation'",
                                      "rnn_translator"]),
-    "beam_size_0": (["--testing.beam_size=0"], ["testing", "beam_size must be ≥ 1, got 0"]),
+    "beam_size_0": (["--testing.beam_size=0"], ["testing", "beam_size must be ≥ 1 (1 = greedy), got 0"]),
     "dev_fraction_above_1": (["--data.dev_fraction=1.5"], ["data", "dev_fraction must be in [0, 1), got 1.5"]),
     "dev_fraction_negative": (["--data.dev_fraction=-0.1"], ["dev_fraction must be in [0, 1), got -0.1"]),
     "unknown_choice": (["--training.precision=fp61"], ["training.precision", "'fp61'", "did you mean 'fp16'"]),

@@ -219,7 +219,7 @@ def test_progress_bar_on_a_terminal_and_nothing_otherwise(world, capsys, tmp_pat
         monkeypatch.setattr(sys, "stderr", terminal)
         assert main([str(a) for a in argv]) == 0
         monkeypatch.undo()
-        assert f"decoding: 100%" in terminal.getvalue() and f"{total}/{total}" in terminal.getvalue()
+        assert "decoding: 100%" in terminal.getvalue() and f"{total}/{total}" in terminal.getvalue()
         capsys.readouterr()
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hyperplex.convert.quality import carve_split, embed_batched, mean_cosine, sst2_probe, wikiqa_ranking
-from hyperplex.train.metrics import ranking_metrics
+from hyperplex.metrics import ranking_metrics
 
 VECTORS = {"q1": [1.0, 0.0], "right": [0.9, 0.1], "wrong": [0.0, 1.0], "half": [0.6, 0.8],
            "q2": [0.0, 1.0], "a": [1.0, 0.0], "b": [0.7, 0.7], "c": [0.1, 1.0]}

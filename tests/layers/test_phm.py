@@ -1,6 +1,5 @@
 """PHMLinear: equivalences (n=1 ≡ nn.Linear, all paths ≡ Σ kron), gradients, init, errors, conversion."""
 
-import math
 
 import pytest
 import torch

@@ -152,11 +152,6 @@ def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str |
     return cfg, task, model
 
 
-def _check_beam(beam_size: int | None) -> None:
-    if beam_size is not None and beam_size < 1:
-        raise ValueError(f"--beam-size must be ≥ 1 (1 = greedy), got {beam_size}")
-
-
 @contextlib.contextmanager
 def _warnings_to_stderr(verb: str):
     """A logger for loading and decoding whose warnings (e.g. over-long lines cut) reach stderr as
@@ -173,13 +168,13 @@ def _warnings_to_stderr(verb: str):
         log.removeHandler(handler)
 
 
-def _set_inference_threads(threads: int | None, cfg: ExperimentConfig, model, beam_size: int | None) -> int:
+def _set_inference_threads(threads: int | None, cfg: ExperimentConfig, model) -> int:
     """``--threads`` or, for 0/None, :func:`hyperplex.threads.choose_threads` for decoding
     ``testing.batch_size`` sentences × beam rows (a sentence of typical length for classifiers)."""
     from hyperplex.threads import TOKENS_PER_SENTENCE, model_width, set_threads
 
     if cfg.data.task == "translation":
-        rows = cfg.testing.batch_size * (cfg.testing.beam_size if beam_size is None else beam_size)
+        rows = cfg.testing.batch_size * cfg.testing.beam_size
     else:
         rows = cfg.testing.batch_size * TOKENS_PER_SENTENCE
     return set_threads(threads, rows, model_width(model))
@@ -193,34 +188,34 @@ def evaluate(model_dir: str, checkpoint: str = "best", split: str = "dev", data_
     :mod:`hyperplex.threads` rule); ``progress``: a bar on stderr while decoding (a terminal only)."""
     from hyperplex.threads import parse_threads
 
-    _check_beam(beam_size)
     threads = None if threads is None else parse_threads(threads)
     with _warnings_to_stderr("evaluate") as log:
         # a file to score needs no training data: the saved vocabularies (and labels) are enough
         cfg, task, model = load_model(model_dir, checkpoint, data_root, read_data=split in ("dev", "train"),
                                       logger=log)
-        _set_inference_threads(threads, cfg, model, beam_size)
-        return _evaluate_split(cfg, task, model, split, beam_size, progress)
+        cfg.testing = cfg.testing.with_beam_size(beam_size)  # --beam-size: the one override of the decoding
+        _set_inference_threads(threads, cfg, model)
+        return _evaluate_split(cfg, task, model, split, progress)
 
 
-def _evaluate_split(cfg: ExperimentConfig, task, model, split: str, beam_size: int | None, progress: bool) -> dict:
+def _evaluate_split(cfg: ExperimentConfig, task, model, split: str, progress: bool) -> dict:
     if split == "train":
         if cfg.data.task == "translation":
             raise ValueError("--split train is not supported for translation (references are not kept)")
         task.dev_set = task.train_set
     elif split != "dev":  # a file (or parallel prefix) in the task's format, e.g. a held-out test split
         task.use_evaluation_file(split)
-    metrics = score(cfg, task, model, beam_size, progress)
+    metrics = score(cfg, task, model, progress)
     return metrics | {f"{name}_signature": sig for name, sig in getattr(task, "signatures", {}).items()}
 
 
-def score(cfg: ExperimentConfig, task, model, beam_size: int | None = None, progress: bool = False) -> dict[str, float]:
+def score(cfg: ExperimentConfig, task, model, progress: bool = False) -> dict[str, float]:
     """Validation metrics of a loaded model (:func:`load_model`) on ``task``'s current evaluation split;
-    translation decodes with ``beam_size`` (default ``cfg.testing.beam_size``), with a progress bar on a
-    terminal's stderr if ``progress``. sacreBLEU signatures of the last call are in ``task.signatures``."""
+    translation decodes with ``cfg.testing.beam_size`` (the evaluation beam, not the validation one), with
+    a progress bar on a terminal's stderr if ``progress``. sacreBLEU signatures of the last call are in
+    ``task.signatures``."""
     if cfg.data.task == "translation":
-        return task.validate(model, beam_size=cfg.testing.beam_size if beam_size is None else beam_size,
-                             progress=progress)
+        return task.validate(model, beam_size=cfg.testing.beam_size, progress=progress)
     return task.validate(model)
 
 
@@ -244,10 +239,10 @@ def translate(model_dir: str, input_path: str | None = None, output_path: str | 
     (0/None: the :mod:`hyperplex.threads` rule); ``progress``: a bar on stderr (a terminal only)."""
     from hyperplex.threads import parse_threads
 
-    _check_beam(beam_size)
     threads = None if threads is None else parse_threads(threads)
     with _warnings_to_stderr("translate") as log:
         cfg, task, model = load_model(model_dir, checkpoint, read_data=False, logger=log)
+        cfg.testing = cfg.testing.with_beam_size(beam_size)
         if cfg.data.task != "translation":
             raise ValueError(f"{model_dir} holds a {cfg.data.task} model; translate needs a translation model")
         if input_path:
@@ -256,8 +251,8 @@ def translate(model_dir: str, input_path: str | None = None, output_path: str | 
             lines = read_lines(input_path, allow_empty=True)
         else:
             lines = _read_stdin_lines()
-        _set_inference_threads(threads, cfg, model, beam_size)
-        outputs, details = task.translate(model, lines, beam_size=beam_size, return_attention=True,
+        _set_inference_threads(threads, cfg, model)
+        outputs, details = task.translate(model, lines, return_attention=True,
                                           progress=progress and len(lines) > 1)
     plotted = next((i for i, found in enumerate(details) if found is not None), None)  # first line with tokens
     if plot_attention:  # checked before anything is written

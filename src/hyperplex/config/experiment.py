@@ -9,7 +9,7 @@ any key; the resolved config is saved as ``config.yaml`` in the model folder.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -157,9 +157,14 @@ class TrainingConfig:
 
 @dataclass
 class TestingConfig:
-    """Decoding and evaluation."""
+    """Decoding and evaluation. Every decoding setting is read from here, and the beam width is
+    checked in one place (:func:`check_beam_size`), for the YAML key and the CLI's ``--beam-size``."""
 
-    beam_size: int = field(default=5, metadata={"help": "beam width; 1 = greedy"})
+    beam_size: int = field(default=5, metadata={"help": "beam width of `hyperplex evaluate` / `translate` (and "
+                                                "the experiment reports); 1 = greedy"})
+    validation_beam_size: int = field(default=1, metadata={
+        "help": "beam width of the validation BLEU/chrF computed during training (1 = greedy: fast, and what "
+                "picks the best checkpoint); train.log states it at the start"})
     beam_alpha: float = field(default=0.6, metadata={"help": "length penalty ((5+|Y|)/6)^alpha (Wu et al. 2016)"})
     max_output_length: int = field(default=100, metadata={"help": "longest output in tokens"})
     batch_size: int = field(default=32, metadata={"help": "sentences per decoding/evaluation batch"})
@@ -169,12 +174,25 @@ class TestingConfig:
                                                       "replace_unk"})
 
     def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise ValueError(f"beam_size must be ≥ 1, got {self.beam_size}")
+        check_beam_size(self.beam_size, "beam_size")
+        check_beam_size(self.validation_beam_size, "validation_beam_size")
         if self.max_output_length < 1 or self.batch_size < 1:
             raise ValueError("max_output_length and batch_size must be ≥ 1")
         if self.beam_alpha < 0:
             raise ValueError(f"beam_alpha must be ≥ 0, got {self.beam_alpha}")
+
+    def with_beam_size(self, beam_size: int | None, name: str = "--beam-size") -> TestingConfig:
+        """This config with ``beam_size`` replaced (``None``: unchanged), checked as ``name``."""
+        if beam_size is None:
+            return self
+        check_beam_size(beam_size, name)
+        return replace(self, beam_size=beam_size)
+
+
+def check_beam_size(value, name: str) -> None:
+    """The one check of a beam width (``name``: the key or flag it came from)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be ≥ 1 (1 = greedy), got {value}")
 
 
 @dataclass

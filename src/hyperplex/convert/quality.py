@@ -6,7 +6,7 @@ code scores the dense teacher and any student: :func:`sentence_transformer_embed
 
 * :func:`mean_cosine` — agreement of two embedders on the same sentences;
 * :func:`wikiqa_ranking` — zero-shot answer selection: each question's candidates ranked by the
-  cosine between question and answer embeddings, MAP/MRR by :mod:`hyperplex.train.metrics`;
+  cosine between question and answer embeddings, MAP/MRR by :mod:`hyperplex.metrics`;
 * :func:`sst2_probe` — accuracy of a logistic-regression probe (scikit-learn) on frozen embeddings,
   on a carved train/test split of ``train.tsv.gz`` with a fixed split seed.
 """
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hyperplex.data.readers import read_jsonl, read_tsv
-from hyperplex.train.metrics import accuracy, ranking_metrics
+from hyperplex.metrics import accuracy, ranking_metrics
 
 __all__ = ["Embedder", "sentence_transformer_embedder", "embed_batched", "mean_cosine", "wikiqa_ranking",
            "sst2_probe", "carve_split"]
@@ -87,7 +87,7 @@ def wikiqa_ranking(embed: Embedder, path: str | os.PathLike, batch_size: int = 2
 
     Returns:
         ``{"map", "mrr", "questions", "skipped", "candidates"}`` (see
-        :func:`hyperplex.train.metrics.ranking_metrics`).
+        :func:`hyperplex.metrics.ranking_metrics`).
     """
     records = read_jsonl(path, ("qid", "question", "answer", "label"), known={"label": {0, 1}})
     if limit_questions is not None:

@@ -228,12 +228,9 @@ def beam_search(model, src: Tensor, src_lengths: Tensor, beam_size: int = 5, bea
 
 def decode(model, src: Tensor, src_lengths: Tensor, beam_size: int = 1, beam_alpha: float = 0.6,
            max_output_length: int = 100, n_best: int = 1) -> list[list[Hypothesis]]:
-    """Greedy search for ``beam_size == 1`` (``n_best`` must then be 1), beam search otherwise."""
-    if not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"decode: beam_size must be an integer >= 1, got {beam_size!r}")
-    if not isinstance(n_best, int) or not 1 <= n_best <= beam_size:
-        raise ValueError(f"decode: n_best must be in [1, beam_size={beam_size}], got {n_best!r}")
-    if beam_size == 1:
+    """Greedy search for ``beam_size == 1`` (and ``n_best == 1``), beam search otherwise — which is where
+    the arguments are checked."""
+    if beam_size == 1 and n_best == 1:
         return greedy_search(model, src, src_lengths, max_output_length)
     return beam_search(model, src, src_lengths, beam_size, beam_alpha, max_output_length, n_best)
 

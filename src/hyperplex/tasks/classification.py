@@ -17,7 +17,7 @@ from hyperplex.tasks.common import (
     carve_seed, data_file, load_saved_vocabularies, lowercase_if, split_off, subset, tokenizer_and_vocab,
     vocabulary_files,
 )
-from hyperplex.train.metrics import accuracy, ranking_metrics
+from hyperplex.metrics import accuracy, ranking_metrics
 
 
 class ClassificationTask(Task):
@@ -206,10 +206,10 @@ class ClassificationTask(Task):
         from hyperplex.data.glove import load_glove
 
         if not hasattr(model, "load_pretrained_embeddings"):
-            raise ValueError(f"data.embeddings is set but model {self.cfg.model['architecture']!r} cannot load "
+            raise ValueError(f"data.embeddings is set but model {self.cfg.model.architecture!r} cannot load "
                              f"pre-trained embeddings")
         path = data_file(self.cfg.data.embeddings, self.data_root, key="data.embeddings")
-        dim = getattr(self.cfg.model_config, "embedding_dim", None)
+        dim = getattr(self.cfg.model, "embedding_dim", None)
         vectors, mask = load_glove(path, self.vocab.itos, dim)
         model.load_pretrained_embeddings(vectors, mask)
         self.log.info(f"embeddings: {int(mask.sum())} of {len(self.vocab)} words initialised from {path}")

@@ -19,13 +19,13 @@ from hyperplex.data.datasets import Seq2SeqDataset
 from hyperplex.data.mlu import FILE_SUFFIXES as MLU_SUFFIXES, generate_mlu
 from hyperplex.data.readers import DataError, DropReport, read_parallel
 from hyperplex.data.vocab import BOS_INDEX, EOS, EOS_INDEX, PAD_INDEX, UNK, UNK_INDEX
-from hyperplex.models.registry import get_architecture
+from hyperplex.config.registry import get_architecture
 from hyperplex.train.task import Task
 from hyperplex.tasks.common import (
     carve_seed, data_file, load_saved_vocabularies, lowercase_if, split_off, subset, tokenizer_and_vocab,
     vocabulary_files,
 )
-from hyperplex.train.metrics import corpus_bleu, corpus_chrf, perplexity
+from hyperplex.metrics import corpus_bleu, corpus_chrf, perplexity
 
 
 class TranslationTask(Task):
@@ -148,7 +148,7 @@ class TranslationTask(Task):
     def token_limit(self) -> int | None:
         """Most tokens a source or target may have: the Transformer's ``max_positions`` less the one that
         ``</s>`` (source) or ``<s>`` (target input) takes; ``None`` for models without a position table."""
-        limit = getattr(self.cfg.model_config, "max_positions", None)
+        limit = getattr(self.cfg.model, "max_positions", None)
         return limit - 1 if isinstance(limit, int) and limit > 1 else None
 
     def _cut_message(self, cut: list[tuple[int, str]], item: str, action: str, shown: int = 10) -> str:
@@ -166,8 +166,8 @@ class TranslationTask(Task):
 
     # ------------------------------------------------------------------ model
     def build_model(self) -> nn.Module:
-        _, model_class = get_architecture(self.cfg.model["architecture"], self.name).load()
-        return model_class(self.cfg.model_config, len(self.src_vocab), len(self.tgt_vocab), pad_index=PAD_INDEX,
+        _, model_class = get_architecture(self.cfg.model.architecture, self.name).load()
+        return model_class(self.cfg.model, len(self.src_vocab), len(self.tgt_vocab), pad_index=PAD_INDEX,
                            unk_index=UNK_INDEX, bos_index=BOS_INDEX, eos_index=EOS_INDEX)
 
     @staticmethod
@@ -181,8 +181,17 @@ class TranslationTask(Task):
         return self._summed_nll(model, batch, self.cfg.training.label_smoothing)
 
     @torch.no_grad()
-    def validate(self, model: nn.Module, beam_size: int = 1, progress: bool = False) -> dict[str, float]:
-        """Metrics on ``dev_set``; ``progress`` shows a bar on stderr while decoding (a terminal only)."""
+    def describe_validation(self) -> str:
+        te = self.cfg.testing
+        how = "greedily" if te.validation_beam_size == 1 else f"with beam {te.validation_beam_size}"
+        return (f"validation BLEU/chrF decode {how} (testing.validation_beam_size={te.validation_beam_size}); "
+                f"hyperplex evaluate decodes with testing.beam_size={te.beam_size}, alpha {te.beam_alpha}")
+
+    def validate(self, model: nn.Module, beam_size: int | None = None, progress: bool = False) -> dict[str, float]:
+        """Metrics on ``dev_set``, decoded with ``beam_size`` (``None``: ``testing.validation_beam_size``, what
+        training uses; ``hyperplex evaluate`` passes ``testing.beam_size``); ``progress`` shows a bar on
+        stderr while decoding (a terminal only)."""
+        beam_size = self.cfg.testing.validation_beam_size if beam_size is None else beam_size
         nll, tokens = 0.0, 0
         device = next(model.parameters()).device
         for batch in self.dev_set.batches(self.cfg.testing.batch_size):
@@ -214,7 +223,7 @@ class TranslationTask(Task):
             tokens = [t[:limit] for t in tokens]
         return tokens
 
-    def translate(self, model: nn.Module, lines: list[str], **kwargs):
+    def translate(self, model: nn.Module, lines: list[str], beam_size: int | None = None, **kwargs):
         """Raw source sentences → detokenised translations, one per line (see :meth:`translate_ids` for
         ``kwargs``). A line without tokens (empty or blank) translates to ``""`` without decoding; an
         over-long line is cut (:meth:`source_tokens`). With ``return_attention`` an empty line's
@@ -225,7 +234,8 @@ class TranslationTask(Task):
         details: list = [None] * len(lines)
         if todo:
             ids = [self.src_vocab.encode(tokens[i], add_eos=True) for i in todo]
-            result = self.translate_ids(model, ids, src_tokens=[tokens[i] for i in todo], **kwargs)
+            beam = self.cfg.testing.beam_size if beam_size is None else beam_size  # the default, resolved here only
+            result = self.translate_ids(model, ids, beam, src_tokens=[tokens[i] for i in todo], **kwargs)
             decoded, found = result if kwargs.get("return_attention") else (result, None)
             for k, i in enumerate(todo):
                 texts[i] = decoded[k]
@@ -234,7 +244,7 @@ class TranslationTask(Task):
         return (texts, details) if kwargs.get("return_attention") else texts
 
     @torch.no_grad()
-    def translate_ids(self, model: nn.Module, src_ids: list[list[int]], beam_size: int | None = None,
+    def translate_ids(self, model: nn.Module, src_ids: list[list[int]], beam_size: int,
                       src_tokens: list[list[str]] | None = None, return_attention: bool = False,
                       progress: bool = False):
         """Decode source id sequences in order; returns detokenised strings (and per-sentence
@@ -243,7 +253,6 @@ class TranslationTask(Task):
         from hyperplex.models.search import decode, load_unk_dictionary, replace_unk
 
         te = self.cfg.testing
-        beam = te.beam_size if beam_size is None else beam_size
         dictionary = load_unk_dictionary(te.unk_dictionary) if te.replace_unk and te.unk_dictionary else None
         device = next(model.parameters()).device
         was_training = model.training
@@ -262,7 +271,7 @@ class TranslationTask(Task):
                        dynamic_ncols=True)
         for batch in batches:
             b = batch.to(device)
-            results = decode(model, b["src"], b["src_lengths"], beam_size=beam, beam_alpha=te.beam_alpha,
+            results = decode(model, b["src"], b["src_lengths"], beam_size=beam_size, beam_alpha=te.beam_alpha,
                              max_output_length=te.max_output_length)
             for row, index in enumerate(batch.indices):
                 hyp = results[row][0]

@@ -4,7 +4,7 @@ from hyperplex.train.checkpoint import (
     Checkpoint, CheckpointError, CheckpointManager, atomic_write, average_checkpoints, capture_rng,
     checkpoint_info, load_checkpoint, load_model_weights, restore_rng, save_checkpoint, save_model_weights,
 )
-from hyperplex.train.metrics import (
+from hyperplex.metrics import (
     BleuResult, ChrfResult, CorpusScore, accuracy, corpus_bleu, corpus_chrf, mean_average_precision,
     mean_reciprocal_rank, perplexity, ranking_metrics,
 )

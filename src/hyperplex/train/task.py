@@ -59,6 +59,10 @@ class Task:
         """Metrics on the validation split (the model is already in eval mode)."""
         raise NotImplementedError
 
+    def describe_validation(self) -> str:
+        """One line for ``train.log`` saying how validation scores the model (e.g. which decoding), or ""."""
+        return ""
+
     def metadata(self) -> dict:
         """JSON-serialisable facts stored in every checkpoint (e.g. vocabulary sizes, label names)."""
         return {}

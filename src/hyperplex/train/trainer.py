@@ -171,6 +171,8 @@ class Trainer:
                  f"device {self.device}, {self.world} process(es), {torch.get_num_threads()} thread(s)")
         steps_per_epoch = max(1, math.ceil(len(self.task.train_batches(state.epoch)) / tcfg.accum_steps))
         expected_last = self._log_budget(state, steps_per_epoch)
+        if self.task.describe_validation():
+            log.info(self.task.describe_validation())
         train_model: nn.Module = model
         if self.world > 1:
             train_model = nn.parallel.DistributedDataParallel(

@@ -4,7 +4,7 @@ import pytest
 import torch
 from sacrebleu.metrics import BLEU
 
-from hyperplex.train.metrics import (
+from hyperplex.metrics import (
     accuracy, corpus_bleu, corpus_chrf, mean_average_precision, mean_reciprocal_rank, perplexity, ranking_metrics,
 )
 

@@ -3,7 +3,8 @@
 from hyperplex.layers.diffusion import DiffusionPHMLinear
 from hyperplex.layers.functional import materialize_weight, phm_linear, phm_linear_reference, phm_linear_structured
 from hyperplex.layers.lowrank import LowRankLinear, lowrank_parameter_count, matching_rank
-from hyperplex.layers.phm import FORWARD_MODES, PHMLinear, kronecker_decompose, phm_parameter_count, shared_weights
+from hyperplex.layers.conversion import kronecker_decompose
+from hyperplex.layers.phm import FORWARD_MODES, PHMLinear, phm_parameter_count, shared_weights
 
 __all__ = [
     "PHMLinear", "DiffusionPHMLinear", "LowRankLinear", "FORWARD_MODES",

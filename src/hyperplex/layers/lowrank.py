@@ -79,25 +79,14 @@ class LowRankLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, rank: int) -> tuple["LowRankLinear", float]:
-        """Truncated SVD of the dense weight (optimal by Eckart–Young); returns ``(layer, ‖W − UV‖_F / ‖W‖_F)``."""
-        W = linear.weight.detach()
-        layer = cls(linear.in_features, linear.out_features, rank, bias=linear.bias is not None, device=W.device, dtype=W.dtype)
-        U, sigma, Vh = torch.linalg.svd(W.double(), full_matrices=False)
-        root = sigma[:rank].sqrt()
-        with torch.no_grad():
-            layer.left.copy_(U[:, :rank] * root)
-            layer.right.copy_(root[:, None] * Vh[:rank])
-            if layer.bias is not None:
-                layer.bias.copy_(linear.bias.detach())
-        total = sigma.square().sum()
-        error = float((sigma[rank:].square().sum() / total).sqrt()) if total > 0 else 0.0
-        return layer, error
+        """Truncated SVD of the dense weight; returns ``(layer, ‖W − UV‖_F / ‖W‖_F)``
+        (:func:`hyperplex.layers.conversion.lowrank_from_linear`)."""
+        from hyperplex.layers.conversion import lowrank_from_linear
+
+        return lowrank_from_linear(linear, rank)
 
     def to_linear(self) -> nn.Linear:
-        W = self.dense_weight().detach()
-        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device=W.device, dtype=W.dtype)
-        with torch.no_grad():
-            linear.weight.copy_(W)
-            if self.bias is not None:
-                linear.bias.copy_(self.bias)
-        return linear
+        """An ``nn.Linear`` computing the same function (weight ``U V``, same bias)."""
+        from hyperplex.layers.conversion import to_linear
+
+        return to_linear(self)

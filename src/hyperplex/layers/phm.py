@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from hyperplex.algebra import ALGEBRAS, algebra_rule
 from hyperplex.layers.functional import materialize_weight, phm_linear_structured, signed_permutation
 
-__all__ = ["PHMLinear", "phm_parameter_count", "kronecker_decompose", "shared_weights", "FORWARD_MODES"]
+__all__ = ["PHMLinear", "phm_parameter_count", "shared_weights", "FORWARD_MODES"]
 
 FORWARD_MODES = ("auto", "structured", "materialized")
 RuleSpec = str | Tensor
@@ -58,32 +58,6 @@ def phm_parameter_count(in_features: int, out_features: int, n: int, rule: RuleS
     fixed = _resolve_n_and_rule(in_features, out_features, n, rule)
     learned_rule = fixed is None and n > 1
     return out_features * in_features // n + (n**3 if learned_rule else 0) + (out_features if bias else 0)
-
-
-def _rearrange(matrix: Tensor, n: int) -> Tensor:
-    """Van Loan–Pitsianis rearrangement (float64): ``R[(a, c), (q, j)] = H[a·k/n + q, c·d/n + j]``."""
-    k_n, d_n = matrix.shape[0] // n, matrix.shape[1] // n
-    return matrix.detach().double().reshape(n, k_n, n, d_n).permute(0, 2, 1, 3).reshape(n * n, k_n * d_n)
-
-
-def kronecker_decompose(matrix: Tensor, n: int) -> tuple[Tensor, Tensor, float]:
-    """Best ``n``-term Kronecker-sum approximation ``matrix ≈ Σᵢ Aᵢ ⊗ Sᵢ`` (Van Loan & Pitsianis 1993).
-
-    Rearranging ``H`` (k × d) into ``R`` (n² × k·d/n²) with ``R[(a, c), (q, j)] = H[a·k/n + q, c·d/n + j]``
-    turns a Kronecker sum into a sum of rank-one terms ``vec(Aᵢ) vec(Sᵢ)ᵀ``, so by Eckart–Young the
-    truncated SVD of ``R`` is optimal in Frobenius norm. Singular values are split evenly
-    (``√σ`` to each factor). Returns ``rule (n, n, n)``, ``weight (n, k/n, d/n)`` and the relative
-    error ``‖H − Ĥ‖_F / ‖H‖_F`` (computed from the discarded singular values).
-    """
-    k_n, d_n = matrix.shape[0] // n, matrix.shape[1] // n
-    R = _rearrange(matrix, n)
-    U, sigma, Vh = torch.linalg.svd(R, full_matrices=False)
-    root = sigma[:n].sqrt()
-    rule = (U[:, :n] * root).T.reshape(n, n, n)  # rule[i, a, c]
-    weight = (Vh[:n] * root[:, None]).reshape(n, k_n, d_n)
-    total = sigma.square().sum()
-    error = float((sigma[n:].square().sum() / total).sqrt()) if total > 0 else 0.0
-    return rule, weight, error
 
 
 class PHMLinear(nn.Module):
@@ -306,45 +280,17 @@ class PHMLinear(nn.Module):
     # ------------------------------------------------------------------ conversion
     @classmethod
     def from_linear(cls, linear: nn.Linear, n: int, rule: RuleSpec = "learned", **kwargs) -> tuple["PHMLinear", float]:
-        """Convert a dense layer; returns ``(layer, relative_error)`` with
-        ``relative_error = ‖W − H‖_F / ‖W‖_F``.
+        """Convert a dense layer; returns ``(layer, ‖W − H‖_F / ‖W‖_F)``
+        (:func:`hyperplex.layers.conversion.phm_from_linear`)."""
+        from hyperplex.layers.conversion import phm_from_linear
 
-        A learned rule gets the best ``n``-term Kronecker sum (:func:`kronecker_decompose`,
-        exact when ``W`` is such a sum); a fixed rule gets the least-squares ``Sᵢ`` for that rule.
-        The bias is copied.
-        """
-        W = linear.weight.detach()
-        layer = cls(linear.in_features, linear.out_features, n, bias=linear.bias is not None, rule=rule,
-                    device=W.device, dtype=W.dtype, **kwargs)
-        k_n, d_n = layer.out_features // n, layer.in_features // n
-        with torch.no_grad():
-            if n == 1:
-                layer.phm_weight.copy_(W.view(1, k_n, d_n))
-                error = 0.0
-            elif layer.rule_is_learned:
-                rule_t, weight, error = kronecker_decompose(W, n)
-                layer.phm_rule.copy_(rule_t)
-                layer.phm_weight.copy_(weight)
-            else:  # min ‖R − vec(A) Sᵀ‖ over S for the fixed rule: S = A⁺ R
-                R = _rearrange(W, n)
-                A = layer.phm_rule.double().permute(1, 2, 0).reshape(n * n, n)  # columns vec(Aᵢ)
-                S = torch.linalg.lstsq(A, R).solution
-                layer.phm_weight.copy_(S.reshape(n, k_n, d_n))
-                error = float(torch.linalg.norm(R - A @ S) / torch.linalg.norm(R).clamp_min(1e-300))
-            if layer.bias is not None:
-                layer.bias.copy_(linear.bias.detach())
-        layer.invalidate_cache()
-        return layer, error
+        return phm_from_linear(linear, n, rule, **kwargs)
 
     def to_linear(self) -> nn.Linear:
         """An ``nn.Linear`` computing the same function (weight ``H``, same bias)."""
-        W = self.dense_weight().detach()
-        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device=W.device, dtype=W.dtype)
-        with torch.no_grad():
-            linear.weight.copy_(W)
-            if self.bias is not None:
-                linear.bias.copy_(self.bias)
-        return linear
+        from hyperplex.layers.conversion import to_linear
+
+        return to_linear(self)
 
 
 @contextmanager

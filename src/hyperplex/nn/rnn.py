@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from hyperplex.layers import LowRankLinear, PHMLinear, shared_weights
+from hyperplex.layers import shared_weights
+from hyperplex.layers.conversion import copy_into_like, dense_weight
 from hyperplex.nn.linear import LinearSpec, make_linear
 from hyperplex.nn.masks import lengths_to_mask
 
@@ -262,7 +263,7 @@ class PHMLSTM(nn.Module):
                     bias = getattr(lstm, f"bias_ih_{suffix}") + getattr(lstm, f"bias_hh_{suffix}")
                 for name, weight, b in (("input_proj", getattr(lstm, f"weight_ih_{suffix}"), bias),
                                         ("hidden_proj", getattr(lstm, f"weight_hh_{suffix}"), None)):
-                    new, error = _convert_linear(getattr(cell, name), weight.detach(), None if b is None else b.detach())
+                    new, error = copy_into_like(getattr(cell, name), weight.detach(), None if b is None else b.detach())
                     setattr(cell, name, new)
                     errors.append(error)
         module.conversion_error = max(errors)
@@ -278,31 +279,9 @@ class PHMLSTM(nn.Module):
                 for direction in range(self.num_directions):
                     suffix = f"l{layer}" + ("_reverse" if direction else "")
                     cell = self.cells[layer * self.num_directions + direction]
-                    getattr(lstm, f"weight_ih_{suffix}").copy_(_dense_weight(cell.input_proj))
-                    getattr(lstm, f"weight_hh_{suffix}").copy_(_dense_weight(cell.hidden_proj))
+                    getattr(lstm, f"weight_ih_{suffix}").copy_(dense_weight(cell.input_proj))
+                    getattr(lstm, f"weight_hh_{suffix}").copy_(dense_weight(cell.hidden_proj))
                     if self.bias:
                         getattr(lstm, f"bias_ih_{suffix}").copy_(cell.input_proj.bias)
                         getattr(lstm, f"bias_hh_{suffix}").zero_()
         return lstm
-
-
-def _dense_weight(layer: nn.Module) -> Tensor:
-    return layer.weight.detach() if isinstance(layer, nn.Linear) else layer.dense_weight().detach()
-
-
-def _convert_linear(target: nn.Module, weight: Tensor, bias: Tensor | None) -> tuple[nn.Module, float]:
-    """A module of the same kind as ``target`` holding (the nearest map to) ``weight``/``bias``."""
-    dense = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        dense.weight.copy_(weight)
-        if bias is not None:
-            dense.bias.copy_(bias)
-    if isinstance(target, nn.Linear):
-        return dense, 0.0
-    if isinstance(target, PHMLinear):
-        rule = "learned" if target.rule_is_learned or target.n == 1 else (
-            target.rule_name if target.rule_name != "custom" else target.phm_rule)
-        return PHMLinear.from_linear(dense, target.n, rule=rule, forward_mode=target.forward_mode)
-    if isinstance(target, LowRankLinear):
-        return LowRankLinear.from_linear(dense, target.rank)
-    raise TypeError(f"cannot copy LSTM weights into a {type(target).__name__}")

@@ -1,4 +1,4 @@
-"""Command-line interface: ``hyperplex {demo,train,evaluate,translate,params,average,bench}``.
+"""Command-line interface: ``hyperplex {demo,train,compress,evaluate,translate,params,average,bench}``.
 
 Errors end with one line on stderr saying what is wrong and where, and exit code 1 (2 for
 usage errors); ``--debug`` shows the traceback instead.
@@ -25,6 +25,15 @@ def _train(args: argparse.Namespace) -> int:
     from hyperplex.cli import runner
 
     metrics = runner.train(args.config, args.overrides, args.model_dir, args.data_root, args.resume)
+    if metrics:
+        print(json.dumps({k: round(v, 4) for k, v in metrics.items()}))
+    return 0
+
+
+def _compress(args: argparse.Namespace) -> int:
+    from hyperplex.cli import runner
+
+    metrics = runner.compress(args.config, args.overrides, args.model_dir, args.data_root, args.resume)
     if metrics:
         print(json.dumps({k: round(v, 4) for k, v in metrics.items()}))
     return 0
@@ -120,6 +129,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue from MODEL_DIR/last.safetensors exactly (same data order, optimizer and RNG)")
     _add_overrides(train)
     train.set_defaults(func=_train)
+
+    compress = sub.add_parser("compress", parents=[common],
+                              help="heal a converted pretrained model by distilling from its teacher",
+                              description="Train a `data.task: distillation` config exactly like `train` (same "
+                              "model folder contents, --resume), then write the best checkpoint's student with "
+                              "hyperplex.convert.save_converted into MODEL_DIR/student (load it with "
+                              "hyperplex.convert.load_converted). See docs/compress.md.")
+    compress.add_argument("config", help="YAML config with data.task: distillation (e.g. configs/minilm_compress.yaml)")
+    compress.add_argument("--model-dir", help="model folder (overrides the config's model_dir)")
+    compress.add_argument("--data-root", **data_root)
+    compress.add_argument("--resume", action="store_true",
+                          help="continue from MODEL_DIR/last.safetensors exactly, then write student/")
+    _add_overrides(compress)
+    compress.set_defaults(func=_compress)
 
     model_help = ("model folder written by `hyperplex train`, or a checkpoint file (.safetensors): its stored "
                   "config is used unless a config.yaml sits beside it, and its tokeniser/vocabulary files "

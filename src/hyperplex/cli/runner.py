@@ -40,6 +40,23 @@ def train(config: str, overrides: list[str] | None = None, model_dir: str | None
             handler.close()
 
 
+def compress(config: str, overrides: list[str] | None = None, model_dir: str | None = None,
+             data_root: str | None = None, resume: bool = False) -> dict:
+    """``hyperplex compress``: :func:`train` for a ``data.task: distillation`` config, then the best
+    checkpoint's student written with :func:`hyperplex.convert.save_converted` into ``MODEL_DIR/student``
+    (reloaded by :func:`hyperplex.convert.load_converted`). Other tasks are refused before anything is written."""
+    from hyperplex.convert import save_converted
+
+    cfg = load_experiment(config, overrides, model_dir)
+    if cfg.data.task != "distillation":
+        raise ValueError(f"{config}: compress needs a config with data.task: distillation (this one has "
+                         f"{cfg.data.task!r}); use `hyperplex train` for it")
+    metrics = train(config, overrides, model_dir, data_root, resume)
+    _, _, model = load_model(cfg.model_dir, "best", data_root, read_data=False)
+    save_converted(model.encoder, Path(cfg.model_dir) / "student")
+    return metrics
+
+
 def resolve_model(model: str | Path, checkpoint: str = "best") -> tuple[Path, Path]:
     """(model folder, checkpoint file) named by the MODEL argument of ``evaluate``/``translate``: a model
     folder, whose ``checkpoint`` is ``best`` / ``last`` / a file name in it / a path; or a checkpoint file,

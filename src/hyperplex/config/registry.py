@@ -132,6 +132,8 @@ for _name, _entry in {
                                            "DecomposableAttention", "pair", "DeAtt (Parikh et al. 2016)"),
     "quaternion_attention": Architecture("hyperplex.models.classifiers", "QuaternionAttentionConfig",
                                          "QuaternionAttentionModel", "pair", "Q-Att (Tay et al. 2019 §3.2)"),
+    "pretrained_student": Architecture("hyperplex.convert.student", "PretrainedStudentConfig", "PretrainedStudent",
+                                       "embedder", "a pretrained SentenceTransformer with PHM / low-rank layers"),
 }.items():
     register_architecture(_name, _entry)
 
@@ -144,5 +146,7 @@ for _name, _entry in {
                                      "two texts → label (NLI)"),
     "ranking": TaskEntry("hyperplex.tasks.classification", "ClassificationTask", ("pair",),
                          "question/answer pairs scored and ranked per question (WikiQA)"),
+    "distillation": TaskEntry("hyperplex.tasks.distillation", "DistillationTask", ("embedder",),
+                              "a converted pretrained encoder matches its teacher's sentence embeddings"),
 }.items():
     register_task(_name, _entry)

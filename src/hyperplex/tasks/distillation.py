@@ -1,0 +1,146 @@
+"""Distillation: heal a converted pretrained encoder by matching its teacher's sentence embeddings.
+
+Data: plain text, one sentence per line (``data.train``; ``data.dev``, or ``data.dev_fraction`` of train
+carved with ``data.split_seed``). Blank lines are skipped. A dev sentence that also occurs in train is
+dropped from train (the count is logged), so the dev cosine is measured on sentences the student never
+trained on; the dev file itself is never changed.
+
+The teacher (the unconverted model at ``model.path``) is frozen and kept on the task, not in the model,
+so checkpoints hold only the student. Each batch is ``training.batch_size`` sentences (``num_tokens`` =
+sentences), tokenised with the teacher's tokenizer, in an order shuffled by (``seed``, epoch). The loss
+(``model.distill_loss``) compares the normalised embeddings: ``cosine`` = 1 − cos, ``mse`` = ‖s − t‖²,
+summed over sentences. Validation reports ``cosine`` (mean cos(student, teacher) on dev) and ``loss``.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch import Tensor, nn
+
+from hyperplex.data.datasets import Batch
+from hyperplex.data.readers import DataError, read_lines
+from hyperplex.tasks.common import carve_seed, data_file, split_off
+from hyperplex.train.task import Task
+
+__all__ = ["DistillationTask", "distill_loss"]
+
+#: How many training sentences ``init: activation`` is calibrated on.
+CALIBRATION_SENTENCES = 64
+
+
+def distill_loss(student: Tensor, teacher: Tensor, kind: str) -> Tensor:
+    """``(B,)`` per-sentence loss between ``(B, E)`` normalised embeddings."""
+    if kind == "cosine":
+        return 1.0 - (student * teacher).sum(-1)
+    if kind == "mse":
+        return (student - teacher).pow(2).sum(-1)
+    raise ValueError(f"model.distill_loss: unknown {kind!r}; valid: cosine, mse")
+
+
+def _sentences(path, key: str) -> tuple[list[str], list[int]]:
+    """Non-blank lines of ``path`` and their 1-based line numbers; DataError naming the file if none."""
+    lines = read_lines(path)  # DataError for an empty file, naming it
+    kept = [(line, i + 1) for i, line in enumerate(lines) if line]
+    if not kept:
+        raise DataError(f"{key}: {path} has no sentences (only blank lines)")
+    return [s for s, _ in kept], [i for _, i in kept]
+
+
+class DistillationTask(Task):
+    """Student ← teacher embedding distillation (``data.task: distillation``, architecture ``pretrained_student``)."""
+
+    name = "distillation"
+    metrics = ("cosine", "loss")
+
+    # -- data -----------------------------------------------------------------
+    def load_vocabularies(self) -> None:
+        """The teacher alone (its tokenizer is the task's): enough to load a saved student."""
+        from hyperplex.convert.student import load_sentence_transformer
+
+        self.teacher = load_sentence_transformer(self.cfg.model.path)
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        self._dev_targets = None
+
+    def prepare(self, fresh: bool) -> None:
+        data = self.cfg.data
+        train_path = data_file(data.train, self.data_root, key="data.train")
+        train, _ = _sentences(train_path, "data.train")
+        if data.dev:
+            dev_path = data_file(data.dev, self.data_root, key="data.dev")
+            dev, _ = _sentences(dev_path, "data.dev")
+        elif data.dev_fraction > 0:
+            train, dev = split_off(train, data.dev_fraction, carve_seed(self.cfg, self.model_dir, fresh))
+        else:
+            raise DataError("data.dev or data.dev_fraction is required: distillation validates on held-out sentences")
+        held_out = set(dev)
+        overlap = [s for s in train if s in held_out]
+        if overlap:
+            train = [s for s in train if s not in held_out]
+            self.log.info(f"dropped {len(overlap)} training sentence(s) that also occur in the dev sentences")
+        if not train:
+            raise DataError(f"data.train: every sentence of {train_path} also occurs in the dev sentences")
+        self.train_set, self.dev_set = train, dev
+        self.load_vocabularies()
+        self.log.info(f"distillation: {len(train)} training and {len(dev)} dev sentences; teacher "
+                      f"{self.cfg.model.path}; loss {self.cfg.model.distill_loss}")
+
+    def _batch(self, sentences: list[str], indices: list[int]) -> Batch:
+        features = self.teacher.tokenize(sentences)
+        tensors = {k: v for k, v in features.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+        return Batch(tensors, indices, len(sentences))
+
+    def train_batches(self, epoch: int) -> list:
+        order = list(range(len(self.train_set)))
+        random.Random(self.cfg.seed * 1_000_003 + epoch).shuffle(order)
+        size = self.cfg.training.batch_size
+        return [self._batch([self.train_set[i] for i in chunk], chunk)
+                for chunk in (order[i:i + size] for i in range(0, len(order), size))]
+
+    # -- model ----------------------------------------------------------------
+    def build_model(self) -> nn.Module:
+        from hyperplex.convert.student import PretrainedStudent
+
+        # without training sentences (a saved student being loaded) the weights come from the checkpoint
+        calibration = getattr(self, "train_set", [])[:CALIBRATION_SENTENCES]
+        return PretrainedStudent(self.cfg.model, calibration=calibration, structure_only=not calibration)
+
+    @torch.no_grad()
+    def _teacher(self, batch: Batch, device: torch.device) -> Tensor:
+        from hyperplex.convert.student import embed
+
+        self.teacher.to(device).eval()
+        return embed(self.teacher, batch.tensors)
+
+    def loss(self, model: nn.Module, batch) -> Tensor:
+        target = self._teacher(batch, batch["input_ids"].device)
+        student = model(**batch.tensors)
+        return distill_loss(student, target.to(student.dtype), self.cfg.model.distill_loss).sum()
+
+    @torch.no_grad()
+    def embed_dev(self, model: nn.Module) -> tuple[Tensor, Tensor]:
+        """``(N, E)`` student and teacher embeddings of the dev sentences (the teacher's computed once)."""
+        device = next(model.parameters()).device
+        size = max(1, self.cfg.testing.batch_size)
+        batches = [self._batch(self.dev_set[i:i + size], list(range(i, i + size)))
+                   for i in range(0, len(self.dev_set), size)]
+        if self._dev_targets is None:
+            self._dev_targets = torch.cat([self._teacher(b.to(device), device).cpu() for b in batches])
+        student = torch.cat([model(**b.to(device).tensors).float().cpu() for b in batches])
+        return student, self._dev_targets
+
+    @torch.no_grad()
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        student, teacher = self.embed_dev(model)
+        cosine = nn.functional.cosine_similarity(student, teacher, dim=-1)
+        loss = distill_loss(student, teacher, self.cfg.model.distill_loss)
+        return {"cosine": float(cosine.mean()), "loss": float(loss.mean())}
+
+    def describe_validation(self) -> str:
+        return (f"validation: mean cosine of student and teacher embeddings on {len(self.dev_set)} dev sentences, "
+                f"and the mean {self.cfg.model.distill_loss} loss")
+
+    def metadata(self) -> dict:
+        return {"teacher": self.cfg.model.path, "kind": self.cfg.model.kind, "distill_loss": self.cfg.model.distill_loss}

@@ -1,0 +1,172 @@
+"""Distillation (tasks/distillation.py, convert/student.py) and `hyperplex compress`: a tiny random BERT
+SentenceTransformer (built from a config, no download) is the teacher; values checked: an unconverted
+student is the teacher, healing raises the dev cosine, resume is bitwise, the saved student reloads."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("sentence_transformers")
+transformers = pytest.importorskip("transformers")
+
+from hyperplex.cli import runner
+from hyperplex.cli.main import main
+from hyperplex.config.experiment import load_experiment
+from hyperplex.data.readers import DataError
+from hyperplex.tasks import build_task
+from hyperplex.train.checkpoint import load_model_weights
+
+WORDS = "the a cat dog sat on mat big small red blue runs fast slow and is very good bad film".split()
+
+
+@pytest.fixture(scope="module")
+def teacher_folder(tmp_path_factory):
+    """A SentenceTransformer folder: tiny random BERT (hidden 32, 2 layers) + mean pooling + Normalize."""
+    import sentence_transformers
+    try:
+        from sentence_transformers.sentence_transformer.modules import (
+            Normalize,
+            Pooling,
+            Transformer,
+        )
+    except ImportError:
+        from sentence_transformers.models import Normalize, Pooling, Transformer
+    bert = tmp_path_factory.mktemp("bert")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    (bert / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32)
+    transformers.BertModel(config).save_pretrained(bert)
+    transformers.BertTokenizerFast(os.fspath(bert / "vocab.txt")).save_pretrained(bert)
+    model = sentence_transformers.SentenceTransformer(
+        modules=[Transformer(os.fspath(bert), max_seq_length=24), Pooling(32, "mean"), Normalize()], device="cpu")
+    folder = tmp_path_factory.mktemp("teacher")
+    model.save(os.fspath(folder))
+    return folder
+
+
+def sentences(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(count)]
+
+
+def write_config(tmp_path, teacher, *, kind="phm", n=2, steps=200, extra=None, task="distillation"):
+    (tmp_path / "train.txt").write_text("\n".join(sentences(30, 1)) + "\n")
+    (tmp_path / "dev.txt").write_text("\n".join(sentences(10, 2)) + "\n")
+    raw = {"name": "tiny_distill", "seed": 3, "model_dir": str(tmp_path / "m"),
+           "data": {"task": task, "train": str(tmp_path / "train.txt"), "dev": str(tmp_path / "dev.txt")},
+           "model": {"architecture": "pretrained_student", "path": str(teacher), "kind": kind, "n": n,
+                     "min_features": 8},
+           "training": {"lr": 3e-3, "batch_size": 8, "max_steps": steps, "validation_every": steps,
+                        "log_every": 50, "num_threads": 1, "progress_bar": False, "plots": False, "device": "cpu"}}
+    for key, value in (extra or {}).items():
+        section, name = key.split(".")
+        raw[section][name] = value
+    path = tmp_path / "distill.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def prepared(path):
+    cfg = load_experiment(path)
+    task = build_task(cfg, cfg.model_dir, None)
+    torch.manual_seed(cfg.seed)
+    task.prepare(fresh=True)
+    return cfg, task
+
+
+def test_an_unconverted_student_is_its_teacher(tmp_path, teacher_folder):
+    _, task = prepared(write_config(tmp_path, teacher_folder, kind="none"))
+    model = task.build_model().eval()
+    assert not any(k.startswith("teacher") for k in model.state_dict())  # the frozen teacher is the task's
+    student, teacher = task.embed_dev(model)
+    assert torch.equal(student, teacher)  # the same weights and inputs: bitwise the teacher's embeddings
+    metrics = task.validate(model)
+    assert metrics["cosine"] == pytest.approx(1.0, abs=1e-6) and metrics["loss"] == pytest.approx(0.0, abs=1e-6)
+    batch = task.train_batches(1)[0]
+    with torch.no_grad():
+        assert batch.num_tokens == len(batch) == 8 and float(task.loss(model, batch)) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_mse_loss_is_the_squared_distance(tmp_path, teacher_folder):
+    _, task = prepared(write_config(tmp_path, teacher_folder, extra={"model.distill_loss": "mse"}))
+    model = task.build_model().eval()
+    batch = task.train_batches(1)[0]
+    with torch.no_grad():
+        s, t = model(**batch.tensors), task._teacher(batch, torch.device("cpu"))
+        # for unit vectors ‖s − t‖² = 2 − 2 cos (up to the rounding of the norms, ~1e-7 per sentence)
+        assert float(task.loss(model, batch)) == pytest.approx(float((2 - 2 * (s * t).sum(-1)).sum()), abs=1e-5)
+        assert float(task.loss(model, batch)) > 1e-4  # not trivially zero: the student is PHM-converted
+
+
+def test_batches_are_seeded_shuffles_of_the_training_sentences(tmp_path, teacher_folder):
+    _, task = prepared(write_config(tmp_path, teacher_folder))
+    first, again, second = task.train_batches(1), task.train_batches(1), task.train_batches(2)
+    order = [i for b in first for i in b.indices]
+    assert sorted(order) == list(range(30)) and order != list(range(30))
+    assert order == [i for b in again for i in b.indices] and order != [i for b in second for i in b.indices]
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(first, again))
+
+
+def test_healing_raises_the_dev_cosine_and_resume_is_bitwise(tmp_path, teacher_folder):
+    (tmp_path / "a").mkdir()
+    # random PHM layers (biases and the rest of BERT kept): far enough from the teacher to have room to heal
+    path = write_config(tmp_path / "a", teacher_folder, steps=80, extra={"model.init": "random"})
+    _, task = prepared(path)
+    start = task.validate(task.build_model().eval())["cosine"]
+    assert start < 0.99
+    metrics = runner.train(str(path))
+    assert metrics["cosine"] > start + 0.05, (start, metrics)  # measured: 0.854 → 0.993
+    # the same run stopped half-way and resumed gives the same weights, bit for bit
+    (tmp_path / "b").mkdir()
+    half = write_config(tmp_path / "b", teacher_folder, steps=80, extra={"model.init": "random"})
+    runner.train(str(half), ["--training.max_steps=40"])
+    runner.train(str(half), resume=True)
+    whole = load_model_weights(tmp_path / "a" / "m" / "last.safetensors")
+    resumed = load_model_weights(tmp_path / "b" / "m" / "last.safetensors")
+    assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
+def test_compress_writes_a_student_that_load_converted_reloads(tmp_path, teacher_folder):
+    from hyperplex.convert import load_converted
+
+    path = write_config(tmp_path, teacher_folder, steps=20)
+    assert main(["compress", str(path)]) == 0
+    student = load_converted(tmp_path / "m" / "student")
+    _, task, model = runner.load_model(tmp_path / "m", "best", read_data=False)
+    batch = task._batch(sentences(5, 9), list(range(5)))
+    with torch.no_grad():
+        expected = model(**batch.tensors)
+        got = torch.nn.functional.normalize(student(dict(batch.tensors))["sentence_embedding"], dim=-1)
+    assert torch.equal(got, expected)
+    assert any(type(m).__name__ == "PHMLinear" for m in student.modules())
+
+
+def test_bad_inputs_are_refused_with_the_file_or_key(tmp_path, teacher_folder, capsys):
+    path = write_config(tmp_path, teacher_folder)
+    (tmp_path / "train.txt").write_text("")
+    with pytest.raises(DataError, match=r"train\.txt: empty corpus"):
+        prepared(path)
+    # a config of another task is refused by compress before anything is written
+    other = write_config(tmp_path, teacher_folder, task="classification")
+    text = yaml.safe_load(other.read_text())
+    text["model"] = {"architecture": "transformer_classifier", "d_model": 8, "num_heads": 1, "d_ff": 8}
+    other.write_text(yaml.safe_dump(text))
+    assert main(["compress", str(other)]) == 1
+    assert "compress needs a config with data.task: distillation (this one has 'classification')" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+    # a path that is not a model folder
+    bad = write_config(tmp_path, tmp_path / "train.txt")
+    cfg = load_experiment(bad)
+    with pytest.raises(ValueError, match="model.path: .*train.txt is not a folder"):
+        build_task(cfg, cfg.model_dir, None).prepare(fresh=True)
+    cfg = load_experiment(write_config(tmp_path, tmp_path))
+    with pytest.raises(ValueError, match="is not a model folder .*neither modules.json nor config.json"):
+        build_task(cfg, cfg.model_dir, None).prepare(fresh=True)

@@ -19,7 +19,7 @@ def test_there_is_a_config_per_model_and_task():
     assert len(names) >= 12
     archs = {load_experiment(p).model.architecture for p in CONFIGS}
     assert archs == {"rnn_translator", "transformer", "transformer_classifier", "nli_encoder",
-                     "decomposable_attention", "quaternion_attention"}
+                     "decomposable_attention", "quaternion_attention", "pretrained_student"}
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
@@ -41,7 +41,9 @@ def table_rows(table: str) -> dict[str, int]:
     return {cells[1].strip(): int(cells[2].replace(",", "")) for cells in rows}
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+# A pretrained student loads (and converts) a real model: tens of seconds on 2 cores, so only with -m slow.
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if "pretrained_student" in p.read_text()
+                                  else p for p in CONFIGS], ids=lambda p: p.stem)
 def test_params_table_counts_the_built_model(path):
     cfg = load_experiment(path)
     assert cfg.model_dir.startswith("runs/")

@@ -8,8 +8,8 @@ component          parameters whose qualified name …
 =================  ==========================================================================
 ``phm_rules``      end in ``phm_rule`` (the learned ``Aᵢ`` of every ``PHMLinear``; fixed
                    rules are buffers and count nothing)
-``embeddings``     contain ``embed`` (token embeddings; an output projection tied to them is
-                   counted here once, as the papers do)
+``embeddings``     contain ``embed`` but not ``norm`` (token embeddings; an output projection tied
+                   to them is counted here once, as the papers do)
 ``attention``      contain ``attn`` or ``attention`` (projections, their biases)
 ``ffn``            contain ``ffn``, ``feed_forward`` or ``mlp``
 ``norms``          contain ``norm`` (LayerNorm gains and biases)
@@ -43,6 +43,8 @@ def classify_parameter(name: str) -> str:
     lowered = name.lower()
     if lowered.rsplit(".", 1)[-1] == "phm_rule":
         return "phm_rules"
+    if "embed" in lowered and "norm" in lowered:  # a Hugging Face `embeddings.LayerNorm`: a norm, not a token vector
+        return "norms"
     for component, patterns in COMPONENTS[1:]:
         if any(p in lowered for p in patterns):
             return component

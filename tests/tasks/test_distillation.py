@@ -133,10 +133,11 @@ def test_healing_raises_the_dev_cosine_and_resume_is_bitwise(tmp_path, teacher_f
     assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
 
 
-def test_compress_writes_a_student_that_load_converted_reloads(tmp_path, teacher_folder):
+@pytest.mark.parametrize("init", ["svd", "activation"])  # activation: reloading rebuilds without calibrating
+def test_compress_writes_a_student_that_load_converted_reloads(tmp_path, teacher_folder, init):
     from hyperplex.convert import load_converted
 
-    path = write_config(tmp_path, teacher_folder, steps=20)
+    path = write_config(tmp_path, teacher_folder, steps=20, extra={"model.init": init})
     assert main(["compress", str(path)]) == 0
     student = load_converted(tmp_path / "m" / "student")
     _, task, model = runner.load_model(tmp_path / "m", "best", read_data=False)

@@ -14,7 +14,7 @@ CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"
 
 #: The direction of every metric a task reports, decided by what the metric means.
 EXPECTED_MODE = {"loss": "min", "ppl": "min", "accuracy": "max", "bleu": "max", "chrf": "max", "map": "max",
-                 "mrr": "max"}
+                 "mrr": "max", "cosine": "max"}
 
 
 def test_metric_mode_by_meaning():
@@ -34,7 +34,7 @@ def test_every_metric_the_tasks_report_has_its_mode(tmp_path):
                             set()).update(task.metrics)
         assert len(set(task.metrics)) == len(task.metrics), path.stem
     assert set(reported) == {"translation", "translation/arithmetic", "classification", "pair_classification",
-                             "ranking"}
+                             "ranking", "distillation"}
     assert reported["translation/arithmetic"] == {"accuracy", "bleu", "chrf", "loss", "ppl"}
     assert reported["ranking"] == {"map", "mrr", "loss"}
     for names in reported.values():

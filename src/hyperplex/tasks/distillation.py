@@ -88,9 +88,9 @@ class DistillationTask(Task):
                       f"{self.cfg.model.path}; loss {self.cfg.model.distill_loss}")
 
     def _batch(self, sentences: list[str], indices: list[int]) -> Batch:
-        features = self.teacher.tokenize(sentences)
-        tensors = {k: v for k, v in features.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-        return Batch(tensors, indices, len(sentences))
+        from hyperplex.convert.student import tokenize
+
+        return Batch(tokenize(self.teacher, sentences), indices, len(sentences))
 
     def train_batches(self, epoch: int) -> list:
         order = list(range(len(self.train_set)))

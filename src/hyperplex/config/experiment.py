@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hyperplex.config.core import ConfigError, from_dict, load_yaml, merge, parse_overrides, to_dict
-from hyperplex.config.registry import ModelConfig, get_architecture, task_names
+from hyperplex.config.registry import TASKS, ModelConfig, get_architecture, task_names
 
 
 @dataclass
@@ -22,11 +22,9 @@ class DataConfig:
     """Where the data is and how it becomes token ids."""
 
     task: str = field(
-        default="translation", metadata={"choices": task_names,
-                                         "help": "translation: sequence-to-sequence (also style transfer and the "
-                                         "arithmetic task); classification: one text → label (sentiment, agreement); "
-                                         "pair_classification: two texts → label (NLI); ranking: question/answer "
-                                         "pairs scored and ranked per question (WikiQA)"})
+        default="translation", metadata={"choices": task_names,  # help: the task table's own descriptions
+                                         "help": "; ".join(f"{name}: {entry.description}"
+                                                           for name, entry in TASKS.items())})
     format: Literal["parallel", "tsv", "jsonl", "agreement", "arithmetic"] = field(
         default="parallel", metadata={"help": "parallel: aligned PREFIX.SRC / PREFIX.TGT text files (plain or .gz); "
                                       "tsv / jsonl: one example per line with named fields; agreement: Linzen "

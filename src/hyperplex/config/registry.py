@@ -27,7 +27,7 @@ def _load(module: str, name: str):
 
 @dataclass(frozen=True)
 class Architecture:
-    """``model.architecture`` → its config dataclass and model class (``family``: seq2seq, classifier, pair)."""
+    """``model.architecture`` → its config dataclass and model class (``family``: the group of tasks that can train it, e.g. seq2seq, classifier, pair, embedder)."""
 
     module: str
     config_class: str

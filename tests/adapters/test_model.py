@@ -229,3 +229,23 @@ def test_bad_add_adapter_calls_are_clear_and_leave_the_model_untouched():
     with pytest.raises(RuntimeError, match="no active adapter to merge"):
         merge(model)
     assert unmerge(model) == 0
+
+
+@pytest.mark.parametrize("finish", ["remove", "merge_and_unwrap"])
+def test_base_parameters_get_their_trainability_back_when_no_adapter_is_left(finish):
+    from hyperplex.adapters import merge_and_unwrap, remove_adapter
+
+    model = classifier()
+    frozen_by_user = next(iter(model.parameters()))
+    frozen_by_user.requires_grad_(False)  # the user froze this one before adding adapters
+    before = [p.requires_grad for p in model.parameters()]
+    add_adapter(model, "a", PHMAdapterConfig(n=2, targets=["*"]))
+    add_adapter(model, "b", PHMAdapterConfig(n=2, targets=["*"]))
+    assert not any(p.requires_grad for n, p in model.named_parameters() if "base_layer" in n)
+    if finish == "remove":
+        remove_adapter(model, "a")
+        assert not any(p.requires_grad for n, p in model.named_parameters() if "base_layer" in n)  # "b" is left
+        remove_adapter(model, "b")
+    else:
+        merge_and_unwrap(model)
+    assert [p.requires_grad for p in model.parameters()] == before

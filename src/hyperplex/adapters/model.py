@@ -37,6 +37,10 @@ class ParameterCount(NamedTuple):
         return self.trainable / self.total if self.total else 0.0
 
 
+#: Attribute (outside the state dict) holding each parameter's requires_grad from before the first adapter.
+_FLAGS = "_hyperplex_requires_grad_before_adapters"
+
+
 def _matches(name: str, pattern: str) -> bool:
     return fnmatchcase(name, pattern) or fnmatchcase(name, "*." + pattern)
 
@@ -162,6 +166,8 @@ def add_adapter(model: nn.Module, name: str, config: PHMAdapterConfig | None = N
             deltas.append(PHMDelta(d, k, config, shared, device=base.weight.device, dtype=base.weight.dtype))
         except ValueError as e:
             raise ValueError(f"layer {path!r}: {e}") from None
+    if not any(True for _ in adapted_layers(model)):  # the first adapter: remember what was trainable
+        model.__dict__[_FLAGS] = [(param, param.requires_grad) for param in model.parameters()]
     for param in model.parameters():
         param.requires_grad_(False)
     # A module registered under several names (tied layers) is wrapped once and the wrapper put at every name.
@@ -267,6 +273,16 @@ def remove_adapter(model: nn.Module, name: str) -> None:
             layer.active_adapter = None
         if not len(layer.adapters):
             _unwrap(model, layer)
+    _restore_flags_if_unadapted(model)
+
+
+def _restore_flags_if_unadapted(model: nn.Module) -> None:
+    """Once no adapter is left, give every base parameter back the ``requires_grad`` it had before the
+    first :func:`add_adapter` (which froze them)."""
+    if any(True for _ in adapted_layers(model)):
+        return
+    for param, flag in model.__dict__.pop(_FLAGS, []):
+        param.requires_grad_(flag)
 
 
 def _unwrap(model: nn.Module, layer: PHMAdaptedLinear) -> None:
@@ -282,6 +298,7 @@ def merge_and_unwrap(model: nn.Module) -> nn.Module:
         merge(model)
     for _, layer in list(adapted_layers(model)):
         _unwrap(model, layer)
+    _restore_flags_if_unadapted(model)
     return model
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from hyperplex.config import ConfigError, load_yaml
 from hyperplex.config.experiment import (
-    ExperimentConfig, build_experiment, default_data_root, experiment_dict, load_experiment, resume_experiment,
+    ExperimentConfig, build_experiment, default_data_root, experiment_dict, flatten, load_experiment,
+    resume_experiment,
 )
 
 
@@ -98,25 +99,15 @@ def _model_config(folder: Path, path: Path, info: dict) -> tuple[ExperimentConfi
         raise ConfigError(f"{source}: {err}") from None
 
 
-def _leaves(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.update(_leaves(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _check_model_section(cfg: ExperimentConfig, source: str, path: Path, stored: dict) -> None:
     """A ``config.yaml`` whose model section differs from the one the checkpoint was trained with is an
     error even when the tensor shapes happen to fit (an activation, a linear kind with equal shapes):
     the checkpoint's own config is the truth for its weights."""
     try:
-        saved = _leaves(experiment_dict(build_experiment({**stored, "model_dir": cfg.model_dir}))["model"])
+        saved = flatten(experiment_dict(build_experiment({**stored, "model_dir": cfg.model_dir}))["model"])
     except (ConfigError, TypeError):
         return  # a stored config this version cannot read: the weights fit, there is nothing to compare
-    current = _leaves(experiment_dict(cfg)["model"])
+    current = flatten(experiment_dict(cfg)["model"])
     differ = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
     if differ:
         shown = "; ".join(f"model.{k} is {current.get(k)!r} there but {saved.get(k)!r} in the checkpoint"

@@ -274,13 +274,13 @@ RESUMABLE_KEYS = frozenset({
 })
 
 
-def _leaves(tree: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     """Nested dict → ``{"a.b.c": value}`` (lists are leaves)."""
     out: dict[str, Any] = {}
     for key, value in tree.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, dict) and value:
-            out.update(_leaves(value, dotted))
+            out.update(flatten(value, dotted))
         else:
             out[dotted] = value
     return out
@@ -312,8 +312,8 @@ def resume_experiment(model_dir: str | Path, path: str | Path, overrides: list[s
         requested = build_experiment(merge(experiment_dict(saved), explicit))
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
-    old, new = _leaves(experiment_dict(saved)), _leaves(experiment_dict(requested))
-    asked = _leaves(explicit)
+    old, new = flatten(experiment_dict(saved)), flatten(experiment_dict(requested))
+    asked = flatten(explicit)
     touched = {k for k in new if any(k == a or k.startswith(a + ".") or a.startswith(k + ".") for a in asked)}
     differing = sorted(k for k in touched if old.get(k) != new.get(k))
     refused = [k for k in differing if k not in RESUMABLE_KEYS]

@@ -42,3 +42,24 @@ def write_tiny_config(directory, **training):
 def tiny_config(tmp_path):
     """Factory: ``tiny_config(**training_overrides)`` → path of a tiny training config in tmp_path."""
     return lambda **training: write_tiny_config(tmp_path, **training)
+
+
+#: The words of the tiny BERT vocabulary used by the pretrained-model tests.
+TINY_BERT_WORDS = "the a cat dog sat on mat big small red blue runs fast slow and is very good bad film".split()
+
+
+def write_tiny_bert(folder) -> None:
+    """A tiny random BERT (hidden 32, FFN 64, 2 layers, seed 0) and its word-level tokenizer in ``folder``
+    (needs transformers; callers skip without it)."""
+    import os
+
+    import torch
+    import transformers
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *TINY_BERT_WORDS]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32)
+    transformers.BertModel(config).save_pretrained(folder)
+    transformers.BertTokenizerFast(os.fspath(folder / "vocab.txt")).save_pretrained(folder)

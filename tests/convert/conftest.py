@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-WORDS = "the a cat dog sat on mat big small red blue runs fast slow and is very good bad film".split()
+from conftest import write_tiny_bert
 
 
 @pytest.fixture(scope="module")
@@ -24,15 +24,9 @@ def tiny_gpt2():
 @pytest.fixture(scope="module")
 def tiny_bert_folder(tmp_path_factory):
     """A folder with a tiny random BERT (hidden 32, FFN 64, 2 layers) and a word-level tokenizer."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     folder = tmp_path_factory.mktemp("tiny_bert")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=32)
-    transformers.BertModel(config).save_pretrained(folder)
-    transformers.BertTokenizerFast(os.fspath(folder / "vocab.txt")).save_pretrained(folder)
+    write_tiny_bert(folder)
     return folder
 
 

@@ -21,7 +21,7 @@ from hyperplex.data.readers import DataError
 from hyperplex.tasks import build_task
 from hyperplex.train.checkpoint import load_model_weights
 
-WORDS = "the a cat dog sat on mat big small red blue runs fast slow and is very good bad film".split()
+from conftest import TINY_BERT_WORDS as WORDS, write_tiny_bert
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +37,7 @@ def teacher_folder(tmp_path_factory):
     except ImportError:
         from sentence_transformers.models import Normalize, Pooling, Transformer
     bert = tmp_path_factory.mktemp("bert")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
-    (bert / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=32)
-    transformers.BertModel(config).save_pretrained(bert)
-    transformers.BertTokenizerFast(os.fspath(bert / "vocab.txt")).save_pretrained(bert)
+    write_tiny_bert(bert)
     model = sentence_transformers.SentenceTransformer(
         modules=[Transformer(os.fspath(bert), max_seq_length=24), Pooling(32, "mean"), Normalize()], device="cpu")
     folder = tmp_path_factory.mktemp("teacher")

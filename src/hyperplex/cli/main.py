@@ -94,6 +94,16 @@ def _add_threads(p: argparse.ArgumentParser) -> None:
                    "available cores (see hyperplex/threads.py)")
 
 
+def _add_run_arguments(p: argparse.ArgumentParser, data_root: dict, config_help: str, resume_help: str) -> None:
+    """The arguments of the verbs that train (train, compress): config, model folder, data root, resume,
+    and the config overrides."""
+    p.add_argument("config", help=config_help)
+    p.add_argument("--model-dir", help="model folder (overrides the config's model_dir)")
+    p.add_argument("--data-root", **data_root)
+    p.add_argument("--resume", action="store_true", help=resume_help)
+    _add_overrides(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -122,12 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Train (or --resume) the experiment a YAML config describes. Everything "
                            "is written to the model folder: config.yaml, train.log, metrics.csv, TensorBoard "
                            "events, last/best checkpoints, vocabularies and plots.")
-    train.add_argument("config", help="YAML config (see configs/ and docs/config.md)")
-    train.add_argument("--model-dir", help="model folder (overrides the config's model_dir)")
-    train.add_argument("--data-root", **data_root)
-    train.add_argument("--resume", action="store_true",
-                       help="continue from MODEL_DIR/last.safetensors exactly (same data order, optimizer and RNG)")
-    _add_overrides(train)
+    _add_run_arguments(train, data_root, "YAML config (see configs/ and docs/config.md)",
+                       "continue from MODEL_DIR/last.safetensors exactly (same data order, optimizer and RNG)")
     train.set_defaults(func=_train)
 
     compress = sub.add_parser("compress", parents=[common],
@@ -136,12 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "model folder contents, --resume), then write the best checkpoint's student with "
                               "hyperplex.convert.save_converted into MODEL_DIR/student (load it with "
                               "hyperplex.convert.load_converted). See docs/compress.md.")
-    compress.add_argument("config", help="YAML config with data.task: distillation (e.g. configs/minilm_compress.yaml)")
-    compress.add_argument("--model-dir", help="model folder (overrides the config's model_dir)")
-    compress.add_argument("--data-root", **data_root)
-    compress.add_argument("--resume", action="store_true",
-                          help="continue from MODEL_DIR/last.safetensors exactly, then write student/")
-    _add_overrides(compress)
+    _add_run_arguments(compress, data_root,
+                       "YAML config with data.task: distillation (e.g. configs/minilm_compress.yaml)",
+                       "continue from MODEL_DIR/last.safetensors exactly, then write student/")
     compress.set_defaults(func=_compress)
 
     model_help = ("model folder written by `hyperplex train`, or a checkpoint file (.safetensors): its stored "

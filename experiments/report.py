@@ -243,55 +243,12 @@ def sweep_plot_name(key: str) -> str:
 
 
 def plot_sweep(results: dict, key: str, out_png: str | Path) -> Path:
-    """Metric (the plan's first) against the swept value (log axis for numbers): one line per model at
-    the mean over finished seeds, error bars ± the sample std; diverged seeds are counted next to the
-    point (``×k``). Drawn on matplotlib's Agg canvas (no pyplot)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """The sweep figure of ``experiments/plot_sweep.py`` (metric vs swept value, one line per model with the
+    seed spread, diverged seeds as crosses, gradient-norm spikes below), written to ``out_png``."""
+    # experiments/plot_sweep.py: importable wherever this file is (run.py and the tests put experiments/ on sys.path)
+    from plot_sweep import save_sweep_figure
 
-    metric = results["plan"]["metrics"][0]
-    values, groups = _sweep_groups(results, key)
-    numeric = all(isinstance(v, (int, float)) for v in values)
-    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for i, (base, by_value) in enumerate(groups.items()):
-        xs, means, stds = [], [], []
-        for j, value in enumerate(values):
-            row = by_value.get(value)
-            if row is None:
-                continue
-            summary = row["summary"].get(metric) or {"n": 0}
-            x = value if numeric else j
-            diverged = sum(1 for r in row["runs"] if (r.get("stability") or {}).get("diverged"))
-            if summary["n"]:
-                xs.append(x)
-                means.append(summary["mean"])
-                stds.append(summary["std"] or 0.0)
-            if diverged:  # along the bottom edge, one band per model, whatever the metric's range
-                ax.annotate(f"×{diverged}", (x, 0.03 + 0.06 * i), xycoords=("data", "axes fraction"), color=f"C{i}",
-                            ha="center", fontsize="small", fontweight="bold")
-        label = next(iter(by_value.values()))["label"].rsplit(", ", 1)[0]
-        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=label, color=f"C{i}")
-    if numeric:  # every swept value visible, also where all seeds diverged (annotations do not autoscale)
-        ax.set_xscale("log")
-        ax.set_xlim(min(values) / 1.5, max(values) * 1.5)
-        ax.set_xticks(values, [f"{v:g}" for v in values])
-        ax.minorticks_off()
-    else:
-        ax.set_xticks(range(len(values)), [str(v) for v in values])
-    ax.set_xlabel(key)
-    ax.set_ylabel(f"{metric} (mean ± std over finished seeds)")
-    ax.text(1.0, 1.01, "×k: k seeds diverged", transform=ax.transAxes, ha="right", va="bottom", fontsize="small")
-    ax.set_title(results["plan"]["title"][:80], fontsize="small")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_png.with_name(out_png.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=100)
-    tmp.replace(out_png)
-    return out_png
+    return save_sweep_figure(results, out_png, key)
 
 
 def _markers(name: str) -> tuple[str, str]:

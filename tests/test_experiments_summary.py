@@ -1,0 +1,311 @@
+"""experiments/summary.py (PHM vs low-rank vs dense across plans) and experiments/plot_sweep.py (the
+stability figure) on synthetic results.json dicts: roles read from the plan data, interval verdicts that
+flip when the intervals separate, Welch p-values equal to scipy's, missing and broken files, the
+``<!-- summary -->`` section, and the plotted values of the sweep figure."""
+
+import importlib.util
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def _load(name):
+    sys.path.insert(0, str(EXPERIMENTS))  # the scripts import their sibling report.py
+    spec = importlib.util.spec_from_file_location(f"experiments_{name}", EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+summary = _load("summary")
+plot_sweep = _load("plot_sweep")
+report = _load("report")
+
+CONFIG = "configs/agreement_transformer.yaml"  # linear.kind: dense in the file (no override needed)
+PHM = lambda n: ["--model.linear.kind=phm", f"--model.linear.n={n}"]
+LOWRANK = lambda n: ["--model.linear.kind=lowrank", f"--model.linear.n={n}",
+                     "--model.linear.rank_rounding=nearest"]
+
+
+def _row(name, values, overrides=(), label=None, match_params="", model_of="", eval_split="", params=(1000, 100),
+         metric="accuracy", config=CONFIG):
+    runs = [{"seed": s, "status": "finished", "metrics": {metric: v},
+             "params": {"total": params[0], "total_without_embeddings": params[1]}}
+            for s, v in enumerate(values, 1)]
+    return {"name": name, "label": label or name, "config": config, "overrides": list(overrides),
+            "eval_overrides": [], "eval_split": eval_split, "model_of": model_of, "seeds": [1, 2, 3],
+            "match_params": match_params, "runs": runs,
+            "summary": {metric: report.summarize(values)}}
+
+
+def _results(rows, name="agreement", metric="accuracy"):
+    return {"plan": {"name": name, "title": f"{name} plan", "metrics": [metric], "digits": 2},
+            "date": "2026-11-23T17:44:00", "rows": rows}
+
+
+def _agreement(phm4=(88.5, 88.7, 88.9), lowrank4=(88.4, 88.6, 88.8), metric="accuracy"):
+    rows = [_row("transformer", [88.1, 88.7, 89.3], metric=metric, params=(1332610, 396034)),
+            _row("phm2", [88.0, 88.5, 89.0], PHM(2), metric=metric),
+            _row("phm4", phm4, PHM(4), metric=metric, params=(1038207, 101631)),
+            _row("phm8", [88.0, 88.4, 89.0], PHM(8), metric=metric),
+            _row("quaternion", [88.2, 88.9, 89.6], ["--model.linear.kind=quaternion",
+                                                   "--model.attention_type=hamilton"], metric=metric),
+            _row("lowrank4", lowrank4, LOWRANK(4), match_params="phm4", metric=metric, params=(1038727, 102151)),
+            _row("lowrank8", [88.2, 88.5, 88.9], LOWRANK(8), match_params="phm8", metric=metric)]
+    # the one-attractor test: the models of three rows scored on another file (phm8's left out)
+    for base in ("transformer", "phm4", "lowrank4"):
+        rows.append(_row(f"{base}_att", [63.0, 63.5, 64.0], next(r for r in rows if r["name"] == base)["overrides"],
+                         model_of=base, eval_split="linzen/test.1.gz", metric=metric))
+    return _results(rows, metric=metric)
+
+
+# ---------------------------------------------------------------------------- roles
+def test_pairs_come_from_match_params_and_the_dense_row_of_the_same_config():
+    pairs = [(c.group, c.phm["name"], c.other["name"], c.other_role, c.relation)
+             for c in summary.comparisons(_agreement())]
+    assert pairs == [("", "phm4", "lowrank4", "low-rank", "matched"), ("", "phm4", "transformer", "dense", "dense"),
+                     ("", "phm8", "lowrank8", "low-rank", "matched"), ("", "phm8", "transformer", "dense", "dense"),
+                     # model_of rows pair as their models do; phm8 has no row there, so neither of its pairs
+                     ("on `linzen/test.1.gz`", "phm4_att", "lowrank4_att", "low-rank", "matched"),
+                     ("on `linzen/test.1.gz`", "phm4_att", "transformer_att", "dense", "dense")]
+
+
+def test_linear_kind_from_overrides_then_config_file():
+    assert summary.linear_setting(_row("a", [1.0], PHM(8))) == ("phm", 8)
+    assert summary.linear_setting(_row("b", [1.0])) == ("dense", 4)  # configs/agreement_transformer.yaml
+    assert summary.linear_setting(_row("c", [1.0], ["--model.linear.kind=lowrank"])) == ("lowrank", 4)
+    assert summary.linear_setting(_row("d", [1.0], config="configs/no_such.yaml")) == (None, None)
+
+
+def test_dense_counterpart_shares_the_other_overrides():
+    """As in multi30k_lstm.yaml: several dense rows differ in attention; the PHM row pairs with its own."""
+    att = lambda a, f: [f"--model.attention={a}", f"--model.input_feeding={f}"]
+    rows = [_row("global_dot", [30.0, 31.0, 32.0], att("dot", "false")),
+            _row("local_p", [33.0, 34.0, 35.0], att("local-p", "true")),
+            _row("local_p_phm4", [32.0, 33.0, 34.0], att("local-p", "true") + PHM(4)),
+            _row("local_p_phm2", [32.0, 33.0, 34.0], att("local-p", "true") + PHM(2)),
+            _row("local_p_lowrank4", [31.0, 32.0, 33.0], att("local-p", "true") + LOWRANK(4),
+                 match_params="local_p_phm4")]
+    pairs = [(c.phm["name"], c.other["name"]) for c in summary.comparisons(_results(rows, "lstm", "bleu"))]
+    assert pairs == [("local_p_phm4", "local_p_lowrank4"), ("local_p_phm4", "local_p")]  # phm2: not matched
+
+
+def test_without_match_params_phm_n4_and_n8_against_dense():
+    rows = [_row("lstm", [80.0, 81.0, 82.0], ["--model.linear.kind=dense"]),
+            _row("phm2", [80.0, 81.0, 82.0], PHM(2)), _row("phm4", [80.0, 81.0, 82.0], PHM(4)),
+            _row("phm8", [80.0, 81.0, 82.0], PHM(8))]
+    pairs = [(c.phm["name"], c.other["name"]) for c in summary.comparisons(_results(rows))]
+    assert pairs == [("phm4", "lstm"), ("phm8", "lstm")]
+
+
+def test_a_plan_without_phm_rows_says_so():
+    rows = [_row("transformer", [50.0, 51.0, 52.0]),
+            _row("quaternion", [49.0, 50.0, 51.0], ["--model.linear.kind=quaternion"])]
+    assert summary.plan_lines(_results(rows, "arithmetic")) == \
+        ["| **arithmetic** | accuracy | no PHM row with a matched or dense row | | | | | |"]
+
+
+# ---------------------------------------------------------------------------- verdicts and values
+def _line(results, phm, other):
+    lines = summary.plan_lines(results)
+    return next(x for x in lines if f"| {phm}: " in x and f"| {other}: " in x and "**agreement** |" in x)
+
+
+def test_cells_hold_mean_std_interval_n_and_params():
+    values = [88.5, 88.7, 88.9]
+    mean, std = statistics.mean(values), statistics.stdev(values)
+    half = report.t_quantile_975(2) * std / math.sqrt(3)
+    line = _line(_agreement(phm4=values), "phm4", "lowrank4")
+    assert f"phm4: {mean:.2f} ± {std:.2f} [{mean - half:.2f}, {mean + half:.2f}] (n=3; 1.04M params, " \
+           "101.63K w/o emb.)" in line
+    assert "| vs low-rank (matched params) |" in line
+    assert f"| {mean - statistics.mean([88.4, 88.6, 88.8]):+.2f} |" in line  # Δ = PHM − other = +0.10
+
+
+@pytest.mark.parametrize("lowrank4,expected", [
+    ((88.4, 88.6, 88.8), "within the spread"),   # intervals overlap
+    ((80.0, 80.2, 80.4), "PHM ahead"),           # separated below
+    ((95.0, 95.2, 95.4), "low-rank ahead"),      # separated above
+])
+def test_verdict_flips_when_the_intervals_separate(lowrank4, expected):
+    line = _line(_agreement(lowrank4=lowrank4), "phm4", "lowrank4")
+    assert line.endswith(f"| {expected} |")
+
+
+def test_verdict_uses_the_interval_edges_exactly():
+    a = report.summarize([10.0, 11.0, 12.0])
+    _, hi = a["ci95"]
+    touching = {"n": 3, "mean": hi + 1.0, "std": 1.0, "ci95": [hi, hi + 2.0]}
+    apart = {"n": 3, "mean": hi + 1.0, "std": 1.0, "ci95": [hi + 1e-9, hi + 2.0]}
+    assert summary.verdict(a, touching, "low-rank") == "within the spread"
+    assert summary.verdict(a, apart, "low-rank") == "low-rank ahead"
+    assert summary.verdict(a, apart, "low-rank", minimised=True) == "PHM ahead"  # loss: lower is better
+
+
+def test_minimised_metric_turns_the_verdict_around():
+    results = _agreement(phm4=(1.0, 1.1, 1.2), lowrank4=(2.0, 2.1, 2.2), metric="loss")
+    assert _line(results, "phm4", "lowrank4").endswith("| PHM ahead |")  # lower loss
+
+
+def test_welch_p_is_scipys():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    a, b = [88.5, 88.7, 88.9], [88.0, 88.6, 89.5]
+    expected = scipy_stats.ttest_ind(a, b, equal_var=False).pvalue
+    assert summary.welch_p(a, b) == pytest.approx(expected, rel=1e-12)
+    assert f"| {expected:.2g} |" in _line(_agreement(phm4=a, lowrank4=b), "phm4", "lowrank4")
+    assert summary.welch_p([1.0], b) is None and summary.welch_p([1.0, 1.0], [2.0, 2.0]) is None
+
+
+def test_rows_with_fewer_than_two_seeds_are_shown_without_a_verdict():
+    results = _agreement(lowrank4=(88.4,))
+    line = _line(results, "phm4", "lowrank4")
+    assert "lowrank4: 88.40 (n=1;" in line and line.endswith("| – | n=1: no interval |")
+    results["rows"][5]["runs"] = [{"seed": 1, "status": "new"}]
+    line = _line(results, "phm4", "lowrank4")
+    assert "lowrank4: not finished" in line and line.endswith("| – | – | not finished |")
+
+
+# ---------------------------------------------------------------------------- files and the CLI
+def test_missing_plan_is_listed_not_fatal(tmp_path, capsys):
+    good = tmp_path / "agreement.json"
+    good.write_text(json.dumps(_agreement()))
+    missing = tmp_path / "snli" / "results.json"
+    assert summary.main([str(good), str(missing)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("<!-- summary -->\n### Summary") and captured.out.rstrip().endswith("<!-- /summary -->")
+    assert f"Not in the summary yet (no results.json): `{missing}`." in captured.out
+    assert "Plan reports summarised (written on): agreement 2026-11-23T17:44:00." in captured.out
+    assert f"{missing}: no such file" in captured.err
+
+
+@pytest.mark.parametrize("content,message", [("{not json", "not a readable JSON file"),
+                                             (json.dumps({"rows": []}), "an object with `plan` and `rows`"),
+                                             (json.dumps({"plan": {"name": "x", "metrics": ["bleu"]},
+                                                          "rows": [{"name": "a", "label": "a"}]}),
+                                              "rows[0] has no `runs`")])
+def test_broken_results_json_is_one_error_and_nothing_is_written(tmp_path, capsys, content, message):
+    bad = tmp_path / "results.json"
+    bad.write_text(content)
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n\nintro\n")
+    assert summary.main([str(bad), "--write", str(doc)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {bad}: ") and message in err
+    assert doc.read_text() == "# Results\n\nintro\n"
+
+
+def test_write_inserts_after_the_first_paragraph_then_replaces(tmp_path):
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n\nEvery number here\nwas measured.\n\n## How these runs were made\n\ntext\n")
+    summary.write_summary(doc, "first body\n")
+    assert doc.read_text() == ("# Results\n\nEvery number here\nwas measured.\n\n<!-- summary -->\nfirst body\n"
+                               "<!-- /summary -->\n\n## How these runs were made\n\ntext\n")
+    summary.write_summary(doc, "second body\n")
+    once = doc.read_text()
+    assert "first body" not in once and once.count("<!-- summary -->") == 1 and "second body" in once
+    summary.write_summary(doc, "second body\n")
+    assert doc.read_text() == once  # idempotent
+    assert summary.replace_summary("", "x") == "<!-- summary -->\nx\n<!-- /summary -->\n"
+    with pytest.raises(summary.SummaryError, match="markers are broken"):
+        summary.replace_summary("<!-- /summary -->\n<!-- summary -->\n", "x")
+
+
+# ---------------------------------------------------------------------------- the sweep figure
+LRS = [0.0005, 0.0015, 0.005, 0.015]
+#: (model, lr) → per-seed (accuracy or None when the loss became NaN, diverged, spikes)
+SWEEP = {("dense", 0.0005): [(80.0, False, 0), (82.0, False, 0), (81.0, False, 1)],
+         ("dense", 0.0015): [(85.0, False, 0), (86.0, False, 0), (84.0, False, 0)],
+         ("dense", 0.005): [(70.0, True, 2), (83.0, False, 0), (None, True, 3)],
+         ("dense", 0.015): [(None, True, 4), (None, True, 1), (None, True, 2)],
+         ("phm4", 0.0005): [(79.0, False, 0), (80.0, False, 0), (81.0, False, 0)],
+         ("phm4", 0.0015): [(84.0, False, 0), (85.0, False, 0), (86.0, False, 0)],
+         ("phm4", 0.005): [(84.5, False, 0), (85.5, False, 1), (83.0, False, 0)],
+         ("phm4", 0.015): [(60.0, True, 5), (75.0, False, 0), (74.0, False, 0)]}
+
+
+def _sweep_results():
+    rows = []
+    for (model, lr), seeds in SWEEP.items():
+        runs = []
+        for seed, (acc, diverged, spikes) in enumerate(seeds, 1):
+            run = {"seed": seed, "status": "finished" if acc is not None else "diverged",
+                   "stability": {"diverged": diverged, "spikes": spikes, "nan_step": None if acc else 7}}
+            if acc is not None:
+                run["metrics"] = {"accuracy": acc, "loss": 0.5}
+            runs.append(run)
+        label = {"dense": "Transformer", "phm4": "PHM n=4"}[model]
+        rows.append({"name": f"{model}_lr{lr:g}", "label": f"{label}, lr {lr:g}", "sweep_of": model,
+                     "sweep_key": "training.lr", "sweep_value": lr, "runs": runs, "overrides": [],
+                     "config": CONFIG, "match_params": "",
+                     "summary": {"accuracy": report.summarize([r["metrics"]["accuracy"] for r in runs
+                                                                if r.get("metrics")])}})
+    rows.append(_row("unswept", [1.0, 2.0]))  # not part of the figure
+    return {"plan": {"name": "stability", "title": "stability plan", "metrics": ["accuracy", "loss"]}, "rows": rows}
+
+
+def _artists(fig, prefix):
+    return {a.get_gid().split(":", 1)[1]: a for ax in fig.axes for a in ax.get_children()
+            if a.get_gid() and a.get_gid().startswith(prefix + ":")}
+
+
+def test_sweep_figure_lines_are_the_seed_means():
+    fig = plot_sweep.sweep_figure(_sweep_results())
+    means = _artists(fig, "mean")
+    assert set(means) == {"dense", "phm4"}
+    assert means["dense"].get_label() == "Transformer" and means["phm4"].get_label() == "PHM n=4"
+    for model, line in means.items():
+        scored = [(lr, [s[0] for s in SWEEP[model, lr] if s[0] is not None]) for lr in LRS]
+        scored = [(lr, v) for lr, v in scored if v]  # dense at 0.015: every seed NaN, no point
+        assert list(line.get_xdata()) == [lr for lr, _ in scored]
+        assert list(line.get_ydata()) == pytest.approx([statistics.mean(v) for _, v in scored])
+        # the band spans the lowest to the highest seed at each value
+        band = {tuple(p) for p in _artists(fig, "spread")[model].get_paths()[0].vertices}
+        for lr, v in scored:
+            assert (lr, min(v)) in band and (lr, max(v)) in band
+    assert fig.axes[0].get_xscale() == "log"
+
+
+def test_sweep_figure_marks_every_diverged_seed_and_sums_spikes():
+    fig = plot_sweep.sweep_figure(_sweep_results())
+    crosses = _artists(fig, "diverged")
+    assert len(crosses["dense"].get_xdata()) == 2 + 3
+    assert len(crosses["phm4"].get_xdata()) == 1
+    assert crosses["dense"].get_marker() == "x" and crosses["dense"].get_linestyle() == "None"
+    # side by side around their learning rate (log axis: a factor), never on another rate
+    xs = sorted(crosses["dense"].get_xdata())
+    assert xs[:3] == pytest.approx([0.005 * 10 ** -0.03, 0.005 * 10 ** 0.03, 0.015 * 10 ** -0.06])
+    spikes = _artists(fig, "spikes")
+    assert list(spikes["dense"].get_ydata()) == [1, 0, 5, 7] and list(spikes["phm4"].get_ydata()) == [0, 0, 1, 5]
+    assert len(fig.axes) == 2
+    assert len(plot_sweep.sweep_figure(_sweep_results(), spikes=False).axes) == 1
+
+
+def test_sweep_figure_other_metric_and_errors():
+    fig = plot_sweep.sweep_figure(_sweep_results(), metric="loss")
+    assert list(_artists(fig, "mean")["phm4"].get_ydata()) == [0.5] * 4
+    with pytest.raises(plot_sweep.SweepPlotError, match="not one of the plan's metrics"):
+        plot_sweep.sweep_figure(_sweep_results(), metric="bleu")
+    with pytest.raises(plot_sweep.SweepPlotError, match="no sweep rows"):
+        plot_sweep.sweep_figure(_agreement())
+    with pytest.raises(plot_sweep.SweepPlotError, match="no rows sweep 'training.warmup'"):
+        plot_sweep.sweep_figure(_sweep_results(), key="training.warmup")
+
+
+def test_plot_sweep_cli_and_report_write_pngs(tmp_path, capsys):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps(_sweep_results()))
+    out = tmp_path / "figures" / "stability.png"
+    assert plot_sweep.main([str(results), str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.plot_sweep(_sweep_results(), "training.lr", tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(_agreement()))
+    assert plot_sweep.main([str(broken), str(tmp_path / "x.png")]) == 2
+    assert "no sweep rows" in capsys.readouterr().err and not (tmp_path / "x.png").exists()

@@ -23,6 +23,7 @@ from hyperplex.adapters.model import (
     merge,
     merge_and_unwrap,
     remove_adapter,
+    resolve_targets,
     set_active,
     trainable_parameters,
     unmerge,
@@ -32,5 +33,5 @@ __all__ = [
     "PHMAdapterConfig", "adapter_parameter_count", "PHMAdaptedLinear", "PHMDelta", "phm_lowrank_structured",
     "add_adapter", "set_active", "active_adapter", "merge", "unmerge", "merge_and_unwrap", "remove_adapter",
     "adapter_names", "adapted_layers", "adapter_config", "adapter_state_dict", "load_adapter_state_dict",
-    "save_adapter", "load_adapter", "read_adapter_spec", "trainable_parameters", "ParameterCount",
+    "save_adapter", "load_adapter", "read_adapter_spec", "resolve_targets", "trainable_parameters", "ParameterCount",
 ]

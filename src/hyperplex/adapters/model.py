@@ -20,7 +20,7 @@ from hyperplex.adapters.layer import PHMAdaptedLinear, PHMDelta, is_adaptable, l
 
 __all__ = ["add_adapter", "set_active", "active_adapter", "merge", "unmerge", "merge_and_unwrap", "remove_adapter",
            "adapter_names", "adapted_layers", "adapter_config", "adapter_state_dict", "load_adapter_state_dict",
-           "expected_adapter_shapes", "trainable_parameters", "ParameterCount", "SHARED_RULE_KEY"]
+           "expected_adapter_shapes", "resolve_targets", "trainable_parameters", "ParameterCount", "SHARED_RULE_KEY"]
 
 #: Key of the shared rule in :func:`adapter_state_dict` (a rule per layer lives at ``<layer>.rule``).
 SHARED_RULE_KEY = "shared_rule"
@@ -88,7 +88,15 @@ def _check_name(name: str) -> None:
         raise ValueError(f"adapter name must be a non-empty string without '.', got {name!r}")
 
 
-def _resolve_targets(model: nn.Module, config: PHMAdapterConfig) -> list[str]:
+def resolve_targets(model: nn.Module, targets, n: int = 1, key: str = "PHMAdapterConfig") -> list[str]:
+    """Dotted names of the ``nn.Linear`` / ``Conv1D`` layers of ``model`` that the glob patterns ``targets``
+    select (the rule of :class:`PHMAdapterConfig`), in module order. ``ValueError`` (its message starts with
+    ``key``, e.g. ``model.adapter``) naming a pattern that matches no linear layer, or every selected
+    layer whose in/out features ``n`` does not divide."""
+    return _resolve_targets(model, PHMAdapterConfig(n=n, targets=tuple(targets)), key)
+
+
+def _resolve_targets(model: nn.Module, config: PHMAdapterConfig, key: str = "PHMAdapterConfig") -> list[str]:
     """Dotted names of the layers ``config.targets`` select; errors name the pattern that matched nothing
     and every selected layer whose sizes ``n`` does not divide."""
     candidates: list[str] = []
@@ -106,7 +114,7 @@ def _resolve_targets(model: nn.Module, config: PHMAdapterConfig) -> list[str]:
             hit = [f"{p} ({t})" for p, t in others.items() if _matches(p, pattern)][:3]
             why = f"; it matches only modules that are not linear layers: {', '.join(hit)}" if hit else ""
             sample = ", ".join(candidates[:6]) + (", …" if len(candidates) > 6 else "")
-            raise ValueError(f"PHMAdapterConfig.targets: pattern {pattern!r} matches no nn.Linear/Conv1D module{why}; "
+            raise ValueError(f"{key}.targets: pattern {pattern!r} matches no nn.Linear/Conv1D module{why}; "
                              f"linear layers in the model: {sample or 'none'}")
     modules = dict(model.named_modules())
     bad = []
@@ -115,7 +123,7 @@ def _resolve_targets(model: nn.Module, config: PHMAdapterConfig) -> list[str]:
         if d % config.n or k % config.n:
             bad.append(f"{path} ({d} → {k})")
     if bad:
-        raise ValueError(f"PHMAdapterConfig.n={config.n} must divide in and out features of every target layer; "
+        raise ValueError(f"{key}.n={config.n} must divide in and out features of every target layer; "
                          f"it does not for: {', '.join(bad)}")
     return selected
 

@@ -308,7 +308,9 @@ def params(config: str, overrides: list[str] | None = None, vocab_size: int | No
     header = f"{cfg.name}: {cfg.model.architecture} (vocabulary {v}"
     header += f", target vocabulary {v if tgt_vocab_size is None else tgt_vocab_size})" \
         if arch.family == "seq2seq" else ")"
-    return header + "\n" + format_breakdown(parameter_breakdown(model))
+    table = header + "\n" + format_breakdown(parameter_breakdown(model))
+    describe = getattr(model, "describe", None)  # a fine-tuned pretrained encoder: what trains, matched counts
+    return table + ("\n\n" + describe() if callable(describe) else "")
 
 
 def average(inputs: list[str], output: str) -> Path:

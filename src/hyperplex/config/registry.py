@@ -134,6 +134,10 @@ for _name, _entry in {
                                          "QuaternionAttentionModel", "pair", "Q-Att (Tay et al. 2019 §3.2)"),
     "pretrained_student": Architecture("hyperplex.convert.student", "PretrainedStudentConfig", "PretrainedStudent",
                                        "embedder", "a pretrained SentenceTransformer with PHM / low-rank layers"),
+    "pretrained_classifier": Architecture("hyperplex.adapters.classifier", "PretrainedClassifierConfig",
+                                          "PretrainedClassifier", "classifier",
+                                          "a pretrained encoder + linear head, fine-tuned through a PHM adapter, "
+                                          "peft LoRA / LoKr, fully, or head only"),
 }.items():
     register_architecture(_name, _entry)
 

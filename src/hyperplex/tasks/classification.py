@@ -1,5 +1,15 @@
 """Classification tasks: one text → label (sentiment, agreement), two texts → label (NLI), and
-question/answer ranking (WikiQA, scored per question with MAP/MRR)."""
+question/answer ranking (WikiQA, scored per question with MAP/MRR).
+
+Tokenisation: a tokenizer and vocabulary built from the training split (``data.tokenizer``) and saved
+in the model folder, unless the architecture's model class brings its own — a pretrained encoder's,
+:meth:`hyperplex.adapters.classifier.PretrainedClassifier.text_tokenizer`. That hook is a classmethod
+``text_tokenizer(model_config)`` returning an object with ``encode_batch(texts) → list of id lists``
+(special tokens added, cut at the model's ``max_length``), ``pad_index``, ``len()`` (vocabulary size) and
+``describe()``; the text is then passed to it as written (``data.lowercase``, ``data.tokenizer``,
+``data.vocab_size`` and ``data.truncate`` do not apply), and nothing is saved: loading rebuilds it from
+the model config.
+"""
 
 from __future__ import annotations
 
@@ -93,7 +103,12 @@ class ClassificationTask(Task):
             saved = [] if fresh else (self.checkpoint_record or {}).get("labels")  # the model's output order
             self.labels = list(d.labels) or list(saved or []) or sorted({r["label"] for r in train})
         self._check_labels(train + dev)
-        if fresh:
+        self.own_tokenizer = self._model_tokenizer()
+        if self.own_tokenizer is not None:
+            self.tok, self.vocab = self.own_tokenizer, None
+            self.log.info(f"tokenizer: {self.own_tokenizer.describe()} (data.tokenizer, lowercase, vocab_size and "
+                          f"truncate do not apply)")
+        elif fresh:
             lines = [lowercase_if(d, t) for rec in train for t in self._texts(rec)]
             self.tok, self.vocab = tokenizer_and_vocab(d, lines, self.model_dir, "text", fresh)
         else:
@@ -103,10 +118,24 @@ class ClassificationTask(Task):
         self.dev_set, dev_report = self._dataset(dev, "validation examples")
         if dev_report.dropped:
             self.log.info(str(dev_report))
-        self.log.info(f"vocabulary {len(self.vocab)}; labels {self.labels}; {len(self.train_set)} training / "
+        self.log.info(f"vocabulary {self.vocab_size}; labels {self.labels}; {len(self.train_set)} training / "
                       f"{len(self.dev_set)} validation examples")
 
+    def _model_tokenizer(self):
+        """The architecture's own tokenizer (its model class's ``text_tokenizer`` hook), or ``None``."""
+        _, model_class = get_architecture(self.cfg.model.architecture, self.name).load()
+        hook = getattr(model_class, "text_tokenizer", None)
+        return hook(self.cfg.model) if callable(hook) else None
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.own_tokenizer) if getattr(self, "own_tokenizer", None) is not None else len(self.vocab)
+
     def _load_vocabulary(self) -> None:
+        self.own_tokenizer = self._model_tokenizer()
+        if self.own_tokenizer is not None:  # rebuilt from the model config: no files in the model folder
+            self.tok, self.vocab = self.own_tokenizer, None
+            return
         record = (self.checkpoint_record or {}).get("files")
         self.tok, self.vocab = load_saved_vocabularies(self.cfg.data, self.model_dir, ("text",), record)["text"]
 
@@ -161,15 +190,25 @@ class ClassificationTask(Task):
             check_labels([rec["label"]], self.labels, rec["file"], [rec["line"]])
 
     def encode(self, text: str) -> list[int]:
+        if getattr(self, "own_tokenizer", None) is not None:
+            return self.own_tokenizer.encode_batch([text])[0]
         ids = self.vocab.encode(self.tok.tokenize(lowercase_if(self.cfg.data, text)))
         return ids[: self.cfg.data.truncate] if self.cfg.data.truncate else ids
+
+    def _encode_all(self, texts: list[str]) -> list[list[int]]:
+        """:meth:`encode` of every text (in one call of a model's own tokenizer, which is much faster)."""
+        if getattr(self, "own_tokenizer", None) is not None:
+            return self.own_tokenizer.encode_batch(texts) if texts else []
+        return [self.encode(t) for t in texts]
 
     def _dataset(self, records: list[dict], what: str):
         report = DropReport(total=len(records), source=what)
         columns: list[list] = [[] for _ in self._texts(records[0])] if records else [[]]
         labels, groups, group_ids = [], [], {}
-        for rec in records:
-            encoded = [self.encode(t) for t in self._texts(rec)]
+        per_record = len(columns)
+        flat = self._encode_all([t for rec in records for t in self._texts(rec)])
+        for r, rec in enumerate(records):
+            encoded = flat[r * per_record: (r + 1) * per_record]
             if any(not e for e in encoded):
                 report.empty += 1
                 continue
@@ -180,9 +219,10 @@ class ClassificationTask(Task):
                 groups.append(group_ids.setdefault(rec["group"], len(group_ids)))
         if not labels:
             raise DataError(f"no {what} left: every example has an empty text ({report})")
+        pad = self.own_tokenizer.pad_index if getattr(self, "own_tokenizer", None) is not None else PAD_INDEX
         if self.pair:
-            return PairDataset(columns[0], columns[1], labels, groups if self.ranking else None), report
-        return ClassificationDataset(columns[0], labels), report
+            return PairDataset(columns[0], columns[1], labels, groups if self.ranking else None, pad_index=pad), report
+        return ClassificationDataset(columns[0], labels, pad_index=pad), report
 
     def train_batches(self, epoch: int) -> list:
         t = self.cfg.training
@@ -196,9 +236,11 @@ class ClassificationTask(Task):
 
     def build_model(self) -> nn.Module:
         _, model_class = get_architecture(self.cfg.model.architecture, self.name).load()
-        model = model_class(self.cfg.model, len(self.vocab), self.num_outputs, pad_index=PAD_INDEX)
+        model = model_class(self.cfg.model, self.vocab_size, self.num_outputs, pad_index=PAD_INDEX)
         if self.cfg.data.embeddings and getattr(self, "fresh", False):
             self._load_embeddings(model)
+        if callable(getattr(model, "describe", None)):  # e.g. a pretrained encoder's trainable parameters
+            self.log.info(model.describe())
         return model
 
     def _load_embeddings(self, model: nn.Module) -> None:
@@ -250,8 +292,11 @@ class ClassificationTask(Task):
         return {"accuracy": 100.0 * accuracy(logits.argmax(-1).tolist(), labels.tolist()), "loss": loss}
 
     def metadata(self) -> dict:
-        meta = {"vocab_size": len(self.vocab), "labels": self.labels,
-                "files": {"text": vocabulary_files(self.cfg.data, "text")}}
+        if getattr(self, "own_tokenizer", None) is not None:  # nothing to copy: rebuilt from model.path
+            meta = {"vocab_size": self.vocab_size, "labels": self.labels, "tokenizer": "model"}
+        else:
+            meta = {"vocab_size": len(self.vocab), "labels": self.labels,
+                    "files": {"text": vocabulary_files(self.cfg.data, "text")}}
         if getattr(self, "carve_counts", None):
             meta["carve"] = self.carve_counts
         return meta

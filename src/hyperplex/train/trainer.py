@@ -27,7 +27,7 @@ from hyperplex.config import dump_yaml
 from hyperplex.config.experiment import ExperimentConfig, experiment_dict
 from hyperplex.train.task import Task, metric_mode
 from hyperplex.fileio import atomic_write_text
-from hyperplex.train.checkpoint import LAST, CheckpointManager, load_checkpoint, load_into, restore_rng
+from hyperplex.train.checkpoint import LAST, CheckpointManager, load_checkpoint, load_into, model_state, restore_rng
 from hyperplex.train.interrupts import InterruptFlag, TrainingInterrupted
 from hyperplex.train.optim import apply_lr, build_optimizer, build_schedule
 from hyperplex.train.process import check_writable, distributed, resolve_device
@@ -235,7 +235,7 @@ class Trainer:
                     if due:
                         last_val = self._validate_and_save(model, optimizer, state, manager, metrics)
                     elif tcfg.checkpoint_every and state.step % tcfg.checkpoint_every == 0 and manager:
-                        manager.save_last(model.state_dict(), optimizer.state_dict(), self._extra(state))
+                        manager.save_last(model_state(model), optimizer.state_dict(), self._extra(state))
                     if interrupts.pending(self.world, self.device) and not state.finished:
                         self._save_and_stop(interrupts.signal_number, model, optimizer, state, manager, bar)
                     if epoch_done or state.finished:
@@ -296,7 +296,7 @@ class Trainer:
         """After a SIGINT/SIGTERM: write a resumable ``last`` at this step boundary, log it, stop."""
         name = signal.Signals(signal_number).name
         if manager is not None:
-            manager.save_last(model.state_dict(), optimizer.state_dict(), self._extra(state))
+            manager.save_last(model_state(model), optimizer.state_dict(), self._extra(state))
         if bar is not None:
             bar.close()
         message = (f"interrupted by {name} at step {state.step} (epoch {state.epoch}); saved a resumable checkpoint "
@@ -421,8 +421,8 @@ class Trainer:
         self.log.info(f"validation at step {state.step} (epoch {state.epoch}): {shown}")
         metrics.write(state.step, state.epoch, "dev", values)
         extra = self._extra(state)
-        manager.save_last(model.state_dict(), optimizer.state_dict(), extra)
-        manager.save_if_best(value, state.step, model.state_dict(), None, extra)
+        manager.save_last(model_state(model), optimizer.state_dict(), extra)
+        manager.save_if_best(value, state.step, model_state(model), None, extra)
 
     def _plots(self) -> None:
         try:

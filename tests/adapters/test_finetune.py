@@ -163,3 +163,20 @@ def test_bad_input_names_the_key(bert_folder):
     # nothing was changed by the refused calls
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items()) and state.keys() == model.state_dict().keys()
     assert all(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("kind", ["phm", "lora", "lokr"])
+def test_the_seed_fixes_the_adapter_init(bert_folder, kind):
+    if kind != "phm":
+        pytest.importorskip("peft")
+
+    def init(seed):
+        torch.manual_seed(seed)
+        model = encoder(bert_folder)
+        attach(model, FineTuneConfig(kind=kind, n=4, rank=2, targets=["query", "value"]))
+        return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+    first, again, other = init(1), init(1), init(2)
+    assert first.keys() == again.keys() == other.keys()
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert any(not torch.equal(first[k], other[k]) for k in first)  # the random factors differ with the seed

@@ -176,10 +176,13 @@ class _Skeleton(nn.Module):
 
 @functools.lru_cache(maxsize=4096)
 def _count(kind: str, sizes: tuple[tuple[int, int], ...], rank: int, factor: int) -> tuple[int, ...]:
-    skeleton = _Skeleton(sizes)
-    names = [f"layers.{i}" for i in range(len(sizes))]
-    _peft().inject_adapter_in_model(peft_config(kind, rank, factor, 0.0, 0.0, names), skeleton, ADAPTER_NAME)
-    return tuple(sum(p.numel() for p in layer.parameters() if p.requires_grad) for layer in skeleton.layers)
+    # peft's initialisers draw from the global RNG even on `meta`: counting (cached) must not move the seeded
+    # stream, or the real adapter's init would depend on what was counted before in this process
+    with torch.random.fork_rng(devices=[]):
+        skeleton = _Skeleton(sizes)
+        names = [f"layers.{i}" for i in range(len(sizes))]
+        _peft().inject_adapter_in_model(peft_config(kind, rank, factor, 0.0, 0.0, names), skeleton, ADAPTER_NAME)
+        return tuple(sum(p.numel() for p in layer.parameters() if p.requires_grad) for layer in skeleton.layers)
 
 
 def peft_count(kind: str, sizes: list[tuple[int, int]], rank: int, factor: int = -1) -> int:

@@ -298,6 +298,9 @@ def params(config: str, overrides: list[str] | None = None, vocab_size: int | No
     arch = get_architecture(cfg.model.architecture, cfg.data.task)
     _, model_class = arch.load()
     v = cfg.data.vocab_size if vocab_size is None else vocab_size
+    own_tokenizer = getattr(model_class, "text_tokenizer", None)  # a pretrained encoder brings its vocabulary
+    if vocab_size is None and callable(own_tokenizer):
+        v = len(own_tokenizer(cfg.model))
     if arch.family == "seq2seq":  # the second size is the target vocabulary
         outputs = v if tgt_vocab_size is None else tgt_vocab_size
     elif cfg.data.task == "ranking":  # one relevance score

@@ -72,7 +72,7 @@ def test_sst2_probe_separable_and_split(tmp_path):
     write_sst(path, rows)
     by_word = lambda s: torch.tensor([[float("good" in x), float("bad" in x), len(x) / 10] for x in s])
     result = sst2_probe(by_word, path, train_size=40, test_size=20, split_seed=3)
-    assert result == {"accuracy": 1.0, "train": 40, "test": 20, "split_seed": 3}
+    assert result == {"accuracy": 1.0, "train": 40, "test": 20, "split_seed": 3, "carve": "random", "pool": 60}
     noise = lambda s: torch.randn(len(s), 4, generator=torch.Generator().manual_seed(len(s)))  # no signal
     assert sst2_probe(noise, path, train_size=40, test_size=20)["accuracy"] < 1.0
     with pytest.raises(ValueError, match="exceeds the 60 examples"):
@@ -113,3 +113,29 @@ def test_wikiqa_dev_plumbing_on_real_file(shared_data):
     scores = torch.nn.functional.cosine_similarity(q, a, dim=1)
     expected = ranking_metrics([r["qid"] for r in records], scores, [r["label"] for r in records])
     assert result["map"] == pytest.approx(expected["map"]) and result["mrr"] == pytest.approx(expected["mrr"])
+
+
+def test_sst2_probe_sentence_carve_keeps_phrases_out(tmp_path):
+    path = tmp_path / "train.tsv.gz"
+    # 12 sentences (label by their first word), each followed by two of its phrases, one phrase twice
+    words = ["good", "bad"]
+    rows = []
+    for i in range(12):
+        sentence = f"{words[i % 2]} film number {i} of the year"
+        rows += [(sentence, 1 - i % 2), (f"number {i} of", 1 - i % 2), (f"film number {i}", 1 - i % 2)]
+    rows.append(("number 3 of", 0))
+    write_sst(path, rows)
+    seen = []
+
+    def embed(sentences):
+        seen.extend(sentences)
+        return torch.tensor([[float(s.startswith("good")), float(s.startswith("bad")), len(s) / 40] for s in sentences])
+
+    result = sst2_probe(embed, path, train_size=6, test_size=4, split_seed=5, carve="sentences")
+    assert result == {"accuracy": 1.0, "train": 6, "test": 4, "split_seed": 5, "carve": "sentences", "pool": 12}
+    assert len(seen) == 10 and all(s.endswith("of the year") for s in seen)  # whole sentences only
+    assert len(set(seen)) == 10  # train and test disjoint
+    with pytest.raises(ValueError, match="exceeds the 12 examples"):
+        sst2_probe(embed, path, train_size=10, test_size=4, carve="sentences")
+    with pytest.raises(ValueError, match="carve must be"):
+        sst2_probe(embed, path, carve="phrases")

@@ -8,11 +8,13 @@ code scores the dense teacher and any student: :func:`sentence_transformer_embed
 * :func:`wikiqa_ranking` — zero-shot answer selection: each question's candidates ranked by the
   cosine between question and answer embeddings, MAP/MRR by :mod:`hyperplex.metrics`;
 * :func:`sst2_probe` — accuracy of a logistic-regression probe (scikit-learn) on frozen embeddings,
-  on a carved train/test split of ``train.tsv.gz`` with a fixed split seed.
+  on a carved train/test split of ``train.tsv.gz`` with a fixed split seed (``carve="sentences"``:
+  whole sentences only, so no test sentence is seen by the probe as a phrase).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 
@@ -118,8 +120,24 @@ def carve_split(count: int, train_size: int, test_size: int, seed: int) -> tuple
     return order[:train_size], order[train_size:train_size + test_size]
 
 
+@functools.lru_cache(maxsize=4)
+def _sentence_rows(path: str, mtime_ns: int) -> tuple[int, ...]:
+    """Indices of the rows of an SST-2 file whose text is a whole sentence: inside no other text of the
+    file (token boundaries, :func:`hyperplex.data.phrases.contained_texts`), first occurrence only.
+    Cached per file version (≈ 7 s for SST-2's 67K rows)."""
+    from hyperplex.data.phrases import contained_texts
+
+    keys = [tuple(row["sentence"].split()) for row in read_tsv(path, ("sentence", "label"))]
+    inside = contained_texts(set(keys) - {()})
+    first: dict[tuple[str, ...], int] = {}
+    for i, key in enumerate(keys):
+        if key and key not in inside and key not in first:
+            first[key] = i
+    return tuple(first.values())
+
+
 def sst2_probe(embed: Embedder, path: str | os.PathLike, train_size: int = 2000, test_size: int = 1000,
-               split_seed: int = 0, C: float = 1.0, batch_size: int = 256) -> dict:
+               split_seed: int = 0, C: float = 1.0, batch_size: int = 256, carve: str = "random") -> dict:
     """Accuracy of a logistic-regression probe on frozen sentence embeddings (SST-2).
 
     Args:
@@ -128,19 +146,30 @@ def sst2_probe(embed: Embedder, path: str | os.PathLike, train_size: int = 2000,
         train_size, test_size: examples carved from the file by :func:`carve_split` with ``split_seed``;
             the test rows are never seen by the probe.
         C: inverse L2 strength of scikit-learn's ``LogisticRegression`` (lbfgs, max 2000 iterations).
+        carve: ``random`` draws from every row. GLUE's SST-2 train file holds every phrase of each
+            sentence as its own row, so a random test row is often a phrase of a training row, or the
+            other way round. ``sentences`` draws both sets from the whole sentences only (rows whose text
+            is inside no other row's text, compared on token boundaries, first occurrence of each): no
+            test sentence occurs in any probe training text, and every example is a full sentence.
 
     Embeddings are standardised with the training rows' mean and std before the fit, so the probe
     is not at the mercy of the encoder's scale.
 
     Returns:
-        ``{"accuracy", "train", "test", "split_seed"}`` (accuracy on a 0–1 scale).
+        ``{"accuracy", "train", "test", "split_seed", "carve", "pool"}`` (accuracy on a 0–1 scale;
+        ``pool``: the rows drawn from).
     """
     from sklearn.linear_model import LogisticRegression
 
+    if carve not in ("random", "sentences"):
+        raise ValueError(f"carve must be 'random' or 'sentences', got {carve!r}")
     rows = read_tsv(path, ("sentence", "label"), known={"label": {"0", "1"}})
-    train_idx, test_idx = carve_split(len(rows), train_size, test_size, split_seed)
-    sentences = [rows[i]["sentence"] for i in np.concatenate([train_idx, test_idx])]
-    labels = np.array([int(rows[i]["label"]) for i in np.concatenate([train_idx, test_idx])])
+    pool = np.arange(len(rows)) if carve == "random" else \
+        np.array(_sentence_rows(os.fspath(path), os.stat(path).st_mtime_ns))
+    train_idx, test_idx = carve_split(len(pool), train_size, test_size, split_seed)
+    chosen = pool[np.concatenate([train_idx, test_idx])]
+    sentences = [rows[i]["sentence"] for i in chosen]
+    labels = np.array([int(rows[i]["label"]) for i in chosen])
     features = embed_batched(embed, sentences, batch_size).numpy()
     x_train, x_test = features[:train_size], features[train_size:]
     mean, std = x_train.mean(axis=0), x_train.std(axis=0) + 1e-8
@@ -148,4 +177,4 @@ def sst2_probe(embed: Embedder, path: str | os.PathLike, train_size: int = 2000,
     probe.fit((x_train - mean) / std, labels[:train_size])
     predictions = probe.predict((x_test - mean) / std)
     return {"accuracy": accuracy(predictions, labels[train_size:]), "train": train_size, "test": test_size,
-            "split_seed": split_seed}
+            "split_seed": split_seed, "carve": carve, "pool": len(pool)}

@@ -11,8 +11,9 @@ import math
 import platform
 from pathlib import Path
 
-__all__ = ["t_quantile_975", "summarize", "machine_info", "format_duration", "format_count", "render_markdown",
-           "replace_section", "write_section", "param_match_lines", "sweep_table", "sweep_plot_name", "plot_sweep"]
+__all__ = ["t_quantile_975", "summarize", "machine_info", "format_duration", "format_count", "format_bytes",
+           "render_markdown", "replace_section", "write_section", "param_match_lines", "quality_lines", "sweep_table",
+           "sweep_plot_name", "plot_sweep"]
 
 #: Two-sided 95% quantiles t_{0.975, df} of Student's t for df = 1…30 (standard tables); used when
 #: scipy is not installed. Beyond 30 the normal quantile 1.96 is within 4% and is used instead.
@@ -85,6 +86,16 @@ def format_count(count: int | None) -> str:
     return str(count)
 
 
+def format_bytes(count: int | None) -> str:
+    """File size in decimal units: ``90.9 MB`` / ``512.0 KB`` / ``950 B``; ``–`` when unknown."""
+    if count is None:
+        return "–"
+    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
 def _metric_cell(summary: dict | None, digits: int) -> str:
     if not summary or not summary["n"]:
         return "–"
@@ -125,11 +136,14 @@ def render_markdown(results: dict) -> str:
                  "cells are mean ± sample std over the n seeds [95% t-interval of the mean] (a single value when "
                  "n = 1). Training time is wall-clock per model (data preparation and periodic validation "
                  "included), mean over seeds; ≈ marks times partly read from train.log time stamps.")
+    lines += [f"- {line}" for line in quality_lines(results)]
     for signature in results.get("signatures", []):
         lines.append(f"- sacreBLEU signature, {signature}")
     lines.append("")
     metrics = plan["metrics"]
-    header = ["row", "n"] + metrics + ["params", "params w/o emb.", "training time"]
+    sized = any(r.get("size") for row in results["rows"] for r in row["runs"])  # quality plans (compress_quality)
+    header = ["row", "n"] + metrics + ["params", "params w/o emb."] + \
+        (["converted layers", "params of those layers", "file size"] if sized else []) + ["training time"]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" + "---:|" * (len(header) - 1))
     notes: list[str] = []
@@ -139,6 +153,13 @@ def render_markdown(results: dict) -> str:
         cells += [_metric_cell(row["summary"].get(m), digits) for m in metrics]
         cells.append(_range_cell([r["params"]["total"] for r in done if r.get("params")]))
         cells.append(_range_cell([r["params"]["total_without_embeddings"] for r in done if r.get("params")]))
+        if sized:
+            sizes = [r["size"] for r in done if r.get("size")]
+            cells.append(_range_cell([s["converted_layers"] for s in sizes]))
+            cells.append(_range_cell([s["selected_params"] for s in sizes]))
+            files = [s["file_bytes"] for s in sizes]
+            cells.append("–" if not files else format_bytes(min(files)) if min(files) == max(files) else
+                         f"{format_bytes(min(files))}–{format_bytes(max(files))}")
         times = [r["train_seconds"] for r in done if r.get("train_seconds") is not None]
         time_cell = format_duration(math.fsum(times) / len(times)) if times else "–"
         if any(r.get("train_time_source") == "train.log" for r in done):
@@ -163,10 +184,48 @@ def render_markdown(results: dict) -> str:
         extra = f", evaluated with `{' '.join(row['eval_overrides'])}`" if row.get("eval_overrides") else ""
         extra += f", scored on `{row['eval_split']}`" if row.get("eval_split") else ""
         beam = f", beam {row['beam_size']}" if row.get("beam_size") else ""
+        if row.get("heal") is False:
+            extra += "; **not healed**: the model as built (a conversion: straight after it), evaluated without " \
+                     "training (no budget)"
         lines.append(f"- **{row['label']}** (`{row['name']}`, seeds {row['seeds']}{beam}): {source}{extra}")
     if notes:
         lines += ["", "Missing from the table (not counted in n):", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def quality_lines(results: dict) -> list[str]:
+    """What each quality metric of a ``quality:`` plan measures (``compress_quality``), with the counts
+    the first evaluated model recorded; none for other plans."""
+    quality = results["plan"].get("quality")
+    if not quality:
+        return []
+    details = next((r["quality_details"] for row in results["rows"] for r in row["runs"] if r.get("quality_details")),
+                   {})
+    lines = []
+    if "agreement" in quality:
+        count = details.get("agreement", {}).get("sentences")
+        lines.append(f"`agreement`: mean cosine between the model's and the teacher's sentence embeddings on the "
+                     f"distinct lines of `{quality['agreement']['file']}`"
+                     + (f" ({count:,} sentences)" if count else "") + "; the teacher scores 1")
+    if "wikiqa" in quality:
+        w = details.get("wikiqa", {})
+        lines.append(f"`wikiqa_map` / `wikiqa_mrr`: zero-shot answer selection on `{quality['wikiqa']['file']}`, each "
+                     "question's candidates ranked by the cosine of question and answer embeddings"
+                     + (f" ({w['questions']} questions with a correct answer, {w['candidates']:,} candidates)"
+                        if w.get("questions") else ""))
+    if "sst2_probe" in quality:
+        q = quality["sst2_probe"]
+        pool = details.get("sst2_probe", {}).get("pool")
+        carve = ("whole sentences only (rows inside no other row, token boundaries: no test sentence is a probe "
+                 "training text or inside one)" if q["carve"] == "sentences" else "any rows (phrases included)")
+        lines.append(f"`sst2_probe`: accuracy of a logistic-regression probe (C = {q['C']:g}) on the frozen "
+                     f"embeddings, trained on {q['train_size']:,} and tested on {q['test_size']:,} other rows of "
+                     f"`{q['file']}` drawn with split seed {q['split_seed']} from {carve}"
+                     + (f"; pool {pool:,} rows" if pool else ""))
+    lines.append("Sizes: *converted layers* = layers replaced by PHM / low-rank; *params of those layers* = their "
+                 "parameters (bias included) after conversion, for the teacher the same layers dense; *file size* = "
+                 "`model.safetensors` written by `hyperplex.convert.save_converted` (float32)")
+    return lines
 
 
 def param_match_lines(results: dict) -> list[str]:

@@ -36,19 +36,23 @@ try:  # a source checkout without `pip install -e .`
 except ImportError:
     sys.path.insert(0, str(HERE.parent / "src"))
 
+import compress_quality  # experiments/compress_quality.py (its sibling, like report.py)
 import report  # noqa: E402  (experiments/report.py)
 from hyperplex.config import ConfigError, dump_yaml, from_dict, load_yaml, merge, parse_overrides, to_dict  # noqa: E402
 from hyperplex.fileio import atomic_write_text  # noqa: E402
 
-PLAN_KEYS = ("name", "title", "description", "seeds", "budget", "metrics", "checkpoint", "digits", "rows")
+PLAN_KEYS = ("name", "title", "description", "seeds", "budget", "metrics", "checkpoint", "digits", "rows",
+             "quality")
 ROW_KEYS = ("name", "label", "config", "overrides", "seeds", "model_of", "eval_overrides", "eval_split", "sweep",
-            "match_params")
+            "match_params", "heal")
 #: Largest relative difference of parameters (total, and without embeddings) that ``match_params`` accepts.
 PARAM_MATCH_TOLERANCE = 0.02
 #: What each task's validation returns (``Task.validate``); plans may only ask for these.
 TASK_METRICS = {"translation": ("bleu", "chrf", "accuracy", "loss", "ppl"),
                 "classification": ("accuracy", "loss"), "pair_classification": ("accuracy", "loss"),
-                "ranking": ("map", "mrr", "loss")}
+                "ranking": ("map", "mrr", "loss"), "distillation": ("cosine", "loss")}
+#: ``stop_reason`` in the trainer state of a ``heal: false`` model's checkpoint (written without training).
+NOT_HEALED = "not healed"
 RUN_FILE = "experiment.json"  # per model folder: training segments (time, command, machine)
 DIVERGED_FILE = "diverged.json"  # per model folder of a sweep row whose training stopped at a NaN/inf
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) ")
@@ -75,6 +79,7 @@ class Row:
     sweep_key: str = ""  # the swept config key (e.g. training.lr) ...
     sweep_value: float | int | str | None = None  # ... and this row's value of it
     match_params: str = ""  # a row whose parameter count this row's must match within PARAM_MATCH_TOLERANCE
+    heal: bool = True  # False: the model as built (step 0, no training, no budget) is saved and evaluated
 
 
 @dataclass
@@ -90,6 +95,7 @@ class Plan:
     checkpoint: str = "last"
     digits: int = 2
     description: str = ""
+    quality: dict = field(default_factory=dict)  # compress_quality.parse_quality of the `quality:` key
 
 
 # ---------------------------------------------------------------------------- plan file
@@ -177,9 +183,14 @@ def load_plan(path: str | Path) -> Plan:
     if checkpoint not in ("best", "last"):
         raise PlanError(f"{path}: checkpoint must be best or last, got {checkpoint!r}")
     metrics = _str_list(raw.get("metrics"), f"{path}: metrics")
-    known = sorted({m for ms in TASK_METRICS.values() for m in ms})
+    known = sorted({m for ms in TASK_METRICS.values() for m in ms} | set(compress_quality.QUALITY_METRICS))
     if not metrics or any(m not in known for m in metrics):
         raise PlanError(f"{path}: metrics must be a non-empty list from {known}, got {metrics!r}")
+    try:
+        quality = compress_quality.parse_quality(raw.get("quality"), str(path))
+        compress_quality.check_metrics(metrics, quality, str(path))
+    except compress_quality.QualityError as err:
+        raise PlanError(str(err)) from None
     rows: list[Row] = []
     for i, item in enumerate(raw["rows"]):
         where = f"{path}: rows[{i}]"
@@ -209,6 +220,12 @@ def load_plan(path: str | Path) -> Plan:
             row.config = str(resolve_config(str(item["config"]), path))
             row.seeds = _seed_list(item["seeds"], f"{where}: seeds") if "seeds" in item else list(default_seeds)
         row.match_params = str(item.get("match_params") or "")
+        if "heal" in item:
+            if not isinstance(item["heal"], bool):
+                raise PlanError(f"{where}: heal must be true or false, got {item['heal']!r}")
+            if row.model_of or "sweep" in item:
+                raise PlanError(f"{where}: heal: false applies to a row with a config and no sweep")
+            row.heal = item["heal"]
         if "sweep" in item:
             if row.model_of:
                 raise PlanError(f"{where}: a `model_of` row cannot sweep (it trains nothing)")
@@ -235,7 +252,7 @@ def load_plan(path: str | Path) -> Plan:
         raise PlanError(f"{path}: digits must be an integer 0…6, got {digits!r}")
     return Plan(path=path, name=str(raw.get("name") or path.stem), title=str(raw["title"]), rows=rows,
                 budget=_str_list(raw.get("budget"), f"{path}: budget"), metrics=metrics, checkpoint=checkpoint,
-                digits=digits, description=str(raw.get("description") or ""))
+                digits=digits, description=str(raw.get("description") or ""), quality=quality)
 
 
 # ---------------------------------------------------------------------------- runs and validation
@@ -251,8 +268,9 @@ class Run:
 
 
 def run_overrides(plan: Plan, row: Row, seed: int, extra: list[str]) -> list[str]:
-    """Overrides of one model, in order of precedence (later wins): budget, row, command line, seed."""
-    return [*plan.budget, *row.overrides, *extra, f"--seed={seed}"]
+    """Overrides of one model, in order of precedence (later wins): budget (not for a ``heal: false`` row,
+    which is not trained), row, command line, seed."""
+    return [*(plan.budget if row.heal else []), *row.overrides, *extra, f"--seed={seed}"]
 
 
 def folder_status(model_dir: Path) -> str:
@@ -280,11 +298,12 @@ def _config_diff(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
 
 
 def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: Path, extra: list[str],
-             resume: bool) -> tuple[list[Run], list[Run], dict[str, object]]:
+             resume: bool, data_root: str | None = None) -> tuple[list[Run], list[Run], dict[str, object]]:
     """Check everything before any training: every row × seed config loads with its overrides, each
-    row's model can be built, eval overrides are valid, requested metrics fit the task, and existing
-    folders hold the same config (unfinished ones need ``--resume``). All problems are reported
-    together. Returns (runs to train, all runs of the plan, resolved config of each row)."""
+    row's model can be built, eval overrides are valid, requested metrics fit the task, the ``quality:``
+    files exist, and existing folders hold the same config and are healed as the row says (unfinished
+    ones need ``--resume``). All problems are reported together. Returns (runs to train, all runs of the
+    plan, resolved config of each row)."""
     from hyperplex.cli import runner
     from hyperplex.config.experiment import experiment_dict, load_experiment
 
@@ -315,10 +334,14 @@ def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: P
                 errors.append(f"{where}, seed {seed}: {err}")
                 continue
             resolved.setdefault(row.name, cfg)
-            bad = [m for m in plan.metrics if m not in TASK_METRICS[cfg.data.task]]
+            bad = [m for m in plan.metrics if m not in TASK_METRICS[cfg.data.task]
+                   and m not in compress_quality.QUALITY_METRICS]
             if bad and seed == row.seeds[0]:
                 errors.append(f"{where}: metrics {bad} do not exist for task {cfg.data.task!r} "
                               f"(it reports {', '.join(TASK_METRICS[cfg.data.task])})")
+            if plan.quality and cfg.data.task != compress_quality.TASK and seed == row.seeds[0]:
+                errors.append(f"{where}: quality: applies to data.task {compress_quality.TASK} models, this row's "
+                              f"task is {cfg.data.task!r}")
             if model_dir in all_runs:
                 continue
             run = Run(train_row, seed, model_dir, overrides, folder_status(model_dir))
@@ -330,6 +353,10 @@ def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: P
                 if diff:
                     errors.append(f"{model_dir} holds a run with a different config ({'; '.join(diff[:4])}); delete "
                                   "the folder or use another --out")
+            if run.status == "finished" and healed(model_dir) != train_row.heal:
+                errors.append(f"{model_dir} holds a {'healed' if healed(model_dir) else 'not healed (heal: false)'} "
+                              f"model but row {train_row.name!r} says heal: {str(train_row.heal).lower()}; delete the "
+                              "folder or use another --out")
             if run.status == "unfinished" and not resume:
                 errors.append(f"{model_dir} holds an unfinished run: pass --resume to continue it (or delete it)")
         if row.name in resolved and not row.model_of:
@@ -338,12 +365,20 @@ def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: P
             except (ConfigError, ValueError) as err:
                 errors.append(f"{where}: the model cannot be built: {err}")
     errors += check_param_matches(plan)
+    errors += [f"{plan.path}: {problem}" for problem in compress_quality.check_files(plan.quality, data_root)]
     if errors:
         raise PlanError(f"{len(errors)} problem(s) in {plan.path}, nothing was trained:\n  " + "\n  ".join(errors))
     wanted_rows = set(rows or names)
     train_names = {r.model_of or r.name for r in plan.rows if r.name in wanted_rows}
     to_train = [r for r in all_runs.values() if r.row.name in train_names and (not seeds or r.seed in seeds)]
     return to_train, list(all_runs.values()), resolved
+
+
+def healed(model_dir: Path) -> bool:
+    """Whether a finished folder's model was trained (False: written by :func:`convert_run`)."""
+    from hyperplex.train.checkpoint import checkpoint_info
+
+    return checkpoint_info(model_dir / "last.safetensors")["extra"]["trainer"].get("stop_reason") != NOT_HEALED
 
 
 def saved_config(model_dir: Path) -> dict:
@@ -458,6 +493,65 @@ def train_run(run: Run, resume: bool, data_root: str | None, command: str) -> No
         _write_run_file(run.model_dir, data)
 
 
+def convert_run(run: Run, data_root: str | None, command: str) -> None:
+    """A ``heal: false`` model: what training would start from, saved as a finished checkpoint at step 0.
+
+    The steps of :meth:`hyperplex.train.trainer.Trainer.train` before its first optimiser step (seed
+    Python/NumPy/torch with ``seed``, ``task.prepare(fresh=True)``, ``task.build_model()``), so a
+    converted model is the healed rows' starting point; then ``config.yaml`` and ``last.safetensors``
+    (no optimiser state; trainer state ``finished``, ``stop_reason`` :data:`NOT_HEALED`) as the trainer
+    writes them, so evaluation loads it like any trained model. The segment goes to ``experiment.json``."""
+    import random
+    from dataclasses import asdict
+
+    import numpy as np
+    import torch
+
+    from hyperplex.config.experiment import (
+        default_data_root,
+        experiment_dict,
+        load_experiment,
+    )
+    from hyperplex.tasks import task_class
+    from hyperplex.train.checkpoint import LAST, save_checkpoint
+    from hyperplex.train.records import setup_logger
+    from hyperplex.train.trainer import TrainState
+
+    cfg = load_experiment(run.row.config, run.overrides, str(run.model_dir))
+    run.model_dir.mkdir(parents=True, exist_ok=True)
+    data = _read_run_file(run.model_dir)
+    segment = {"start": time.time(), "started": dt.datetime.now().isoformat(timespec="seconds"), "resume": False,
+               "command": command, "machine": report.machine_info(), "seconds": None, "heal": False}
+    data["segments"].append(segment)
+    _write_run_file(run.model_dir, data)
+    start = time.perf_counter()
+    log = setup_logger(run.model_dir, 0)
+    try:
+        if cfg.training.num_threads:
+            torch.set_num_threads(cfg.training.num_threads)
+        task = task_class(cfg.data.task)(cfg, run.model_dir, data_root or default_data_root(), log)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        task.prepare(fresh=True)
+        model = task.build_model()
+        atomic_write_text(run.model_dir / "config.yaml", dump_yaml(experiment_dict(cfg)))
+        extra = {"trainer": asdict(TrainState(finished=True, stop_reason=NOT_HEALED)),
+                 "config": experiment_dict(cfg), "task": task.metadata(), "format": "hyperplex-checkpoint-1"}
+        save_checkpoint(run.model_dir / LAST, model.state_dict(), None, extra)
+        log.info(f"heal: false: the model as built (seed {cfg.seed}) saved to {run.model_dir / LAST} without training")
+        segment["status"] = "converted"
+    except BaseException as err:
+        segment["status"] = f"failed: {type(err).__name__}: {err}"
+        raise
+    finally:
+        segment["seconds"] = time.perf_counter() - start
+        _write_run_file(run.model_dir, data)
+        for handler in list(log.handlers):
+            log.removeHandler(handler)
+            handler.close()
+
+
 def _log_times(model_dir: Path) -> list[dt.datetime]:
     path = model_dir / "train.log"
     if not path.is_file():
@@ -493,11 +587,13 @@ def training_time(model_dir: Path) -> tuple[float | None, str]:
 
 # ---------------------------------------------------------------------------- evaluation
 def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval_overrides: list[str],
-                   eval_split: str = "") -> dict:
+                   eval_split: str = "", quality: dict | None = None) -> dict:
     """``{"metrics", "params"}`` of one model folder: the steps of :func:`hyperplex.cli.runner.evaluate`
     (load, validation split or the file ``eval_split``, the configured beam) with ``eval_overrides``
     (``testing.*``) applied to the saved config first, and
-    :func:`~hyperplex.models.params.parameter_breakdown` of the loaded model."""
+    :func:`~hyperplex.models.params.parameter_breakdown` of the loaded model. With a plan's ``quality``
+    (distillation models): its metrics join ``metrics``, and ``size`` / ``quality_details`` are added
+    (:mod:`compress_quality`)."""
     from hyperplex.cli import runner
     from hyperplex.config.experiment import TestingConfig
     from hyperplex.models.params import parameter_breakdown
@@ -511,24 +607,35 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
     metrics = runner.score(cfg, task, model)
     breakdown = parameter_breakdown(model)
     signatures = dict(getattr(task, "signatures", {}))  # sacreBLEU signatures, translation only
-    return {"metrics": {k: float(v) for k, v in metrics.items()}, "params": breakdown, "signatures": signatures,
-            "beam_size": cfg.testing.beam_size if cfg.data.task == "translation" else None}
+    result = {"metrics": {k: float(v) for k, v in metrics.items()}, "params": breakdown, "signatures": signatures,
+              "beam_size": cfg.testing.beam_size if cfg.data.task == "translation" else None}
+    if quality:
+        scores = compress_quality.evaluate_quality(task, model, quality, data_root)
+        result["quality_details"] = scores.pop("quality_details")
+        result["metrics"].update(scores)
+        result["size"] = compress_quality.model_size(model)
+    return result
 
 
-def cached_evaluation(run: Run, row: Row, checkpoint: str, data_root: str | None) -> dict:
-    """:func:`evaluate_model`, cached in ``MODEL_DIR/evaluation-<row>.json`` until the checkpoint file changes."""
+def cached_evaluation(run: Run, row: Row, checkpoint: str, data_root: str | None, quality: dict | None = None) -> dict:
+    """:func:`evaluate_model`, cached in ``MODEL_DIR/evaluation-<row>.json`` until the checkpoint file (or the
+    plan's ``quality`` settings) change. A ``heal: false`` model has only ``last``."""
     from hyperplex.cli.runner import checkpoint_path
 
+    if not run.row.heal:
+        checkpoint = "last"
     ckpt = checkpoint_path(run.model_dir, checkpoint)
     stat = ckpt.stat()
     key = {"checkpoint": checkpoint, "file": ckpt.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
            "eval_overrides": row.eval_overrides, "eval_split": row.eval_split}
+    if quality:  # only then: the caches of plans without quality keep their keys
+        key["quality"] = quality
     cache = run.model_dir / f"evaluation-{row.name}.json"
     if cache.is_file():
         saved = json.loads(cache.read_text(encoding="utf-8"))
         if saved.get("key") == key:
             return saved["result"]
-    result = evaluate_model(run.model_dir, checkpoint, data_root, row.eval_overrides, row.eval_split)
+    result = evaluate_model(run.model_dir, checkpoint, data_root, row.eval_overrides, row.eval_split, quality)
     cache.write_text(json.dumps({"key": key, "result": result}, indent=1), encoding="utf-8")
     return result
 
@@ -574,6 +681,8 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
         entry = {"name": row.name, "label": row.label, "config": row.config, "overrides": row.overrides,
                  "eval_overrides": row.eval_overrides, "eval_split": row.eval_split, "model_of": row.model_of,
                  "seeds": row.seeds, "runs": [], "match_params": row.match_params}
+        if not row.heal:
+            entry["heal"] = False
         if row.sweep_of:
             entry.update(sweep_of=row.sweep_of, sweep_key=row.sweep_key, sweep_value=row.sweep_value)
         cfg = resolved.get(row.name)
@@ -588,10 +697,11 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
                 item["stability"] = stability(run.model_dir)
             if item["status"] == "finished":
                 try:
-                    item.update(cached_evaluation(run, row, plan.checkpoint, data_root))
+                    item.update(cached_evaluation(run, row, plan.checkpoint, data_root, plan.quality))
                 except Exception as err:  # one broken folder must not hide the other rows' results
                     item["error"] = f"evaluation failed: {type(err).__name__}: {err}"
-                item["train_seconds"], item["train_time_source"] = training_time(run.model_dir)
+                item["train_seconds"], item["train_time_source"] = training_time(run.model_dir) if run.row.heal \
+                    else (None, "not trained")
                 signatures += [f"{k}: {v}" for k, v in item.get("signatures", {}).items()]
                 for seg in _read_run_file(run.model_dir)["segments"]:
                     machines.append(seg["machine"])
@@ -605,9 +715,11 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
                                                  if m in r.get("metrics", {})]) for m in plan.metrics}
         rows.append(entry)
     unique = lambda items: [x for i, x in enumerate(items) if x not in items[:i]]  # noqa: E731 (order kept)
-    return {"plan": {"name": plan.name, "title": plan.title, "description": plan.description, "path": str(plan.path),
-                     "budget": plan.budget, "metrics": plan.metrics, "checkpoint": plan.checkpoint,
-                     "digits": plan.digits},
+    plan_entry = {"name": plan.name, "title": plan.title, "description": plan.description, "path": str(plan.path),
+                  "budget": plan.budget, "metrics": plan.metrics, "checkpoint": plan.checkpoint, "digits": plan.digits}
+    if plan.quality:
+        plan_entry["quality"] = plan.quality
+    return {"plan": plan_entry,
             "command": command, "date": dt.datetime.now().isoformat(timespec="seconds"),
             "machine": report.machine_info(), "training_machines": unique(machines),
             "training_commands": unique(commands), "signatures": unique(signatures),
@@ -662,14 +774,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = load_plan(args.plan)
         out = Path(args.out or Path("runs") / plan.name)
-        to_train, all_runs, resolved = validate(plan, args.rows, args.seeds, out, args.override, args.resume)
+        to_train, all_runs, resolved = validate(plan, args.rows, args.seeds, out, args.override, args.resume,
+                                                args.data_root)
     except (PlanError, ConfigError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     if args.dry_run:
         print(f"{plan.title}\n{len(to_train)} model(s) selected, output {out}:")
         for run in to_train:
-            print(f"  [{run.status}] {run.model_dir}: hyperplex train {run.row.config} --model-dir {run.model_dir} "
+            verb = "hyperplex train" if run.row.heal else "heal: false, built and saved untrained:"
+            print(f"  [{run.status}] {run.model_dir}: {verb} {run.row.config} --model-dir {run.model_dir} "
                   + " ".join(run.overrides))
         for row in plan.rows:
             if row.params_table:
@@ -682,9 +796,13 @@ def main(argv: list[str] | None = None) -> int:
             if status in ("finished", "diverged"):
                 print(f"[{i}/{len(to_train)}] {run.model_dir}: {status} already, skipped", file=sys.stderr)
                 continue
-            print(f"[{i}/{len(to_train)}] {run.model_dir}: training ({status})", file=sys.stderr)
+            print(f"[{i}/{len(to_train)}] {run.model_dir}: {'training' if run.row.heal else 'converting'} ({status})",
+                  file=sys.stderr)
             try:
-                train_run(run, args.resume and status == "unfinished", args.data_root, command)
+                if run.row.heal:
+                    train_run(run, args.resume and status == "unfinished", args.data_root, command)
+                else:
+                    convert_run(run, args.data_root, command)
             except Exception as err:  # record it, go on with the other models, exit 1 at the end
                 failures[run.model_dir] = f"training failed: {type(err).__name__}: {err}"
                 print(f"  {failures[run.model_dir]}", file=sys.stderr)

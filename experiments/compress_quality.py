@@ -1,0 +1,194 @@
+"""Quality of compressed sentence encoders for ``experiments/run.py``: the plan key ``quality:``.
+
+A plan whose rows are ``data.task: distillation`` models (``pretrained_student``: the teacher copy,
+PHM or low-rank) may ask for these metrics of every model, next to the task's own dev ``cosine``:
+
+    quality:
+      agreement: {file: tatoeba_en_fr/dev.en.gz, limit: 0}    # mean cos(student, teacher) on these sentences
+      wikiqa: {file: wikiqa/dev.jsonl.gz}                     # zero-shot MAP / MRR by embedding cosine
+      sst2_probe: {file: sst2/train.tsv.gz, train_size: 2000, test_size: 1000, split_seed: 0, carve: sentences}
+
+and lists them in ``metrics:`` as ``agreement``, ``wikiqa_map``, ``wikiqa_mrr``, ``sst2_probe``. Relative
+files are read from the data root. The functions are :mod:`hyperplex.convert.quality`'s; this module
+only parses the plan key, runs them on a loaded model and counts its size:
+``selected_params`` (the layers the conversion selects: after conversion, or dense for the teacher),
+``converted_layers`` and ``file_bytes`` (``model.safetensors`` written by
+:func:`hyperplex.convert.save_converted`).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+
+#: quality kind → {key: default}; ``file`` is required.
+QUALITY_KEYS = {
+    "agreement": {"file": None, "limit": 0},
+    "wikiqa": {"file": None, "limit_questions": 0},
+    "sst2_probe": {"file": None, "train_size": 2000, "test_size": 1000, "split_seed": 0, "carve": "sentences",
+                   "C": 1.0},
+}
+#: metric name (as in the plan's ``metrics:``) → the quality kind that produces it.
+QUALITY_METRICS = {"agreement": "agreement", "wikiqa_map": "wikiqa", "wikiqa_mrr": "wikiqa",
+                   "sst2_probe": "sst2_probe"}
+#: The task whose models these metrics apply to.
+TASK = "distillation"
+#: Sentences embedded per call.
+BATCH_SIZE = 64
+
+
+class QualityError(ValueError):
+    """A bad ``quality:`` key; the message names the plan file and the key."""
+
+
+def parse_quality(raw, where: str) -> dict:
+    """The ``quality:`` mapping with every default filled in (the filled form is part of each cached
+    evaluation's key). ``QualityError`` naming ``where`` and the key for anything unexpected."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not raw:
+        raise QualityError(f"{where}: quality must be a mapping of {', '.join(QUALITY_KEYS)} to their settings, "
+                           f"got {raw!r}")
+    out = {}
+    for kind, settings in raw.items():
+        if kind not in QUALITY_KEYS:
+            raise QualityError(f"{where}: quality.{kind} is not a quality metric; choose from {', '.join(QUALITY_KEYS)}")
+        if isinstance(settings, str):
+            settings = {"file": settings}
+        if not isinstance(settings, dict):
+            raise QualityError(f"{where}: quality.{kind} must be a file name or a mapping with keys "
+                               f"{', '.join(QUALITY_KEYS[kind])}, got {settings!r}")
+        defaults = QUALITY_KEYS[kind]
+        unknown = [k for k in settings if k not in defaults]
+        if unknown:
+            raise QualityError(f"{where}: quality.{kind}.{unknown[0]} is not a key; expected {', '.join(defaults)}")
+        merged = {**defaults, **settings}
+        if not isinstance(merged["file"], str) or not merged["file"]:
+            raise QualityError(f"{where}: quality.{kind}.file must name a file (relative: under the data root)")
+        for key, default in defaults.items():
+            value = merged[key]
+            if key == "file":
+                continue
+            if isinstance(default, int) and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise QualityError(f"{where}: quality.{kind}.{key} must be an integer ≥ 0, got {value!r}")
+            if isinstance(default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                               or value <= 0):
+                raise QualityError(f"{where}: quality.{kind}.{key} must be a positive number, got {value!r}")
+        if kind == "sst2_probe":
+            if merged["carve"] not in ("sentences", "random"):
+                raise QualityError(f"{where}: quality.sst2_probe.carve must be sentences or random, "
+                                   f"got {merged['carve']!r}")
+            if merged["train_size"] < 2 or merged["test_size"] < 1:
+                raise QualityError(f"{where}: quality.sst2_probe needs train_size ≥ 2 and test_size ≥ 1")
+            merged["C"] = float(merged["C"])
+        out[kind] = merged
+    return out
+
+
+def check_metrics(metrics: list[str], quality: dict, where: str) -> None:
+    """Each quality metric the plan reports must have its ``quality:`` entry."""
+    for metric in metrics:
+        kind = QUALITY_METRICS.get(metric)
+        if kind and kind not in quality:
+            raise QualityError(f"{where}: metric {metric!r} needs quality.{kind} (the file to measure it on)")
+
+
+def resolve_file(name: str, data_root: str | None) -> str:
+    """``name`` as given when absolute, else under the data root (``--data-root``, ``$HYPERPLEX_DATA``,
+    ``../shared/data``); ``FileNotFoundError`` naming the key's file otherwise."""
+    from hyperplex.config.experiment import default_data_root
+    from hyperplex.tasks.common import data_file
+
+    return os.fspath(data_file(name, data_root or default_data_root(), key="quality file"))
+
+
+def check_files(quality: dict, data_root: str | None) -> list[str]:
+    """One problem line per ``quality.*.file`` that does not exist."""
+    problems = []
+    for kind, settings in quality.items():
+        try:
+            resolve_file(settings["file"], data_root)
+        except (OSError, ValueError) as err:
+            problems.append(f"quality.{kind}.file: {err}")
+    return problems
+
+
+def _sentences(path: str, limit: int) -> list[str]:
+    """Distinct non-blank lines of a text file in file order (the first ``limit``; 0 = all)."""
+    from hyperplex.data.readers import read_lines
+
+    lines = list(dict.fromkeys(line.strip() for line in read_lines(path) if line.strip()))
+    return lines[:limit] if limit else lines
+
+
+_TEACHER_ROWS: dict[tuple, object] = {}  # (teacher path, file, mtime, limit) → (N, D) teacher embeddings
+
+
+def evaluate_quality(task, model, quality: dict, data_root: str | None) -> dict[str, float]:
+    """The quality metrics of a loaded distillation model (``runner.load_model``): ``model.encoder`` is the
+    student SentenceTransformer, ``task.teacher`` the frozen teacher. Returns ``{metric: value}`` plus
+    ``{"quality_details": {...}}`` (counts: sentences, questions, probe sizes)."""
+    import torch
+
+    from hyperplex.convert.quality import (
+        embed_batched,
+        mean_cosine,
+        sentence_transformer_embedder,
+        sst2_probe,
+        wikiqa_ranking,
+    )
+
+    student = sentence_transformer_embedder(model.encoder, batch_size=BATCH_SIZE)
+    metrics: dict[str, float] = {}
+    details: dict[str, dict] = {}
+    with torch.no_grad():
+        if "agreement" in quality:
+            q = quality["agreement"]
+            path = resolve_file(q["file"], data_root)
+            sentences = _sentences(path, q["limit"])
+            key = (task.cfg.model.path, path, os.stat(path).st_mtime_ns, q["limit"])
+            if key not in _TEACHER_ROWS:  # the teacher is the same for every model of a plan: embed it once
+                teacher = sentence_transformer_embedder(task.teacher, batch_size=BATCH_SIZE)
+                _TEACHER_ROWS[key] = embed_batched(teacher, sentences, BATCH_SIZE)
+            rows, index = _TEACHER_ROWS[key], {s: i for i, s in enumerate(sentences)}
+            metrics["agreement"] = mean_cosine(student, lambda batch: rows[[index[s] for s in batch]], sentences,
+                                               BATCH_SIZE)
+            details["agreement"] = {"file": q["file"], "sentences": len(sentences)}
+        if "wikiqa" in quality:
+            q = quality["wikiqa"]
+            result = wikiqa_ranking(student, resolve_file(q["file"], data_root), BATCH_SIZE,
+                                    limit_questions=q["limit_questions"] or None)
+            metrics["wikiqa_map"], metrics["wikiqa_mrr"] = float(result["map"]), float(result["mrr"])
+            details["wikiqa"] = {"file": q["file"], **{k: result[k] for k in ("questions", "skipped", "candidates")}}
+        if "sst2_probe" in quality:
+            q = quality["sst2_probe"]
+            result = sst2_probe(student, resolve_file(q["file"], data_root), q["train_size"], q["test_size"],
+                                q["split_seed"], q["C"], BATCH_SIZE, carve=q["carve"])
+            metrics["sst2_probe"] = float(result["accuracy"])
+            details["sst2_probe"] = {"file": q["file"], **{k: v for k, v in result.items() if k != "accuracy"}}
+    return {**metrics, "quality_details": details}
+
+
+def model_size(model) -> dict:
+    """Sizes of a loaded ``pretrained_student``: ``converted_layers`` (layers replaced by PHM / low-rank),
+    ``selected_params`` (parameters of the layers its conversion selects, bias included: after conversion,
+    or, for ``kind: none``, the dense count of the layers a conversion with the same include/exclude/
+    min_features would replace), ``selected_params_dense`` (the same layers dense), and ``file_bytes``
+    (the ``model.safetensors`` that :func:`hyperplex.convert.save_converted` writes for ``model.encoder``)."""
+    from hyperplex.convert import convert_linears, save_converted
+    from hyperplex.convert.serialize import WEIGHTS_NAME
+
+    report = model.report
+    if report is None:  # the dense teacher copy: what a conversion would select (n = 1 divides every size)
+        cfg = model.config
+        report = convert_linears(copy.deepcopy(model.encoder), "phm", 1, include=cfg.include or None,
+                                 exclude=cfg.exclude or None, min_features=cfg.min_features)
+        converted, selected = 0, report.converted_params_before
+    else:
+        converted, selected = len(report.converted), report.converted_params_after
+    with tempfile.TemporaryDirectory(prefix="hyperplex-size-") as folder:
+        save_converted(model.encoder, folder)
+        file_bytes = os.path.getsize(os.path.join(folder, WEIGHTS_NAME))
+    return {"converted_layers": converted, "selected_layers": len(report.converted), "selected_params": selected,
+            "selected_params_dense": report.converted_params_before, "file_bytes": file_bytes}

@@ -791,6 +791,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     failures: dict[Path, str] = {}
     if not args.report_only:
+        from hyperplex.train.interrupts import TrainingInterrupted
+
         for i, run in enumerate(to_train, 1):
             status = folder_status(run.model_dir)
             if status in ("finished", "diverged"):
@@ -803,6 +805,9 @@ def main(argv: list[str] | None = None) -> int:
                     train_run(run, args.resume and status == "unfinished", args.data_root, command)
                 else:
                     convert_run(run, args.data_root, command)
+            except TrainingInterrupted as err:  # Ctrl-C / SIGTERM stops the plan, not just this model
+                print(f"  {err}\nplan stopped; continue it with the same command and --resume", file=sys.stderr)
+                return 128 + err.signal_number
             except Exception as err:  # record it, go on with the other models, exit 1 at the end
                 failures[run.model_dir] = f"training failed: {type(err).__name__}: {err}"
                 print(f"  {failures[run.model_dir]}", file=sys.stderr)

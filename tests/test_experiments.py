@@ -201,7 +201,7 @@ def test_training_time_estimated_from_log_for_a_killed_segment(tmp_path):
 
 #: Plans whose validation builds a real pretrained model per row (the `pretrained` extra) and checks quality
 #: files under the shared data folder: slow, and skipped without them.
-PRETRAINED_PLANS = {"minilm_compress.yaml"}
+PRETRAINED_PLANS = {"minilm_compress.yaml", "sst2_adapters.yaml"}
 
 
 @pytest.mark.parametrize("plan", [pytest.param(p, marks=pytest.mark.slow) if p in PRETRAINED_PLANS else p
@@ -393,3 +393,28 @@ def test_folder_saved_before_split_seed_still_matches_its_plan(done, tmp_path):
     assert f"{copy / 'phm2' / 'seed2'} holds a run with a different config (data.split_seed: 2 in the folder, 1 in " \
         "the plan)" in str(err.value)
     assert "seed1" not in str(err.value)
+
+
+def test_an_interrupt_stops_the_whole_plan(tmp_path, monkeypatch, capsys):
+    """Ctrl-C / SIGTERM during one model (the trainer saved it and raised TrainingInterrupted) ends the
+    plan with 128 + signal; the next model is not started, and --resume continues where it stopped."""
+    import signal
+
+    from hyperplex.cli import runner
+    from hyperplex.train.interrupts import TrainingInterrupted
+
+    real_train, started = runner.train, []
+
+    def train(config, overrides, model_dir, data_root, resume=False):
+        started.append(model_dir)
+        if len(started) == 1:
+            raise TrainingInterrupted("interrupted by SIGTERM at step 2", signal.SIGTERM, saved=True)
+        return real_train(config, overrides, model_dir, data_root, resume=resume)
+
+    monkeypatch.setattr(runner, "train", train)
+    plan, out = _write_plan(tmp_path), tmp_path / "out"
+    assert run.main([str(plan), "--out", str(out), "--no-report"]) == 128 + signal.SIGTERM
+    assert len(started) == 1
+    assert "plan stopped" in capsys.readouterr().err
+    assert run.main([str(plan), "--out", str(out), "--no-report", "--resume"]) == 0
+    assert len(started) == 1 + 4  # the interrupted model again, then the other three

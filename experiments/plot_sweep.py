@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 __all__ = ["main", "save_sweep_figure", "sweep_figure", "sweep_keys", "sweep_series"]
@@ -77,7 +78,7 @@ def sweep_figure(results: dict, key: str | None = None, metric: str | None = Non
     position = {v: (v if numeric else i) for i, v in enumerate(values)}
     with_spikes = spikes and any(p["spikes"] is not None for m in series.values() for p in m["points"].values())
 
-    fig = Figure(figsize=(6.4, 6.0 if with_spikes else 4.4), layout="constrained")
+    fig = Figure(figsize=(7.2, 6.4 if with_spikes else 4.8), layout="constrained")
     FigureCanvasAgg(fig)
     if with_spikes:
         ax, ax_spikes = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1.2))
@@ -98,17 +99,18 @@ def sweep_figure(results: dict, key: str | None = None, metric: str | None = Non
             k = p["diverged"]
             offsets = [(j - (k - 1) / 2) * 0.06 for j in range(k)]
             crosses += [x * 10 ** o if log_x else x + o for o in offsets]
-        ax.plot(crosses, [0.04 + 0.05 * i] * len(crosses), linestyle="none", marker="x", markersize=7,
-                markeredgewidth=2, color=color, transform=bottom, clip_on=False, gid=f"diverged:{model}")
+        if crosses:  # (an empty unclipped line would upset the constrained layout)
+            ax.plot(crosses, [0.04 + 0.05 * i] * len(crosses), linestyle="none", marker="x", markersize=7,
+                    markeredgewidth=2, color=color, transform=bottom, clip_on=False, gid=f"diverged:{model}")
         if ax_spikes is not None:
             counted = [(x, p["spikes"]) for x, p in points if p["spikes"] is not None]
             ax_spikes.plot([x for x, _ in counted], [s for _, s in counted], marker="s", color=color,
                            gid=f"spikes:{model}")
-    ax.plot([], [], linestyle="none", marker="x", color="0.3", markeredgewidth=2,
-            label="diverged seed (NaN/inf, or loss above start)")
+    ax.plot([], [], linestyle="none", marker="x", color="0.3", markeredgewidth=2, label="diverged seed")
     scores = [v for m in series.values() for p in m["points"].values() for v in p["values"]]
+    diverged = any(p["diverged"] for m in series.values() for p in m["points"].values())
     if scores:  # a strip below the lowest score for the crosses: the data start at axes fraction `strip`
-        strip, lo, hi = 0.06 + 0.05 * len(series), min(scores), max(scores)
+        strip, lo, hi = 0.06 + 0.05 * len(series) if diverged else 0.05, min(scores), max(scores)
         top = hi + 0.05 * ((hi - lo) or 1.0)
         ax.set_ylim((lo - strip * top) / (1 - strip), top)
     last = ax_spikes if ax_spikes is not None else ax
@@ -120,12 +122,12 @@ def sweep_figure(results: dict, key: str | None = None, metric: str | None = Non
     else:
         last.set_xticks(list(position.values()), [str(v) for v in values])
     last.set_xlabel(key)
-    ax.set_ylabel(f"{metric} (mean over seeds;\nband: lowest–highest seed)")
-    ax.set_title(results["plan"].get("title", "")[:90], fontsize="small")
+    ax.set_ylabel(f"{metric}\n(mean over seeds; band: min–max)")
+    fig.suptitle(textwrap.fill(results["plan"].get("title", ""), 100), fontsize="small")
     ax.grid(alpha=0.3)
-    fig.legend(loc="outside upper center", ncols=min(len(series) + 1, 3), fontsize="small")
+    fig.legend(loc="outside lower center", ncols=min(len(series) + 1, 3), fontsize="small")
     if ax_spikes is not None:
-        ax_spikes.set_ylabel("grad-norm spikes\n(sum over seeds)")
+        ax_spikes.set_ylabel("gradient-norm spikes\n(sum over seeds)")
         ax_spikes.grid(alpha=0.3)
         ax_spikes.set_ylim(bottom=-0.5)
     return fig

@@ -287,6 +287,21 @@ def test_sweep_figure_marks_every_diverged_seed_and_sums_spikes():
     assert len(plot_sweep.sweep_figure(_sweep_results(), spikes=False).axes) == 1
 
 
+def test_sweep_figure_without_diverged_seeds_keeps_its_layout():
+    """No crosses to draw (the stability plan's real outcome): no empty marker line, and the constrained
+    layout still gives the metric panel most of the figure (an empty unclipped line once collapsed it)."""
+    results = _sweep_results()
+    for row in results["rows"]:
+        for run in row["runs"]:
+            if "stability" in run:
+                run["stability"]["diverged"] = False
+    fig = plot_sweep.sweep_figure(results)
+    fig.canvas.draw()
+    assert _artists(fig, "diverged") == {}
+    top, bottom = (ax.get_position() for ax in fig.axes)
+    assert top.height > 0.45 and bottom.height > 0.15 and top.y0 > bottom.y1
+
+
 def test_sweep_figure_other_metric_and_errors():
     fig = plot_sweep.sweep_figure(_sweep_results(), metric="loss")
     assert list(_artists(fig, "mean")["phm4"].get_ydata()) == [0.5] * 4

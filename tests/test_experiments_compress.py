@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("sklearn")
 
 from conftest import TINY_BERT_WORDS as WORDS
-from conftest import write_tiny_bert, write_tiny_config
+from conftest import write_tiny_bert, write_tiny_config, write_tiny_sentence_transformer
 from test_experiments import (  # experiments/run.py and report.py, loaded once
     report,
     run,
@@ -63,21 +63,10 @@ def write_data(root: Path) -> None:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """(teacher folder, data root, config path) for a tiny distillation run."""
-    import sentence_transformers
-    try:
-        from sentence_transformers.sentence_transformer.modules import (
-            Normalize,
-            Pooling,
-            Transformer,
-        )
-    except ImportError:
-        from sentence_transformers.models import Normalize, Pooling, Transformer
     bert = tmp_path_factory.mktemp("bert")
     write_tiny_bert(bert)
     teacher = tmp_path_factory.mktemp("teacher")
-    sentence_transformers.SentenceTransformer(
-        modules=[Transformer(os.fspath(bert), max_seq_length=24), Pooling(32, "mean"), Normalize()],
-        device="cpu").save(os.fspath(teacher))
+    write_tiny_sentence_transformer(teacher, bert)
     data = tmp_path_factory.mktemp("data")
     write_data(data)
     config = data / "distill.yaml"

@@ -24,7 +24,7 @@ sentence_transformers = pytest.importorskip("sentence_transformers")
 pytest.importorskip("sklearn")
 
 from conftest import TINY_BERT_WORDS as WORDS
-from conftest import write_tiny_bert
+from conftest import write_tiny_bert, write_tiny_sentence_transformer
 
 from hyperplex.cli import main
 from hyperplex.cli.score_encoder import DEFAULT_FILES
@@ -83,9 +83,7 @@ def setup(tmp_path_factory):
     bert = tmp_path_factory.mktemp("bert")
     write_tiny_bert(bert)
     teacher = tmp_path_factory.mktemp("teacher")
-    sentence_transformers.SentenceTransformer(
-        modules=[Transformer(os.fspath(bert), max_seq_length=24), Pooling(32, "mean")], device="cpu").save(
-        os.fspath(teacher))
+    write_tiny_sentence_transformer(teacher, bert, normalize=False)
     data = tmp_path_factory.mktemp("data")
     write_data(data)
     students = tmp_path_factory.mktemp("students")

@@ -4,7 +4,6 @@ student is the teacher, healing raises the dev cosine, resume is bitwise, the sa
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -21,27 +20,16 @@ from hyperplex.data.readers import DataError
 from hyperplex.tasks import build_task
 from hyperplex.train.checkpoint import load_model_weights
 
-from conftest import TINY_BERT_WORDS as WORDS, write_tiny_bert
+from conftest import TINY_BERT_WORDS as WORDS, write_tiny_bert, write_tiny_sentence_transformer
 
 
 @pytest.fixture(scope="module")
 def teacher_folder(tmp_path_factory):
     """A SentenceTransformer folder: tiny random BERT (hidden 32, 2 layers) + mean pooling + Normalize."""
-    import sentence_transformers
-    try:
-        from sentence_transformers.sentence_transformer.modules import (
-            Normalize,
-            Pooling,
-            Transformer,
-        )
-    except ImportError:
-        from sentence_transformers.models import Normalize, Pooling, Transformer
     bert = tmp_path_factory.mktemp("bert")
     write_tiny_bert(bert)
-    model = sentence_transformers.SentenceTransformer(
-        modules=[Transformer(os.fspath(bert), max_seq_length=24), Pooling(32, "mean"), Normalize()], device="cpu")
     folder = tmp_path_factory.mktemp("teacher")
-    model.save(os.fspath(folder))
+    write_tiny_sentence_transformer(folder, bert)
     return folder
 
 

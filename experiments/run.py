@@ -640,6 +640,22 @@ def cached_evaluation(run: Run, row: Row, checkpoint: str, data_root: str | None
     return result
 
 
+def evaluate_each(plan: Plan, run: Run, data_root: str | None, failures: dict[Path, str]) -> None:
+    """Evaluate a just-trained model for every plan row that scores it (its own row and the ``model_of``
+    rows naming it) into the ``evaluation-<row>.json`` caches that :func:`collect` reads, so lanes of
+    ``--no-report --evaluate-each`` share the evaluation cost and ``--report-only`` only reads caches."""
+    if folder_status(run.model_dir) != "finished":
+        return
+    for row in plan.rows:
+        if (row.model_of or row.name) == run.row.name and run.seed in row.seeds:
+            try:
+                cached_evaluation(run, row, plan.checkpoint, data_root, plan.quality)
+                print(f"  evaluated for row {row.name!r}", file=sys.stderr)
+            except Exception as err:  # the report retries it; the lane goes on
+                failures[run.model_dir] = f"evaluation failed: {type(err).__name__}: {err}"
+                print(f"  {failures[run.model_dir]}", file=sys.stderr)
+
+
 # ---------------------------------------------------------------------------- stability (sweep rows)
 #: A logged window whose largest gradient norm exceeds this multiple of the run's median window-mean
 #: norm (or is not finite) counts as a gradient-norm spike.
@@ -755,6 +771,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-only", action="store_true", help="train nothing; evaluate finished models and report")
     p.add_argument("--no-report", action="store_true",
                    help="train only; evaluate and report later with --report-only (for parallel lanes over one plan)")
+    p.add_argument("--evaluate-each", action="store_true",
+                   help="evaluate each model as soon as it is trained (cached in its folder; every row that scores "
+                        "it), so --no-report lanes share the evaluation and --report-only reads the caches")
     p.add_argument("--append-to", help="also replace this plan's <!-- plan:NAME --> section of a markdown file")
     p.add_argument("--data-root", help="data root for relative data paths (default $HYPERPLEX_DATA, ../shared/data)")
     p.add_argument("--override", action="append", default=[], metavar="--SECTION.KEY=VALUE",
@@ -797,6 +816,8 @@ def main(argv: list[str] | None = None) -> int:
             status = folder_status(run.model_dir)
             if status in ("finished", "diverged"):
                 print(f"[{i}/{len(to_train)}] {run.model_dir}: {status} already, skipped", file=sys.stderr)
+                if args.evaluate_each:  # a lane killed between training and evaluating: the cache is filled now
+                    evaluate_each(plan, run, args.data_root, failures)
                 continue
             print(f"[{i}/{len(to_train)}] {run.model_dir}: {'training' if run.row.heal else 'converting'} ({status})",
                   file=sys.stderr)
@@ -811,6 +832,9 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as err:  # record it, go on with the other models, exit 1 at the end
                 failures[run.model_dir] = f"training failed: {type(err).__name__}: {err}"
                 print(f"  {failures[run.model_dir]}", file=sys.stderr)
+                continue
+            if args.evaluate_each:
+                evaluate_each(plan, run, args.data_root, failures)
     if args.no_report:
         return 1 if failures else 0
     results = collect(plan, all_runs, resolved, args.data_root, command, failures)

@@ -418,3 +418,27 @@ def test_an_interrupt_stops_the_whole_plan(tmp_path, monkeypatch, capsys):
     assert "plan stopped" in capsys.readouterr().err
     assert run.main([str(plan), "--out", str(out), "--no-report", "--resume"]) == 0
     assert len(started) == 1 + 4  # the interrupted model again, then the other three
+
+
+def test_evaluate_each_fills_the_caches_the_report_reads(tmp_path, monkeypatch, capsys):
+    plan = _write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml", "seeds": [1],
+                                        "overrides": ["--model.linear.kind=dense"]},
+                                       {"name": "dense_beam1", "model_of": "dense",
+                                        "eval_overrides": ["--testing.beam_size=1"]}])
+    out = tmp_path / "out"
+    assert run.main([str(plan), "--out", str(out), "--no-report", "--evaluate-each"]) == 0
+    folder = out / "dense" / "seed1"
+    caches = {p.name: json.loads(p.read_text()) for p in folder.glob("evaluation-*.json")}
+    assert set(caches) == {"evaluation-dense.json", "evaluation-dense_beam1.json"}
+    assert "evaluated for row 'dense_beam1'" in capsys.readouterr().err
+    calls = []
+    monkeypatch.setattr(run, "evaluate_model", lambda *a, **k: calls.append(a))  # the report must not re-evaluate
+    assert run.main([str(plan), "--out", str(out), "--report-only"]) == 0
+    assert calls == []
+    results = json.loads((out / "results.json").read_text())
+    got = {r["name"]: r["runs"][0]["metrics"] for r in results["rows"]}
+    assert got["dense"] == caches["evaluation-dense.json"]["result"]["metrics"]
+    assert got["dense_beam1"] == caches["evaluation-dense_beam1.json"]["result"]["metrics"]
+    # a second lane pass over the finished model keeps its caches (no re-evaluation either)
+    assert run.main([str(plan), "--out", str(out), "--no-report", "--evaluate-each"]) == 0
+    assert calls == []

@@ -153,3 +153,12 @@ def test_bad_inputs_are_refused_with_the_file_or_key(tmp_path, teacher_folder, c
     cfg = load_experiment(write_config(tmp_path, tmp_path))
     with pytest.raises(ValueError, match="is not a model folder .*neither modules.json nor config.json"):
         build_task(cfg, cfg.model_dir, None).prepare(fresh=True)
+
+
+def test_params_counts_an_activation_student_without_calibration_data(tmp_path, teacher_folder):
+    # `hyperplex params` (and the plan's parameter-match check) reads no data: an init: activation student is
+    # counted from its structure, which is the SVD student's; the counts must also differ from the teacher's
+    svd = runner.params(str(write_config(tmp_path, teacher_folder, extra={"model.init": "svd"})))
+    act = runner.params(str(write_config(tmp_path, teacher_folder, extra={"model.init": "activation"})))
+    dense = runner.params(str(write_config(tmp_path, teacher_folder, kind="none")))
+    assert act == svd and act != dense

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import json
 import logging
 import sys
@@ -307,7 +308,10 @@ def params(config: str, overrides: list[str] | None = None, vocab_size: int | No
         outputs = 1
     else:
         outputs = num_classes if num_classes is not None else max(2, len(cfg.data.labels))
-    model = model_class(cfg.model, v, outputs)
+    # counting needs the structure only: a model whose init fits to data (a student with init: activation)
+    # builds its layers without that fit, as it does before loading a checkpoint
+    extra = {"structure_only": True} if "structure_only" in inspect.signature(model_class).parameters else {}
+    model = model_class(cfg.model, v, outputs, **extra)
     header = f"{cfg.name}: {cfg.model.architecture} (vocabulary {v}"
     header += f", target vocabulary {v if tgt_vocab_size is None else tgt_vocab_size})" \
         if arch.family == "seq2seq" else ")"

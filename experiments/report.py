@@ -128,6 +128,10 @@ def render_markdown(results: dict) -> str:
     for info in machines:
         lines.append(f"- Training machine: {describe_machine(info)}")
     lines.append(f"- Report written on: {describe_machine(results['machine'])}, {results['date']}")
+    if results.get("recorded"):
+        lines.append(f"- {len(results['recorded'])} model(s) reported from their records (`run.py --records`: config, "
+                     "logs and evaluations kept without the checkpoint, written where the model was trained and "
+                     "evaluated), not re-evaluated for this report")
     if results.get("trained_between"):
         lines.append(f"- Models trained between {results['trained_between'][0]} and {results['trained_between'][1]}")
     budget = " ".join(plan.get("budget", [])) or "(none: each config's own)"

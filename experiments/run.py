@@ -39,7 +39,7 @@ except ImportError:
 import compress_quality  # experiments/compress_quality.py (its sibling, like report.py)
 import report  # noqa: E402  (experiments/report.py)
 from hyperplex.config import ConfigError, dump_yaml, from_dict, load_yaml, merge, parse_overrides, to_dict  # noqa: E402
-from hyperplex.fileio import atomic_write_text  # noqa: E402
+from hyperplex.fileio import atomic_write_bytes, atomic_write_text  # noqa: E402
 
 PLAN_KEYS = ("name", "title", "description", "seeds", "budget", "metrics", "checkpoint", "digits", "rows",
              "quality")
@@ -55,6 +55,10 @@ TASK_METRICS = {"translation": ("bleu", "chrf", "accuracy", "loss", "ppl"),
 NOT_HEALED = "not healed"
 RUN_FILE = "experiment.json"  # per model folder: training segments (time, command, machine)
 DIVERGED_FILE = "diverged.json"  # per model folder of a sweep row whose training stopped at a NaN/inf
+RECORD_FILE = "record.json"  # per record folder (--records): what the model folder's checkpoint said
+#: The small files of a model folder that a record keeps (with every ``evaluation-<row>.json``): enough to
+#: report the model on a machine without its checkpoint, not to load it.
+RECORD_FILES = ("config.yaml", RUN_FILE, "train.log", "metrics.csv", DIVERGED_FILE)
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) ")
 
 
@@ -265,6 +269,12 @@ class Run:
     model_dir: Path
     overrides: list[str]  # budget + row overrides + extra + --seed=K
     status: str = "new"  # new | partial (folder without last.safetensors) | unfinished | finished | diverged
+    record: Path | None = None  # a --records folder standing in for a model folder that has no checkpoint here
+
+    @property
+    def files(self) -> Path:
+        """Where the model's config, logs and evaluations are read: its folder, or its record."""
+        return self.record or self.model_dir
 
 
 def run_overrides(plan: Plan, row: Row, seed: int, extra: list[str]) -> list[str]:
@@ -298,12 +308,14 @@ def _config_diff(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
 
 
 def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: Path, extra: list[str],
-             resume: bool, data_root: str | None = None) -> tuple[list[Run], list[Run], dict[str, object]]:
+             resume: bool, data_root: str | None = None,
+             records: Path | None = None) -> tuple[list[Run], list[Run], dict[str, object]]:
     """Check everything before any training: every row × seed config loads with its overrides, each
     row's model can be built, eval overrides are valid, requested metrics fit the task, the ``quality:``
     files exist, and existing folders hold the same config and are healed as the row says (unfinished
-    ones need ``--resume``). All problems are reported together. Returns (runs to train, all runs of the
-    plan, resolved config of each row)."""
+    ones need ``--resume``). A model with no folder here but a record under ``records`` (:func:`write_record`)
+    counts as that record says (finished or diverged) and is checked the same way. All problems are reported
+    together. Returns (runs to train, all runs of the plan, resolved config of each row)."""
     from hyperplex.cli import runner
     from hyperplex.config.experiment import experiment_dict, load_experiment
 
@@ -345,16 +357,19 @@ def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: P
             if model_dir in all_runs:
                 continue
             run = Run(train_row, seed, model_dir, overrides, folder_status(model_dir))
+            record = records / train_row.name / f"seed{seed}" if records else None
+            if run.status == "new" and record and (record / RECORD_FILE).is_file():
+                run.record, run.status = record, read_record(record)["status"]
             all_runs[model_dir] = run
-            if run.status in ("finished", "unfinished", "diverged") and (model_dir / "config.yaml").is_file():
+            if run.status in ("finished", "unfinished", "diverged") and (run.files / "config.yaml").is_file():
                 wanted = load_yaml_text(dump_yaml(experiment_dict(load_experiment(row.config, overrides,
                                                                                   str(model_dir)))))
-                diff = _config_diff(saved_config(model_dir), wanted)
+                diff = _config_diff(saved_config(run.files), wanted)
                 if diff:
-                    errors.append(f"{model_dir} holds a run with a different config ({'; '.join(diff[:4])}); delete "
+                    errors.append(f"{run.files} holds a run with a different config ({'; '.join(diff[:4])}); delete "
                                   "the folder or use another --out")
-            if run.status == "finished" and healed(model_dir) != train_row.heal:
-                errors.append(f"{model_dir} holds a {'healed' if healed(model_dir) else 'not healed (heal: false)'} "
+            if run.status == "finished" and healed(run.files) != train_row.heal:
+                errors.append(f"{run.files} holds a {'healed' if healed(run.files) else 'not healed (heal: false)'} "
                               f"model but row {train_row.name!r} says heal: {str(train_row.heal).lower()}; delete the "
                               "folder or use another --out")
             if run.status == "unfinished" and not resume:
@@ -375,9 +390,11 @@ def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: P
 
 
 def healed(model_dir: Path) -> bool:
-    """Whether a finished folder's model was trained (False: written by :func:`convert_run`)."""
+    """Whether a finished folder's (or record's) model was trained (False: written by :func:`convert_run`)."""
     from hyperplex.train.checkpoint import checkpoint_info
 
+    if (model_dir / RECORD_FILE).is_file() and not (model_dir / "last.safetensors").is_file():
+        return read_record(model_dir)["healed"]
     return checkpoint_info(model_dir / "last.safetensors")["extra"]["trainer"].get("stop_reason") != NOT_HEALED
 
 
@@ -624,12 +641,17 @@ def cached_evaluation(run: Run, row: Row, checkpoint: str, data_root: str | None
 
     if not run.row.heal:
         checkpoint = "last"
-    ckpt = checkpoint_path(run.model_dir, checkpoint)
-    stat = ckpt.stat()
-    key = {"checkpoint": checkpoint, "file": ckpt.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+    if run.record is not None:
+        stat, name = None, None
+    else:
+        ckpt = checkpoint_path(run.model_dir, checkpoint)
+        stat, name = ckpt.stat(), ckpt.name
+    key = {"checkpoint": checkpoint, "file": name, "size": stat and stat.st_size, "mtime_ns": stat and stat.st_mtime_ns,
            "eval_overrides": row.eval_overrides, "eval_split": row.eval_split}
     if quality:  # only then: the caches of plans without quality keep their keys
         key["quality"] = quality
+    if run.record is not None:
+        return recorded_evaluation(run, row, key)
     cache = run.model_dir / f"evaluation-{row.name}.json"
     if cache.is_file():
         saved = json.loads(cache.read_text(encoding="utf-8"))
@@ -640,11 +662,13 @@ def cached_evaluation(run: Run, row: Row, checkpoint: str, data_root: str | None
     return result
 
 
-def evaluate_each(plan: Plan, run: Run, data_root: str | None, failures: dict[Path, str]) -> None:
+def evaluate_each(plan: Plan, run: Run, data_root: str | None, failures: dict[Path, str],
+                  records: Path | None = None) -> None:
     """Evaluate a just-trained model for every plan row that scores it (its own row and the ``model_of``
     rows naming it) into the ``evaluation-<row>.json`` caches that :func:`collect` reads, so lanes of
-    ``--no-report --evaluate-each`` share the evaluation cost and ``--report-only`` only reads caches."""
-    if folder_status(run.model_dir) != "finished":
+    ``--no-report --evaluate-each`` share the evaluation cost and ``--report-only`` only reads caches. With
+    ``records``, the model's record is written after its evaluations."""
+    if run.record is not None or folder_status(run.model_dir) != "finished":
         return
     for row in plan.rows:
         if (row.model_of or row.name) == run.row.name and run.seed in row.seeds:
@@ -654,6 +678,53 @@ def evaluate_each(plan: Plan, run: Run, data_root: str | None, failures: dict[Pa
             except Exception as err:  # the report retries it; the lane goes on
                 failures[run.model_dir] = f"evaluation failed: {type(err).__name__}: {err}"
                 print(f"  {failures[run.model_dir]}", file=sys.stderr)
+    if records and run.model_dir not in failures:
+        print(f"  recorded in {write_record(run, records)}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------- records (--records)
+#: Parts of an evaluation cache key that name the checkpoint file; a record's evaluation is matched on the rest.
+FILE_KEYS = ("file", "size", "mtime_ns")
+
+
+def read_record(folder: Path) -> dict:
+    """``{"status", "healed", "checkpoint_sha256", "written"}`` of a record folder."""
+    return json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+
+
+def write_record(run: Run, records: Path) -> Path | None:
+    """Copy a finished (or diverged) model folder's small files (:data:`RECORD_FILES`, its evaluations) to
+    ``records/ROW/seedK`` with ``record.json``, replacing an older record, so the model can be reported where
+    its checkpoint is not (another machine, a later session). Checkpoints are not copied. Returns the folder."""
+    import hashlib
+
+    status = folder_status(run.model_dir)
+    if status not in ("finished", "diverged"):
+        return None
+    target = records / run.row.name / f"seed{run.seed}"
+    names = [n for n in RECORD_FILES if (run.model_dir / n).is_file()]
+    names += sorted(p.name for p in run.model_dir.glob("evaluation-*.json"))
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        atomic_write_bytes(target / name, (run.model_dir / name).read_bytes())
+    last = run.model_dir / "last.safetensors"
+    digest = hashlib.sha256(last.read_bytes()).hexdigest() if last.is_file() else None
+    info = {"status": status, "healed": healed(run.model_dir) if last.is_file() else True,
+            "checkpoint_sha256": digest, "files": names, "written": dt.datetime.now().isoformat(timespec="seconds")}
+    atomic_write_text(target / RECORD_FILE, json.dumps(info, indent=1) + "\n")
+    return target
+
+
+def recorded_evaluation(run: Run, row: Row, key: dict) -> dict:
+    """The evaluation a record holds for ``row``, if it was made with the same settings (checkpoint choice,
+    eval overrides and split, quality) — the checkpoint itself is not here to re-evaluate."""
+    cache = run.record / f"evaluation-{row.name}.json"
+    saved = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else None
+    strip = lambda k: {a: b for a, b in k.items() if a not in FILE_KEYS}  # noqa: E731
+    if saved is None or strip(saved.get("key", {})) != strip(key):
+        raise RuntimeError(f"{run.record} records this model without its checkpoint and holds no evaluation for row "
+                           f"{row.name!r} with the plan's settings; evaluate it where its checkpoint is, or retrain it")
+    return saved["result"]
 
 
 # ---------------------------------------------------------------------------- stability (sweep rows)
@@ -688,8 +759,9 @@ def stability(model_dir: Path) -> dict:
 
 # ---------------------------------------------------------------------------- results
 def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | None, command: str,
-            failures: dict[Path, str]) -> dict:
-    """Evaluate every finished model of the plan and build the ``results.json`` dict."""
+            failures: dict[Path, str], records: Path | None = None) -> dict:
+    """Evaluate every finished model of the plan and build the ``results.json`` dict; with ``records``, each
+    evaluated model folder's record is written (or refreshed) there, and recorded models are read from it."""
     by_key = {(r.row.name, r.seed): r for r in all_runs}
     machines, commands, starts, ends, rows, signatures = [], [], [], [], [], []
     for row in plan.rows:
@@ -706,26 +778,31 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
             entry["beam_size"] = cfg.testing.beam_size
         for seed in row.seeds:
             run = by_key[(train_row, seed)]
-            item = {"seed": seed, "model_dir": str(run.model_dir), "status": folder_status(run.model_dir)}
+            item = {"seed": seed, "model_dir": str(run.model_dir),
+                    "status": run.status if run.record else folder_status(run.model_dir)}
+            if run.record:
+                item["record"] = str(run.record)
             if run.model_dir in failures:
                 item["error"] = failures[run.model_dir]
             if row.sweep_of and item["status"] in ("finished", "diverged"):
-                item["stability"] = stability(run.model_dir)
+                item["stability"] = stability(run.files)
             if item["status"] == "finished":
                 try:
                     item.update(cached_evaluation(run, row, plan.checkpoint, data_root, plan.quality))
                 except Exception as err:  # one broken folder must not hide the other rows' results
                     item["error"] = f"evaluation failed: {type(err).__name__}: {err}"
-                item["train_seconds"], item["train_time_source"] = training_time(run.model_dir) if run.row.heal \
+                item["train_seconds"], item["train_time_source"] = training_time(run.files) if run.row.heal \
                     else (None, "not trained")
                 signatures += [f"{k}: {v}" for k, v in item.get("signatures", {}).items()]
-                for seg in _read_run_file(run.model_dir)["segments"]:
+                for seg in _read_run_file(run.files)["segments"]:
                     machines.append(seg["machine"])
                     commands.append(seg["command"])
                     starts.append(seg["started"])
                     if seg.get("seconds") is not None:
                         ends.append(dt.datetime.fromtimestamp(seg["start"] + seg["seconds"])
                                     .isoformat(timespec="seconds"))
+            if records and run.record is None and item["status"] in ("finished", "diverged") and "error" not in item:
+                write_record(run, records)
             entry["runs"].append(item)
         entry["summary"] = {m: report.summarize([r["metrics"][m] for r in entry["runs"]
                                                  if m in r.get("metrics", {})]) for m in plan.metrics}
@@ -739,7 +816,8 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
             "command": command, "date": dt.datetime.now().isoformat(timespec="seconds"),
             "machine": report.machine_info(), "training_machines": unique(machines),
             "training_commands": unique(commands), "signatures": unique(signatures),
-            "trained_between": [min(starts), max(ends or starts)] if starts else None, "rows": rows}
+            "trained_between": [min(starts), max(ends or starts)] if starts else None, "rows": rows,
+            "recorded": sorted({r["record"] for row in rows for r in row["runs"] if r.get("record")})}
 
 
 def write_results(results: dict, out: Path, append_to: str | None) -> str:
@@ -774,6 +852,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--evaluate-each", action="store_true",
                    help="evaluate each model as soon as it is trained (cached in its folder; every row that scores "
                         "it), so --no-report lanes share the evaluation and --report-only reads the caches")
+    p.add_argument("--records", metavar="DIR",
+                   help="keep each finished model's small files (config, logs, evaluations; no checkpoint) in "
+                        "DIR/ROW/seedK, and report models recorded there whose folders are not on this machine "
+                        "(e.g. experiments/records/PLAN, committed, so a plan can span sessions and machines)")
     p.add_argument("--append-to", help="also replace this plan's <!-- plan:NAME --> section of a markdown file")
     p.add_argument("--data-root", help="data root for relative data paths (default $HYPERPLEX_DATA, ../shared/data)")
     p.add_argument("--override", action="append", default=[], metavar="--SECTION.KEY=VALUE",
@@ -793,8 +875,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = load_plan(args.plan)
         out = Path(args.out or Path("runs") / plan.name)
+        records = Path(args.records) if args.records else None
         to_train, all_runs, resolved = validate(plan, args.rows, args.seeds, out, args.override, args.resume,
-                                                args.data_root)
+                                                args.data_root, records)
     except (PlanError, ConfigError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -813,11 +896,15 @@ def main(argv: list[str] | None = None) -> int:
         from hyperplex.train.interrupts import TrainingInterrupted
 
         for i, run in enumerate(to_train, 1):
+            if run.record is not None:
+                print(f"[{i}/{len(to_train)}] {run.model_dir}: {run.status}, recorded in {run.record}; skipped",
+                      file=sys.stderr)
+                continue
             status = folder_status(run.model_dir)
             if status in ("finished", "diverged"):
                 print(f"[{i}/{len(to_train)}] {run.model_dir}: {status} already, skipped", file=sys.stderr)
                 if args.evaluate_each:  # a lane killed between training and evaluating: the cache is filled now
-                    evaluate_each(plan, run, args.data_root, failures)
+                    evaluate_each(plan, run, args.data_root, failures, records)
                 continue
             print(f"[{i}/{len(to_train)}] {run.model_dir}: {'training' if run.row.heal else 'converting'} ({status})",
                   file=sys.stderr)
@@ -834,10 +921,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {failures[run.model_dir]}", file=sys.stderr)
                 continue
             if args.evaluate_each:
-                evaluate_each(plan, run, args.data_root, failures)
+                evaluate_each(plan, run, args.data_root, failures, records)
     if args.no_report:
         return 1 if failures else 0
-    results = collect(plan, all_runs, resolved, args.data_root, command, failures)
+    results = collect(plan, all_runs, resolved, args.data_root, command, failures, records)
     print(write_results(results, out, args.append_to))
     return 1 if failures else 0
 

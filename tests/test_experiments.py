@@ -442,3 +442,49 @@ def test_evaluate_each_fills_the_caches_the_report_reads(tmp_path, monkeypatch, 
     # a second lane pass over the finished model keeps its caches (no re-evaluation either)
     assert run.main([str(plan), "--out", str(out), "--no-report", "--evaluate-each"]) == 0
     assert calls == []
+
+
+def test_records_let_a_plan_be_reported_without_its_model_folders(tmp_path, monkeypatch, capsys):
+    # a plan trained in one place (lane 1: seed 1), recorded, its folders lost; seed 2 trained elsewhere later:
+    # the report combines the record and the folder, nothing is retrained or re-evaluated
+    plan = _write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml",
+                                        "overrides": ["--model.linear.kind=dense"]},
+                                       {"name": "dense_beam1", "model_of": "dense",
+                                        "eval_overrides": ["--testing.beam_size=1"]}])
+    out, records = tmp_path / "out", tmp_path / "records"
+    assert run.main([str(plan), "--out", str(out), "--seeds", "1", "--no-report", "--evaluate-each",
+                     "--records", str(records)]) == 0
+    record = records / "dense" / "seed1"
+    info = json.loads((record / "record.json").read_text())
+    assert info["status"] == "finished" and info["healed"] is True
+    assert {"config.yaml", "experiment.json", "train.log", "evaluation-dense.json",
+            "evaluation-dense_beam1.json"} <= set(info["files"]) and not list(record.glob("*.safetensors"))
+    evaluated = json.loads((out / "dense" / "seed1" / "evaluation-dense.json").read_text())["result"]
+    import shutil
+    shutil.rmtree(out / "dense" / "seed1")  # the machine that trained seed 1 is gone
+    trained = []
+    real_train = run.train_run
+    monkeypatch.setattr(run, "train_run", lambda r, *a: (trained.append(r.seed), real_train(r, *a)))
+    assert run.main([str(plan), "--out", str(out), "--records", str(records)]) == 0
+    assert trained == [2]  # seed 1 is recorded: skipped, not retrained
+    assert "recorded in" in capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    runs = {r["seed"]: r for r in results["rows"][0]["runs"]}
+    assert runs[1]["record"] == str(record) and runs[1]["metrics"] == evaluated["metrics"]
+    assert runs[1]["train_seconds"] is not None and "record" not in runs[2]
+    assert results["rows"][0]["summary"]["loss"]["n"] == 2 and results["recorded"] == [str(record)]
+    assert "1 model(s) reported from their records" in (out / "results.md").read_text()
+    assert (records / "dense" / "seed2" / "record.json").is_file()  # the report recorded seed 2 as well
+    # a record whose evaluation was made with other settings is not reused: the error says why
+    cache = record / "evaluation-dense_beam1.json"
+    saved = json.loads(cache.read_text())
+    saved["key"]["eval_overrides"] = ["--testing.beam_size=3"]
+    cache.write_text(json.dumps(saved))
+    assert run.main([str(plan), "--out", str(out), "--report-only", "--records", str(records)]) == 0
+    beam1 = json.loads((out / "results.json").read_text())["rows"][1]["runs"][0]
+    assert "holds no evaluation for row 'dense_beam1'" in beam1["error"]
+    # a record of another config is refused like a folder of another config
+    config = (record / "config.yaml").read_text()
+    (record / "config.yaml").write_text(config.replace("kind: dense", "kind: phm"))
+    assert run.main([str(plan), "--out", str(out), "--report-only", "--records", str(records)]) == 1
+    assert "holds a run with a different config" in capsys.readouterr().err

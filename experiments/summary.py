@@ -8,11 +8,16 @@ Reads the ``results.json`` files that ``experiments/run.py`` writes and prints t
 ``<!-- summary -->`` and ``<!-- /summary -->``); ``--write FILE`` replaces that section of FILE (inserted
 after the first paragraph when absent). Roles come from the plan data, not from row names:
 
-- **PHM rows**: ``--model.linear.kind=phm`` rows that another row's ``match_params`` names (when a plan
+A row's kind is its ``model.linear.kind`` (hyperplex's own models), ``model.kind`` (a compressed pretrained
+student: ``none`` is the dense teacher) or ``model.adapter.kind`` (a fine-tuned classifier: phm, lora, lokr,
+full), from its overrides, else its config file.
+
+- **PHM rows**: ``phm`` rows that another row's ``match_params`` names (when a plan
   has no ``match_params``, its PHM rows with n = 4 or 8 that have a dense counterpart);
 - **matched rows**: the rows whose ``match_params`` names a PHM row (low-rank at its parameters);
-- **dense counterpart**: the row with the same config and the same overrides apart from
-  ``--model.linear.*`` whose linear kind (override, else the config file, else the default) is dense.
+- **dense counterpart**: the row with the same config, the same overrides apart from the kind settings,
+  and the same ``heal`` (a conversion straight after converting meets the untrained teacher), whose kind is
+  dense.
 
 Rows that score a trained row's models elsewhere (``model_of`` with ``eval_split``/``eval_overrides``)
 are compared the same way, in their own group. Sweep rows are left to ``plot_sweep.py``.
@@ -39,7 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 START, END = "<!-- summary -->", "<!-- /summary -->"
 #: Metrics where smaller is better (as hyperplex.train.task.MINIMISED_METRICS; not imported: it pulls in torch).
 MINIMISED = ("loss", "ppl")
-ROLE_NAMES = {"dense": "dense", "lowrank": "low-rank", "phm": "PHM", "quaternion": "quaternion"}
+ROLE_NAMES = {"dense": "dense", "lowrank": "low-rank", "phm": "PHM", "quaternion": "quaternion", "lora": "LoRA",
+              "lokr": "LoKr"}
 
 
 class SummaryError(ValueError):
@@ -92,31 +98,63 @@ def _option(overrides: list[str], key: str) -> str | None:
     return value
 
 
+#: Where a row's factorisation is chosen, by model family: hyperplex's own models (``model.linear``), a
+#: compressed pretrained student (``model.kind``/``model.n``: pretrained_student) and a fine-tuned
+#: pretrained classifier (``model.adapter``: pretrained_classifier). The first whose keys the row sets wins.
+SETTING_KEYS = ("model.linear", "model.adapter", "model")
+#: Kinds that mean "the unfactorised model" in each family (a student's ``none`` is the dense teacher).
+DENSE_KINDS = {"model.linear": "dense", "model.adapter": None, "model": "none"}
+
+
+def _setting_prefix(raw: dict | None, overrides: list[str]) -> str:
+    model = (raw or {}).get("model") or {}
+    for prefix in SETTING_KEYS:
+        if any(o.startswith(f"--{prefix}.kind=") for o in overrides):
+            return prefix
+    if isinstance(model.get("linear"), dict) or model.get("architecture") not in ("pretrained_student",
+                                                                                   "pretrained_classifier"):
+        return "model.linear"
+    return "model.adapter" if isinstance(model.get("adapter"), dict) else "model"
+
+
 def linear_setting(row: dict) -> tuple[str | None, int | None]:
-    """(kind, n) of a trained row's linear maps: the row's overrides, else its config file (relative to the
+    """(kind, n) of a trained row's factorisation: the row's overrides, else its config file (relative to the
     repository root), else :class:`hyperplex.nn.linear.LinearSpec`'s defaults; ``(None, None)`` when the
-    config cannot be read."""
+    config cannot be read. For a compressed student (``model.kind``) the dense teacher (``none``) reads as
+    ``dense``; for a fine-tuned classifier it is ``model.adapter.kind`` (phm, lora, lokr, full, none)."""
     overrides = row.get("overrides") or []
-    kind, n = _option(overrides, "model.linear.kind"), _option(overrides, "model.linear.n")
-    if kind is None or n is None:
-        from hyperplex.config import load_yaml, merge, parse_overrides
+    from hyperplex.config import load_yaml, merge, parse_overrides
+
+    path = Path(row.get("config") or "")
+    path = path if path.is_absolute() else REPO / path
+    try:
+        raw = merge(load_yaml(path), parse_overrides(overrides))
+    except (OSError, ValueError):  # a config renamed since the run (ConfigError): only the overrides are known
+        raw = None
+    prefix = _setting_prefix(raw, overrides)
+    kind, n = _option(overrides, f"{prefix}.kind"), _option(overrides, f"{prefix}.n")
+    if raw is None:
+        return kind, (int(n) if n else None)
+    section = raw.get("model") or {}
+    for part in prefix.split(".")[1:]:
+        section = section.get(part) or {}
+    if prefix == "model.linear":
         from hyperplex.nn.linear import LinearSpec
 
-        path = Path(row.get("config") or "")
-        path = path if path.is_absolute() else REPO / path
-        try:
-            raw = merge(load_yaml(path), parse_overrides(overrides))
-        except (OSError, ValueError):  # a config renamed since the run (ConfigError): only the overrides are known
-            return kind, (int(n) if n else None)
-        linear = (raw.get("model") or {}).get("linear") or {}
-        kind = kind or linear.get("kind", LinearSpec.kind)
-        n = n or linear.get("n", LinearSpec.n)
-    return kind, int(n)
+        kind, n = kind or section.get("kind", LinearSpec.kind), n or section.get("n", LinearSpec.n)
+    else:
+        kind, n = kind or section.get("kind"), n or section.get("n")
+    if kind is not None and kind == DENSE_KINDS[prefix]:
+        kind = "dense"
+    return kind, (int(n) if n is not None else None)
 
 
 def _base(row: dict) -> tuple:
-    """What a row trains apart from its linear maps: config and the other overrides."""
-    return row.get("config"), tuple(o for o in row.get("overrides") or [] if not o.startswith("--model.linear."))
+    """What a row trains apart from its factorisation: config, the other overrides, and whether it is trained
+    at all (a ``heal: false`` conversion is compared with the untrained teacher, a healed one is not)."""
+    skip = tuple(f"--{prefix}." for prefix in SETTING_KEYS[:2]) + ("--model.kind=", "--model.n=", "--model.init=")
+    return (row.get("config"), tuple(o for o in row.get("overrides") or [] if not o.startswith(skip)),
+            row.get("heal", True))
 
 
 def comparisons(results: dict) -> list[Comparison]:

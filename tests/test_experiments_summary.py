@@ -324,3 +324,33 @@ def test_plot_sweep_cli_and_report_write_pngs(tmp_path, capsys):
     broken.write_text(json.dumps(_agreement()))
     assert plot_sweep.main([str(broken), str(tmp_path / "x.png")]) == 2
     assert "no sweep rows" in capsys.readouterr().err and not (tmp_path / "x.png").exists()
+
+
+def test_pretrained_rows_take_their_kind_from_model_kind_or_the_adapter():
+    # compressed students (model.kind; the teacher is kind none = dense) and fine-tuned classifiers (model.adapter)
+    student = "configs/minilm_compress.yaml"  # kind: phm, n: 4 in the file
+    assert summary.linear_setting(_row("s", [1.0], config=student)) == ("phm", 4)
+    assert summary.linear_setting(_row("t", [1.0], ["--model.kind=none"], config=student)) == ("dense", 4)
+    assert summary.linear_setting(_row("l", [1.0], ["--model.kind=lowrank", "--model.n=8"], config=student)) == \
+        ("lowrank", 8)
+    adapter = "configs/sst2_minilm_adapter.yaml"  # adapter kind phm, n 4 in the file
+    assert summary.linear_setting(_row("a", [1.0], config=adapter)) == ("phm", 4)
+    assert summary.linear_setting(_row("b", [1.0], ["--model.adapter.kind=lora"], config=adapter)) == ("lora", 4)
+    teacher = dict(_row("teacher", [1.0], ["--model.kind=none"], config=student), heal=False)
+    converted = dict(_row("phm4_converted", [0.2], ["--model.kind=phm", "--model.n=4"], config=student), heal=False)
+    converted_lr = dict(_row("lowrank4_converted", [0.4], ["--model.kind=lowrank", "--model.n=4"], config=student,
+                             match_params="phm4_converted"), heal=False)
+    healed = _row("phm4", [0.8, 0.81, 0.82], ["--model.kind=phm", "--model.n=4"], config=student)
+    healed_lr = _row("lowrank4", [0.9, 0.91, 0.92], ["--model.kind=lowrank", "--model.n=4"], config=student,
+                     match_params="phm4")
+    pairs = summary.comparisons(_results([teacher, converted, converted_lr, healed, healed_lr], metric="accuracy"))
+    got = [(c.phm["name"], c.other["name"], c.other_role) for c in pairs]
+    # the untrained conversion is compared with the untrained teacher; the healed student is not
+    assert got == [("phm4_converted", "lowrank4_converted", "low-rank"), ("phm4_converted", "teacher", "dense"),
+                   ("phm4", "lowrank4", "low-rank")]
+    assert summary.verdict(report.summarize([0.8, 0.81, 0.82]), report.summarize([0.9, 0.91, 0.92]),
+                           "low-rank") == "low-rank ahead"
+    lora = _row("lora", [1.0], ["--model.adapter.kind=lora"], config=adapter, match_params="phm4")
+    lokr = _row("lokr", [1.0], ["--model.adapter.kind=lokr"], config=adapter, match_params="phm4")
+    pairs = summary.comparisons(_results([_row("phm4", [1.0], config=adapter), lora, lokr]))
+    assert [(c.other["name"], c.other_role) for c in pairs] == [("lora", "LoRA"), ("lokr", "LoKr")]

@@ -820,13 +820,17 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
             "recorded": sorted({r["record"] for row in rows for r in row["runs"] if r.get("record")})}
 
 
-def write_results(results: dict, out: Path, append_to: str | None) -> str:
-    """``OUT/results.json``, ``OUT/results.md`` and optionally the plan's section of ``append_to``."""
+def write_results(results: dict, out: Path, append_to: str | None, records: Path | None = None) -> str:
+    """``OUT/results.json``, ``OUT/results.md`` and optionally the plan's section of ``append_to``; with
+    ``records``, ``results.json`` is also written there (what ``summary.py`` reads from a checkout)."""
     body = report.render_markdown(results)
     out.mkdir(parents=True, exist_ok=True)
     for key in dict.fromkeys(r["sweep_key"] for r in results["rows"] if r.get("sweep_key")):
         report.plot_sweep(results, key, out / report.sweep_plot_name(key))
-    (out / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    text = json.dumps(results, indent=1, ensure_ascii=False) + "\n"
+    (out / "results.json").write_text(text, encoding="utf-8")
+    if records:
+        atomic_write_text(records / "results.json", text)
     report.write_section(out / "results.md", results["plan"]["name"], body)
     if append_to:
         report.write_section(append_to, results["plan"]["name"], body)
@@ -925,7 +929,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_report:
         return 1 if failures else 0
     results = collect(plan, all_runs, resolved, args.data_root, command, failures, records)
-    print(write_results(results, out, args.append_to))
+    print(write_results(results, out, args.append_to, records))
     return 1 if failures else 0
 
 

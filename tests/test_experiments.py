@@ -475,6 +475,7 @@ def test_records_let_a_plan_be_reported_without_its_model_folders(tmp_path, monk
     assert results["rows"][0]["summary"]["loss"]["n"] == 2 and results["recorded"] == [str(record)]
     assert "1 model(s) reported from their records" in (out / "results.md").read_text()
     assert (records / "dense" / "seed2" / "record.json").is_file()  # the report recorded seed 2 as well
+    assert json.loads((records / "results.json").read_text()) == results  # the plan's results beside its records
     # a record whose evaluation was made with other settings is not reused: the error says why
     cache = record / "evaluation-dense_beam1.json"
     saved = json.loads(cache.read_text())

@@ -201,7 +201,7 @@ def test_training_time_estimated_from_log_for_a_killed_segment(tmp_path):
 
 #: Plans whose validation builds a real pretrained model per row (the `pretrained` extra) and checks quality
 #: files under the shared data folder: slow, and skipped without them.
-PRETRAINED_PLANS = {"minilm_compress.yaml", "sst2_adapters.yaml"}
+PRETRAINED_PLANS = {"minilm_compress.yaml", "sst2_adapters.yaml", "wikiqa_adapters.yaml"}
 
 
 @pytest.mark.parametrize("plan", [pytest.param(p, marks=pytest.mark.slow) if p in PRETRAINED_PLANS else p

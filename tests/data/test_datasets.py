@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from hyperplex.data.datasets import Batch, ClassificationDataset, PairDataset, Seq2SeqDataset
+from hyperplex.data.datasets import Batch, ClassificationDataset, JointPairDataset, PairDataset, Seq2SeqDataset
 from hyperplex.data.readers import filter_examples, read_parallel
 from hyperplex.data.tokenizers import WordTokenizer
 
@@ -64,6 +64,26 @@ def test_pair_dataset_with_groups():
     assert batch["labels"].tolist() == [0, 1, 0] and batch["groups"].tolist() == [3, 3, 5]
     assert ds.lengths == [3, 4, 2] and batch.num_tokens == 3
     assert "groups" not in PairDataset([[1]], [[2]], [1]).collate([0]).tensors
+
+
+def test_joint_pair_dataset_pads_token_types_and_keeps_groups():
+    # [CLS] a [SEP] b [SEP] as a pretrained tokenizer joins a pair: 2 = [CLS], 3 = [SEP], types 0 then 1
+    ids = [[2, 7, 3, 8, 9, 3], [2, 7, 7, 3, 8, 3], [2, 5, 3, 6, 3]]
+    types = [[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 1, 1], [0, 0, 0, 1, 1]]
+    ds = JointPairDataset(ids, [1.0, 0.0, 1.0], types, groups=[4, 4, 9], pad_index=1)
+    batch = ds.collate([2, 0])
+    assert batch["tokens"].tolist() == [[2, 5, 3, 6, 3, 1], [2, 7, 3, 8, 9, 3]] and batch["lengths"].tolist() == [5, 6]
+    assert batch["token_types"].tolist() == [[0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1]]  # padding: type 0
+    assert batch["labels"].tolist() == [1.0, 1.0] and batch["groups"].tolist() == [9, 4]
+    assert ds.lengths == [6, 6, 5] and batch.num_tokens == 2
+    assert [s["token_types"].tolist() for s in (batch.shard(0, 2), batch.shard(1, 2))] == \
+        [[[0, 0, 0, 1, 1, 0]], [[0, 0, 0, 1, 1, 1]]]
+    plain = JointPairDataset(ids, [0, 1, 0]).collate([0])  # a tokenizer without token types; no groups
+    assert set(plain.tensors) == {"tokens", "lengths", "labels"}
+    with pytest.raises(ValueError, match="one segment id per token"):
+        JointPairDataset(ids, [0, 1, 0], [[0, 0, 0, 1, 1, 1]] * 3)
+    with pytest.raises(ValueError, match="3 sequences but 2 groups"):
+        JointPairDataset(ids, [0, 1, 0], groups=[1, 2])
 
 
 def make_seq2seq(n=60):

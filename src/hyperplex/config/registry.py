@@ -27,7 +27,9 @@ def _load(module: str, name: str):
 
 @dataclass(frozen=True)
 class Architecture:
-    """``model.architecture`` → its config dataclass and model class (``family``: the group of tasks that can train it, e.g. seq2seq, classifier, pair, embedder)."""
+    """``model.architecture`` → its config dataclass and model class (``family``: the group of tasks that can
+    train it, e.g. seq2seq, classifier, pair, embedder; cross_encoder: one text, or a pair read as one sequence,
+    so the single-text and the pair tasks both train it)."""
 
     module: str
     config_class: str
@@ -135,8 +137,9 @@ for _name, _entry in {
     "pretrained_student": Architecture("hyperplex.convert.student", "PretrainedStudentConfig", "PretrainedStudent",
                                        "embedder", "a pretrained SentenceTransformer with PHM / low-rank layers"),
     "pretrained_classifier": Architecture("hyperplex.adapters.classifier", "PretrainedClassifierConfig",
-                                          "PretrainedClassifier", "classifier",
-                                          "a pretrained encoder + linear head, fine-tuned through a PHM adapter, "
+                                          "PretrainedClassifier", "cross_encoder",
+                                          "a pretrained encoder + linear head on one text, or on a text pair read "
+                                          "as one sequence (a cross-encoder), fine-tuned through a PHM adapter, "
                                           "peft LoRA / LoKr, fully, or head only"),
 }.items():
     register_architecture(_name, _entry)
@@ -144,11 +147,11 @@ for _name, _entry in {
 for _name, _entry in {
     "translation": TaskEntry("hyperplex.tasks.translation", "TranslationTask", ("seq2seq",),
                              "sequence-to-sequence (also style transfer and the arithmetic task)"),
-    "classification": TaskEntry("hyperplex.tasks.classification", "ClassificationTask", ("classifier",),
-                                "one text → label (sentiment, agreement)"),
-    "pair_classification": TaskEntry("hyperplex.tasks.classification", "ClassificationTask", ("pair",),
-                                     "two texts → label (NLI)"),
-    "ranking": TaskEntry("hyperplex.tasks.classification", "ClassificationTask", ("pair",),
+    "classification": TaskEntry("hyperplex.tasks.classification", "ClassificationTask",
+                                ("classifier", "cross_encoder"), "one text → label (sentiment, agreement)"),
+    "pair_classification": TaskEntry("hyperplex.tasks.classification", "ClassificationTask",
+                                     ("pair", "cross_encoder"), "two texts → label (NLI)"),
+    "ranking": TaskEntry("hyperplex.tasks.classification", "ClassificationTask", ("pair", "cross_encoder"),
                          "question/answer pairs scored and ranked per question (WikiQA)"),
     "distillation": TaskEntry("hyperplex.tasks.distillation", "DistillationTask", ("embedder",),
                               "a converted pretrained encoder matches its teacher's sentence embeddings"),

@@ -187,3 +187,34 @@ class PairDataset(_EncodedDataset):
         if self.groups is not None:
             tensors["groups"] = self.groups[rows]
         return Batch(tensors, indices, len(indices))
+
+
+class JointPairDataset(ClassificationDataset):
+    """Sentence pairs already joined into one sequence by a pretrained tokenizer — a cross-encoder's input,
+    e.g. BERT's ``[CLS] a [SEP] b [SEP]`` — with a label (NLI) or a relevance score and a query id (ranking).
+
+    Batch tensors: ``tokens (B, T)`` padded with ``pad_index``, ``lengths (B,)``, ``labels (B,)``; with
+    ``token_types`` also ``token_types (B, T)`` (the segment of each token: 0 = first text, 1 = second;
+    padding 0); with ``groups`` also ``groups (B,)`` (integer query ids, for MAP/MRR). ``num_tokens`` = number
+    of examples. Bucketing length: the joined length.
+    """
+
+    def __init__(self, token_ids: Sequence[Sequence[int]], labels: Sequence,
+                 token_types: Sequence[Sequence[int]] | None = None, groups: Sequence[int] | None = None,
+                 pad_index: int = PAD_INDEX):
+        super().__init__(token_ids, labels, pad_index)
+        if token_types is not None and [len(t) for t in token_types] != self.lengths:
+            raise ValueError("token_types must have one segment id per token of every sequence")
+        if groups is not None and len(groups) != len(token_ids):
+            raise ValueError(f"{len(token_ids)} sequences but {len(groups)} groups")
+        self.token_types = token_types
+        self.groups = None if groups is None else torch.as_tensor(list(groups), dtype=torch.long)
+
+    def collate(self, indices: Sequence[int]) -> Batch:
+        batch = super().collate(indices)
+        rows = torch.tensor(batch.indices, dtype=torch.long)
+        if self.token_types is not None:
+            batch.tensors["token_types"], _ = pad_sequences([self.token_types[i] for i in batch.indices], 0)  # (B, T)
+        if self.groups is not None:
+            batch.tensors["groups"] = self.groups[rows]
+        return batch

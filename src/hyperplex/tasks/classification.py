@@ -8,7 +8,10 @@ in the model folder, unless the architecture's model class brings its own — a 
 (special tokens added, cut at the model's ``max_length``), ``pad_index``, ``len()`` (vocabulary size) and
 ``describe()``; the text is then passed to it as written (``data.lowercase``, ``data.tokenizer``,
 ``data.vocab_size`` and ``data.truncate`` do not apply), and nothing is saved: loading rebuilds it from
-the model config.
+the model config. For the pair tasks such a tokenizer must also have ``encode_pair_batch(firsts, seconds) →
+(id lists, token-type lists or None)``: each pair is joined into one sequence as the encoder expects (a
+cross-encoder; :class:`~hyperplex.data.datasets.JointPairDataset`) and the model is called as
+``model(tokens, lengths[, token_types])`` instead of with the two texts apart.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hyperplex.data.datasets import ClassificationDataset, PairDataset
+from hyperplex.data.datasets import ClassificationDataset, JointPairDataset, PairDataset
 from hyperplex.data.phrases import sentence_carve
 from hyperplex.data.readers import DataError, DropReport, check_labels, read_agreement, read_jsonl, read_tsv
 from hyperplex.data.vocab import PAD_INDEX
+from hyperplex.config.core import ConfigError
 from hyperplex.config.registry import get_architecture
 from hyperplex.train.task import Task
 from hyperplex.tasks.common import (
@@ -106,8 +110,9 @@ class ClassificationTask(Task):
         self.own_tokenizer = self._model_tokenizer()
         if self.own_tokenizer is not None:
             self.tok, self.vocab = self.own_tokenizer, None
-            self.log.info(f"tokenizer: {self.own_tokenizer.describe()} (data.tokenizer, lowercase, vocab_size and "
-                          f"truncate do not apply)")
+            joined = " per pair, both texts joined into one sequence, the longer cut first" if self.joint_pairs else ""
+            self.log.info(f"tokenizer: {self.own_tokenizer.describe()}{joined} (data.tokenizer, lowercase, vocab_size "
+                          f"and truncate do not apply)")
         elif fresh:
             lines = [lowercase_if(d, t) for rec in train for t in self._texts(rec)]
             self.tok, self.vocab = tokenizer_and_vocab(d, lines, self.model_dir, "text", fresh)
@@ -125,7 +130,16 @@ class ClassificationTask(Task):
         """The architecture's own tokenizer (its model class's ``text_tokenizer`` hook), or ``None``."""
         _, model_class = get_architecture(self.cfg.model.architecture, self.name).load()
         hook = getattr(model_class, "text_tokenizer", None)
-        return hook(self.cfg.model) if callable(hook) else None
+        tokenizer = hook(self.cfg.model) if callable(hook) else None
+        if self.pair and tokenizer is not None and not callable(getattr(tokenizer, "encode_pair_batch", None)):
+            raise ConfigError(f"model.architecture {self.cfg.model.architecture!r} brings its own tokenizer, which "
+                              f"cannot encode text pairs (no encode_pair_batch) for task {self.name!r}")
+        return tokenizer
+
+    @property
+    def joint_pairs(self) -> bool:
+        """Whether each pair is joined into one sequence by the model's own tokenizer (a cross-encoder)."""
+        return self.pair and getattr(self, "own_tokenizer", None) is not None
 
     @property
     def vocab_size(self) -> int:
@@ -202,9 +216,11 @@ class ClassificationTask(Task):
         return [self.encode(t) for t in texts]
 
     def _dataset(self, records: list[dict], what: str):
+        if self.joint_pairs:
+            return self._joint_dataset(records, what)
         report = DropReport(total=len(records), source=what)
         columns: list[list] = [[] for _ in self._texts(records[0])] if records else [[]]
-        labels, groups, group_ids = [], [], {}
+        kept = []
         per_record = len(columns)
         flat = self._encode_all([t for rec in records for t in self._texts(rec)])
         for r, rec in enumerate(records):
@@ -214,15 +230,34 @@ class ClassificationTask(Task):
                 continue
             for column, e in zip(columns, encoded):
                 column.append(e)
-            labels.append(float(rec["label"]) if self.ranking else self.labels.index(rec["label"]))
-            if self.ranking:
-                groups.append(group_ids.setdefault(rec["group"], len(group_ids)))
-        if not labels:
-            raise DataError(f"no {what} left: every example has an empty text ({report})")
+            kept.append(rec)
+        labels, groups = self._targets(kept, what, report)
         pad = self.own_tokenizer.pad_index if getattr(self, "own_tokenizer", None) is not None else PAD_INDEX
         if self.pair:
-            return PairDataset(columns[0], columns[1], labels, groups if self.ranking else None, pad_index=pad), report
+            return PairDataset(columns[0], columns[1], labels, groups, pad_index=pad), report
         return ClassificationDataset(columns[0], labels, pad_index=pad), report
+
+    def _joint_dataset(self, records: list[dict], what: str):
+        """A cross-encoder's pairs: each ``(a, b)`` joined by the model's own tokenizer (its
+        ``encode_pair_batch``: separators, token types, cut at the model's ``max_length``, longer text first).
+        A pair with an empty (blank) text is dropped, as the two-text models drop it."""
+        report = DropReport(total=len(records), source=what)
+        kept = [rec for rec in records if rec["a"].strip() and rec["b"].strip()]
+        report.empty = len(records) - len(kept)
+        labels, groups = self._targets(kept, what, report)
+        ids, token_types = self.own_tokenizer.encode_pair_batch([r["a"] for r in kept], [r["b"] for r in kept])
+        return JointPairDataset(ids, labels, token_types, groups, pad_index=self.own_tokenizer.pad_index), report
+
+    def _targets(self, kept: list[dict], what: str, report: DropReport) -> tuple[list, list[int] | None]:
+        """(labels: class indices, or relevance scores for ranking; integer question ids for ranking, else
+        ``None``) of the records kept; ``DataError`` when none is left."""
+        if not kept:
+            raise DataError(f"no {what} left: every example has an empty text ({report})")
+        labels = [float(rec["label"]) if self.ranking else self.labels.index(rec["label"]) for rec in kept]
+        if not self.ranking:
+            return labels, None
+        group_ids: dict[str, int] = {}
+        return labels, [group_ids.setdefault(rec["group"], len(group_ids)) for rec in kept]
 
     def train_batches(self, epoch: int) -> list:
         t = self.cfg.training
@@ -257,8 +292,10 @@ class ClassificationTask(Task):
         self.log.info(f"embeddings: {int(mask.sum())} of {len(self.vocab)} words initialised from {path}")
 
     def logits(self, model: nn.Module, batch) -> Tensor:
-        if self.pair:
+        if self.pair and not self.joint_pairs:
             return model(batch["a"], batch["a_lengths"], batch["b"], batch["b_lengths"])
+        if "token_types" in batch.tensors:  # a pair joined into one sequence, with its segment ids
+            return model(batch["tokens"], batch["lengths"], batch["token_types"])
         return model(batch["tokens"], batch["lengths"])
 
     def loss(self, model: nn.Module, batch) -> Tensor:

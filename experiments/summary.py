@@ -16,8 +16,8 @@ full), from its overrides, else its config file.
   has no ``match_params``, its PHM rows with n = 4 or 8 that have a dense counterpart);
 - **matched rows**: the rows whose ``match_params`` names a PHM row (low-rank at its parameters);
 - **dense counterpart**: the row with the same config, the same overrides apart from the kind settings,
-  and the same ``heal`` (a conversion straight after converting meets the untrained teacher), whose kind is
-  dense.
+  and the same ``heal``, whose kind is dense. A ``heal: false`` conversion is not compared with its dense
+  teacher (whose agreement with itself is 1 by definition), and a healed student has no dense counterpart.
 
 Rows that score a trained row's models elsewhere (``model_of`` with ``eval_split``/``eval_overrides``)
 are compared the same way, in their own group. Sweep rows are left to ``plot_sweep.py``.
@@ -182,7 +182,7 @@ def comparisons(results: dict) -> list[Comparison]:
         for m in matched_to.get(p["name"], []):
             kind = setting[m["name"]][0]
             pairs.append((p, m, ROLE_NAMES.get(kind, kind or "matched"), "matched"))
-        if _base(p) in dense:
+        if _base(p) in dense and p.get("heal", True):  # a conversion vs its own teacher says nothing: skipped
             pairs.append((p, dense[_base(p)], "dense", "dense"))
     out = [Comparison("", p, o, role, rel) for p, o, role, rel in pairs]
     groups: dict[str, dict[str, dict]] = {}

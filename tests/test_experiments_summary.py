@@ -345,9 +345,8 @@ def test_pretrained_rows_take_their_kind_from_model_kind_or_the_adapter():
                      match_params="phm4")
     pairs = summary.comparisons(_results([teacher, converted, converted_lr, healed, healed_lr], metric="accuracy"))
     got = [(c.phm["name"], c.other["name"], c.other_role) for c in pairs]
-    # the untrained conversion is compared with the untrained teacher; the healed student is not
-    assert got == [("phm4_converted", "lowrank4_converted", "low-rank"), ("phm4_converted", "teacher", "dense"),
-                   ("phm4", "lowrank4", "low-rank")]
+    # conversions and healed students meet their low-rank matches; neither is compared with the teacher
+    assert got == [("phm4_converted", "lowrank4_converted", "low-rank"), ("phm4", "lowrank4", "low-rank")]
     assert summary.verdict(report.summarize([0.8, 0.81, 0.82]), report.summarize([0.9, 0.91, 0.92]),
                            "low-rank") == "low-rank ahead"
     lora = _row("lora", [1.0], ["--model.adapter.kind=lora"], config=adapter, match_params="phm4")

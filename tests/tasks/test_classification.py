@@ -13,10 +13,10 @@ from hyperplex.cli import runner
 WORDS = "the a cat dog bird runs sits sees big small red blue".split()
 
 
-def train_and_evaluate(tmp_path, data: dict, model: dict, steps: int = 60, lr: float = 5e-3) -> dict:
+def train_and_evaluate(tmp_path, data: dict, model: dict, steps: int = 60, lr: float = 5e-3, log_every: int = 1000) -> dict:
     cfg = {"name": "toy", "seed": 1, "data": {"tokenizer": "word", **data}, "model": model,
            "training": {"lr": lr, "batch_size": 16, "max_steps": steps, "max_epochs": 1000, "validation_every": steps,
-                        "num_threads": 1, "progress_bar": False, "plots": False, "log_every": 1000},
+                        "num_threads": 1, "progress_bar": False, "plots": False, "log_every": log_every},
            "testing": {"batch_size": 64}}
     path = tmp_path / "toy.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -28,8 +28,8 @@ TINY_TRANSFORMER = {"architecture": "transformer_classifier", "d_model": 16, "nu
                     "encoder_layers": 1, "decoder_layers": 0, "dropout": 0.0}
 
 
-@pytest.mark.parametrize("linear", [{"kind": "dense"}, {"kind": "phm", "n": 4}, {"kind": "quaternion"}])
-def test_sentiment_tsv_overfits(tmp_path, linear):
+def write_sentiment_tsv(tmp_path) -> dict:
+    """32 generated sentences, the label carried by one word; train = dev. Returns the data section."""
     rng = random.Random(0)
     rows = []
     for i in range(32):
@@ -38,10 +38,21 @@ def test_sentiment_tsv_overfits(tmp_path, linear):
         rng.shuffle(words)
         rows.append(f"{' '.join(words)}\t{label}")
     (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
-    data = {"task": "classification", "format": "tsv", "train": str(tmp_path / "train.tsv"),
+    return {"task": "classification", "format": "tsv", "train": str(tmp_path / "train.tsv"),
             "dev": str(tmp_path / "train.tsv"), "labels": ["0", "1"]}
-    metrics = train_and_evaluate(tmp_path, data, {**TINY_TRANSFORMER, "linear": linear})
+
+
+@pytest.mark.parametrize("linear", [{"kind": "dense"}, {"kind": "phm", "n": 4}, {"kind": "quaternion"}])
+def test_sentiment_tsv_overfits(tmp_path, linear):
+    metrics = train_and_evaluate(tmp_path, write_sentiment_tsv(tmp_path), {**TINY_TRANSFORMER, "linear": linear})
     assert metrics["accuracy"] == 100.0
+
+
+def test_throughput_log_counts_examples_not_tokens(tmp_path):
+    # the loss normaliser of a classification batch is its number of examples: the log must say so
+    train_and_evaluate(tmp_path, write_sentiment_tsv(tmp_path), TINY_TRANSFORMER, steps=4, log_every=2)
+    lines = [line for line in (tmp_path / "model" / "train.log").read_text().splitlines() if ": loss " in line]
+    assert len(lines) == 2 and all(line.endswith(" examples/s") for line in lines), lines
 
 
 def test_agreement_overfits(tmp_path):

@@ -105,6 +105,14 @@ def test_early_stopping_with_patience(tmp_path):
     assert state["finished"] and state["step"] == 6  # validations at 2 (best), 4, 6 (two without improvement)
 
 
+def test_throughput_log_counts_target_tokens_for_translation(tmp_path):
+    # the classification twin (examples/s) is in tests/tasks/test_classification.py
+    config = write_tiny_config(tmp_path, max_steps=2, validation_every=2)
+    runner.train(str(config), model_dir=str(tmp_path / "m"))
+    lines = [line for line in (tmp_path / "m" / "train.log").read_text().splitlines() if ": loss " in line]
+    assert len(lines) == 2 and all(line.endswith(" tokens/s") for line in lines), lines
+
+
 def test_accumulation_equals_large_batch(tmp_path):
     big = write_tiny_config(tmp_path, batch_size=32, max_steps=4, validation_every=4, accum_steps=1, shuffle=False,
                       bucket=False)

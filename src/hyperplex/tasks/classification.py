@@ -40,6 +40,7 @@ class ClassificationTask(Task):
     #: The task metadata of the checkpoint being loaded (set by the runner before ``prepare(fresh=False)``
     #: or :meth:`load_vocabularies`): its ``"files"`` name the vocabulary files, its ``"labels"`` the classes.
     checkpoint_record: dict | None = None
+    loss_unit = "examples"
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

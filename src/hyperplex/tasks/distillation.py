@@ -53,6 +53,7 @@ class DistillationTask(Task):
 
     name = "distillation"
     metrics = ("cosine", "loss")
+    loss_unit = "sentences"
 
     # -- data -----------------------------------------------------------------
     def load_vocabularies(self) -> None:

@@ -29,6 +29,9 @@ class Task:
 
     name = "task"
     metrics: tuple[str, ...] = ("loss",)
+    #: What ``batch.num_tokens`` counts (the loss normaliser), named in the trainer's throughput log:
+    #: target tokens for sequence tasks, whole examples for classification.
+    loss_unit = "tokens"
 
     def __init__(self, cfg, model_dir: Path, data_root: str | None, logger: logging.Logger | None = None) -> None:
         self.cfg = cfg

@@ -188,7 +188,8 @@ class Trainer:
             bar = tqdm(total=total_steps, initial=state.step, unit="step", dynamic_ncols=True, file=sys.stderr,
                        disable=None)
         last_val: dict[str, float] = {}
-        speed_tokens, window_start = 0, time.perf_counter()  # for tokens/s: this process's own time only
+        speed_tokens, window_start = 0, time.perf_counter()  # for throughput: this process's own time only
+        unit = self.task.loss_unit  # what num_tokens counts: target tokens, or examples
         interrupts = InterruptFlag()
         try:
             interrupts.install()
@@ -216,13 +217,13 @@ class Trainer:
                     if bar is not None:
                         elapsed = max(time.perf_counter() - window_start, 1e-9)
                         bar.set_postfix(loss=f"{step_loss / max(count, 1):.3f}", lr=f"{lr:.2e}",
-                                        tok_s=f"{speed_tokens / elapsed:.0f}", epoch=state.epoch, refresh=False)
+                                        speed=f"{speed_tokens / elapsed:.0f} {unit}/s", epoch=state.epoch, refresh=False)
                         bar.update(1)
                     if state.step % tcfg.log_every == 0:
                         elapsed = time.perf_counter() - window_start
                         mean = state.window_loss / max(state.window_tokens, 1)
                         log.info(f"step {state.step} epoch {state.epoch}: loss {mean:.4f} lr {lr:.3e} "
-                                 f"{speed_tokens / max(elapsed, 1e-9):.0f} tokens/s")
+                                 f"{speed_tokens / max(elapsed, 1e-9):.0f} {unit}/s")
                         if metrics:
                             metrics.write(state.step, state.epoch, "train",
                                           {"loss": mean, "lr": lr, "grad_norm": state.window_grad_norm / tcfg.log_every,

@@ -188,8 +188,8 @@ class Trainer:
             bar = tqdm(total=total_steps, initial=state.step, unit="step", dynamic_ncols=True, file=sys.stderr,
                        disable=None)
         last_val: dict[str, float] = {}
-        speed_tokens, window_start = 0, time.perf_counter()  # for throughput: this process's own time only
-        unit = self.task.loss_unit  # what num_tokens counts: target tokens, or examples
+        speed_count, window_start = 0, time.perf_counter()  # for throughput: this process's own time only
+        unit = self.task.loss_unit  # what num_tokens (and so speed_count) counts: target tokens, or examples
         interrupts = InterruptFlag()
         try:
             interrupts.install()
@@ -213,24 +213,24 @@ class Trainer:
                     state.finished = bool(state.stop_reason)
                     state.window_loss += step_loss
                     state.window_tokens += count  # targets (or examples) since the last log line
-                    speed_tokens += count
+                    speed_count += count
                     if bar is not None:
                         elapsed = max(time.perf_counter() - window_start, 1e-9)
                         bar.set_postfix(loss=f"{step_loss / max(count, 1):.3f}", lr=f"{lr:.2e}",
-                                        speed=f"{speed_tokens / elapsed:.0f} {unit}/s", epoch=state.epoch, refresh=False)
+                                        speed=f"{speed_count / elapsed:.0f} {unit}/s", epoch=state.epoch, refresh=False)
                         bar.update(1)
                     if state.step % tcfg.log_every == 0:
                         elapsed = time.perf_counter() - window_start
                         mean = state.window_loss / max(state.window_tokens, 1)
                         log.info(f"step {state.step} epoch {state.epoch}: loss {mean:.4f} lr {lr:.3e} "
-                                 f"{speed_tokens / max(elapsed, 1e-9):.0f} {unit}/s")
+                                 f"{speed_count / max(elapsed, 1e-9):.0f} {unit}/s")
                         if metrics:
                             metrics.write(state.step, state.epoch, "train",
                                           {"loss": mean, "lr": lr, "grad_norm": state.window_grad_norm / tcfg.log_every,
                                            "grad_norm_max": state.window_grad_norm_max})
                         state.window_loss, state.window_tokens = 0.0, 0
                         state.window_grad_norm, state.window_grad_norm_max = 0.0, 0.0
-                        speed_tokens, window_start = 0, time.perf_counter()
+                        speed_count, window_start = 0, time.perf_counter()
                     due = (tcfg.validation_every and state.step % tcfg.validation_every == 0) or \
                         (not tcfg.validation_every and epoch_done) or state.finished
                     if due:

@@ -695,7 +695,9 @@ def read_record(folder: Path) -> dict:
 def write_record(run: Run, records: Path) -> Path | None:
     """Copy a finished (or diverged) model folder's small files (:data:`RECORD_FILES`, its evaluations) to
     ``records/ROW/seedK`` with ``record.json``, replacing an older record, so the model can be reported where
-    its checkpoint is not (another machine, a later session). Checkpoints are not copied. Returns the folder."""
+    its checkpoint is not (another machine, a later session). Checkpoints are not copied. A record that already
+    holds exactly these files and this checkpoint is left as it is (its ``written`` date too), so re-reporting a
+    plan does not churn committed records. Returns the folder."""
     import hashlib
 
     status = folder_status(run.model_dir)
@@ -704,13 +706,23 @@ def write_record(run: Run, records: Path) -> Path | None:
     target = records / run.row.name / f"seed{run.seed}"
     names = [n for n in RECORD_FILES if (run.model_dir / n).is_file()]
     names += sorted(p.name for p in run.model_dir.glob("evaluation-*.json"))
-    target.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        atomic_write_bytes(target / name, (run.model_dir / name).read_bytes())
     last = run.model_dir / "last.safetensors"
     digest = hashlib.sha256(last.read_bytes()).hexdigest() if last.is_file() else None
     info = {"status": status, "healed": healed(run.model_dir) if last.is_file() else True,
-            "checkpoint_sha256": digest, "files": names, "written": dt.datetime.now().isoformat(timespec="seconds")}
+            "checkpoint_sha256": digest, "files": names}
+    try:
+        old = read_record(target)
+    except (OSError, ValueError):  # no record yet, or a broken one: (re)write it
+        old = {}
+    old = dict(old) if isinstance(old, dict) else {}
+    old.pop("written", None)
+    if old == info and all((target / n).is_file() and (target / n).read_bytes() == (run.model_dir / n).read_bytes()
+                           for n in names):
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        atomic_write_bytes(target / name, (run.model_dir / name).read_bytes())
+    info["written"] = dt.datetime.now().isoformat(timespec="seconds")
     atomic_write_text(target / RECORD_FILE, json.dumps(info, indent=1) + "\n")
     return target
 

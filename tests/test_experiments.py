@@ -489,3 +489,27 @@ def test_records_let_a_plan_be_reported_without_its_model_folders(tmp_path, monk
     (record / "config.yaml").write_text(config.replace("kind: dense", "kind: phm"))
     assert run.main([str(plan), "--out", str(out), "--report-only", "--records", str(records)]) == 1
     assert "holds a run with a different config" in capsys.readouterr().err
+
+
+def test_a_second_report_leaves_an_unchanged_record_as_it_is(tmp_path):
+    # committed records must not churn each time a plan is re-reported; a changed evaluation is re-recorded
+    plan = _write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml",
+                                        "overrides": ["--model.linear.kind=dense"]}])
+    out, records = tmp_path / "out", tmp_path / "records"
+    assert run.main([str(plan), "--out", str(out), "--seeds", "1", "--evaluate-each", "--no-report",
+                     "--records", str(records)]) == 0
+    record = records / "dense" / "seed1"
+    info = json.loads((record / "record.json").read_text())
+    info["written"] = "2000-01-01T00:00:00"  # a date no rewrite would give
+    (record / "record.json").write_text(json.dumps(info, indent=1) + "\n")
+    before = {p.name: p.read_bytes() for p in record.iterdir()}
+    assert run.main([str(plan), "--out", str(out), "--seeds", "1", "--report-only", "--records", str(records)]) == 0
+    assert {p.name: p.read_bytes() for p in record.iterdir()} == before
+    # the folder's evaluation changes (e.g. re-evaluated with a fixed metric): the record follows it
+    cache = out / "dense" / "seed1" / "evaluation-dense.json"
+    saved = json.loads(cache.read_text())
+    saved["result"]["metrics"]["loss"] += 1.0
+    cache.write_text(json.dumps(saved))
+    assert run.main([str(plan), "--out", str(out), "--seeds", "1", "--report-only", "--records", str(records)]) == 0
+    assert json.loads((record / "evaluation-dense.json").read_text()) == saved
+    assert json.loads((record / "record.json").read_text())["written"] != "2000-01-01T00:00:00"

@@ -713,10 +713,8 @@ def write_record(run: Run, records: Path) -> Path | None:
     try:
         old = read_record(target)
     except (OSError, ValueError):  # no record yet, or a broken one: (re)write it
-        old = {}
-    old = dict(old) if isinstance(old, dict) else {}
-    old.pop("written", None)
-    if old == info and all((target / n).is_file() and (target / n).read_bytes() == (run.model_dir / n).read_bytes()
+        old = None
+    if isinstance(old, dict) and {k: v for k, v in old.items() if k != "written"} == info and all((target / n).is_file() and (target / n).read_bytes() == (run.model_dir / n).read_bytes()
                            for n in names):
         return target
     target.mkdir(parents=True, exist_ok=True)

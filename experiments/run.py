@@ -714,8 +714,10 @@ def write_record(run: Run, records: Path) -> Path | None:
         old = read_record(target)
     except (OSError, ValueError):  # no record yet, or a broken one: (re)write it
         old = None
-    if isinstance(old, dict) and {k: v for k, v in old.items() if k != "written"} == info and all((target / n).is_file() and (target / n).read_bytes() == (run.model_dir / n).read_bytes()
-                           for n in names):
+    same_info = isinstance(old, dict) and {k: v for k, v in old.items() if k != "written"} == info
+    same_files = all((target / n).is_file() and (target / n).read_bytes() == (run.model_dir / n).read_bytes()
+                     for n in names)
+    if same_info and same_files:
         return target
     target.mkdir(parents=True, exist_ok=True)
     for name in names:

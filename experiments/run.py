@@ -715,9 +715,8 @@ def write_record(run: Run, records: Path) -> Path | None:
     except (OSError, ValueError):  # no record yet, or a broken one: (re)write it
         old = None
     same_info = isinstance(old, dict) and {k: v for k, v in old.items() if k != "written"} == info
-    same_files = all((target / n).is_file() and (target / n).read_bytes() == (run.model_dir / n).read_bytes()
-                     for n in names)
-    if same_info and same_files:
+    if same_info and all((target / n).is_file() and (target / n).read_bytes() == (run.model_dir / n).read_bytes()
+                         for n in names):  # files compared only when the record's info already matches
         return target
     target.mkdir(parents=True, exist_ok=True)
     for name in names:

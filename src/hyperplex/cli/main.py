@@ -302,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
             return _report_error(args, err, debug)
         print(f"hyperplex {args.command}: {err}", file=sys.stderr)
         return 128 + err.signal_number  # the shell convention: 130 for SIGINT, 143 for SIGTERM
+    finally:
+        from hyperplex.train.process import shutdown_distributed
+
+        shutdown_distributed()  # under torchrun; a no-op otherwise
 
 
 def _report_error(args: argparse.Namespace, err: Exception, debug: bool) -> int:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["distributed", "resolve_device", "check_writable"]
+__all__ = ["distributed", "shutdown_distributed", "resolve_device", "check_writable"]
 
 
 def distributed() -> tuple[int, int]:
@@ -17,9 +18,26 @@ def distributed() -> tuple[int, int]:
     if world <= 1:
         return 0, 1
     if not dist.is_initialized():
+        # Imported lazily by DDP after the group exists, torch.distributed.nn would capture the default group
+        # in ten default arguments (``group=group.WORLD``) and keep it alive past destroy_process_group.
+        import torch.distributed.nn  # noqa: F401
+
         backend = "nccl" if torch.cuda.is_available() and os.environ.get("HYPERPLEX_BACKEND") != "gloo" else "gloo"
         dist.init_process_group(backend=backend)
     return dist.get_rank(), dist.get_world_size()
+
+
+def shutdown_distributed() -> None:
+    """Destroy the process group, if one was made, so that its worker threads are joined while the
+    interpreter is still alive.
+
+    Left running into interpreter teardown, a gloo worker thread can still be releasing the last collective's
+    tensors; it then needs the GIL, which finalisation no longer hands out, and the process aborts
+    ("terminate called without an active exception", SIGABRT) after its work is done, so torchrun reports
+    the whole run as failed. No barrier first: a rank that stopped with an error must not wait for the others."""
+    if dist.is_available() and dist.is_initialized():
+        gc.collect()  # a finished DDP wrapper (reference cycles) still holds the group through its reducer
+        dist.destroy_process_group()
 
 
 def resolve_device(name: str, rank: int = 0) -> torch.device:

@@ -18,6 +18,23 @@ def shared_data():
     return path
 
 
+#: Environment for a child ``python``: this checkout's ``src`` first on the path, one OpenMP thread.
+SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1",
+                  "PYTHONPATH": os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "src")) + os.pathsep
+                  + os.environ.get("PYTHONPATH", "")}
+
+
+def torchrun(*args, timeout=300):
+    """``python -m torch.distributed.run`` with 2 gloo processes on this machine, output captured.
+    ``--standalone``: the rendezvous picks a free local port (a fixed port fails when something else holds it)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           *map(str, args)], env={**SUBPROCESS_ENV, "HYPERPLEX_BACKEND": "gloo"},
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def write_tiny_config(directory, **training):
     """A seconds-long arithmetic run with a tiny PHM Transformer (generated data, no files)."""
     import yaml

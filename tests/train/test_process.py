@@ -1,20 +1,21 @@
 """Process setup: the DDP process group is torn down, worker threads joined, before the process exits."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from conftest import torchrun
 
 # Each rank: join the group the way the trainer does, train a DDP step, drop the wrapper, shut down, and
 # print the gloo threads still alive (thread names from /proc). Threads left running into interpreter
-# teardown are what made a finished torchrun job abort with SIGABRT now and then.
+# teardown are what made a finished torchrun job abort with SIGABRT now and then. Automatic garbage
+# collection is off, so only shutdown_distributed's own collection can free the dropped wrapper (a DDP
+# module sits in reference cycles, and its reducer holds the group).
 RANK_SCRIPT = """
-import os, torch, torch.nn as nn
+import gc, os, sys, torch, torch.nn as nn
 from hyperplex.train.process import distributed, shutdown_distributed
+
+gc.disable()
 
 def gloo_threads():
     names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
@@ -28,7 +29,8 @@ ddp(torch.randn(3, 4)).sum().backward()
 during = gloo_threads()
 del ddp
 shutdown_distributed()
-print(f"rank {rank}: during {during} after {gloo_threads()}", flush=True)
+with open(os.path.join(sys.argv[1], f"rank{rank}.txt"), "w") as f:  # one file each: stdout lines interleave
+    f.write(f"during {during} after {gloo_threads()}")
 """
 
 
@@ -36,14 +38,10 @@ print(f"rank {rank}: during {during} after {gloo_threads()}", flush=True)
 def test_shutdown_joins_gloo_threads_after_ddp(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1", "HYPERPLEX_BACKEND": "gloo"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script)], env=env, capture_output=True, text=True, timeout=120)
+    proc = torchrun(script, tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
-    assert [line.split(":")[0] for line in lines] == ["rank 0", "rank 1"], proc.stdout
-    for line in lines:
-        during, after = line.split(": during ")[1].split(" after ")
-        assert "gloo" in during, line  # the check can see the threads it looks for
-        assert after == "[]", line
+    for rank in (0, 1):
+        line = (tmp_path / f"rank{rank}.txt").read_text()
+        during, after = line.removeprefix("during ").split(" after ")
+        assert "gloo" in during, (rank, line)  # the check can see the threads it looks for
+        assert after == "[]", (rank, line)

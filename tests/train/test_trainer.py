@@ -1,7 +1,6 @@
 """The training loop: exact resume after SIGKILL, DDP ≡ one process, early stopping, NaN handling."""
 
 import csv
-import os
 import signal
 import subprocess
 import sys
@@ -12,14 +11,11 @@ import pytest
 import torch
 import yaml
 
-from conftest import write_tiny_config
+from conftest import SUBPROCESS_ENV as ENV, torchrun, write_tiny_config
 
 from hyperplex.cli import runner
 from hyperplex.train.checkpoint import load_checkpoint, load_model_weights
 
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-       "OMP_NUM_THREADS": "1"}
 
 
 def train_losses(model_dir: Path) -> list[float]:
@@ -61,10 +57,7 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     one = tmp_path / "one"
     runner.train(str(config), model_dir=str(one))
     two = tmp_path / "two"
-    # --standalone: the rendezvous picks a free local port (a fixed port fails when something else holds it)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "hyperplex", "train", str(config), "--model-dir", str(two)],
-                          env={**ENV, "HYPERPLEX_BACKEND": "gloo"}, capture_output=True, text=True, timeout=300)
+    proc = torchrun("-m", "hyperplex", "train", config, "--model-dir", two)
     assert proc.returncode == 0, f"torchrun exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     l1, l2 = train_losses(one), train_losses(two)
     assert len(l1) == len(l2) == 8

@@ -67,6 +67,7 @@ def write_sst(path, rows):
 
 
 def test_sst2_probe_separable_and_split(tmp_path):
+    pytest.importorskip("sklearn")  # the probe is a scikit-learn logistic regression (extra `pretrained`)
     path = tmp_path / "train.tsv.gz"
     rows = [(f"good film {i}", 1) if i % 2 else (f"bad film {i}", 0) for i in range(60)]
     write_sst(path, rows)
@@ -116,6 +117,7 @@ def test_wikiqa_dev_plumbing_on_real_file(shared_data):
 
 
 def test_sst2_probe_sentence_carve_keeps_phrases_out(tmp_path):
+    pytest.importorskip("sklearn")  # the probe is a scikit-learn logistic regression (extra `pretrained`)
     path = tmp_path / "train.tsv.gz"
     # 12 sentences (label by their first word), each followed by two of its phrases, one phrase twice
     words = ["good", "bad"]

@@ -1,4 +1,5 @@
-"""Command-line interface: ``hyperplex {demo,train,compress,score-encoder,evaluate,translate,params,average,bench}``.
+"""Command-line interface: ``hyperplex {demo,train,compress,score-encoder,corpus,evaluate,translate,params,average,
+bench}``.
 
 Errors end with one line on stderr saying what is wrong and where, and exit code 1 (2 for
 usage errors); ``--debug`` shows the traceback instead.
@@ -47,6 +48,13 @@ def _score_encoder(args: argparse.Namespace) -> int:
     result = score_encoders(args.students, args.teacher, args.data_root, files, metrics, args.probe_train,
                             args.probe_test, args.split_seed, args.json, args.threads)
     print(format_table(result))
+    return 0
+
+
+def _corpus(args: argparse.Namespace) -> int:
+    from hyperplex.cli.corpus import run_corpus
+
+    run_corpus(args.out, args.data_root, args.exclude, args.min_sentences, args.shuffle_seed, quiet=args.quiet)
     return 0
 
 
@@ -188,6 +196,32 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--json", metavar="OUT", help="also write the numbers as JSON to OUT")
     _add_threads(score)
     score.set_defaults(func=_score_encoder)
+
+    corpus = sub.add_parser(
+        "corpus", parents=[common],
+        help="build the distillation corpus: distinct sentences from the data folder, evaluation sentences removed",
+        description="Read SNLI premises and hypotheses, Tatoeba English (train), IMDb reviews split into "
+        "sentences, WikiQA train questions and answers, Shakespeare (modern and original, train) and Multi30k "
+        "English (train) from the data root (the Linzen agreement prefixes too, only when those give fewer than "
+        "--min-sentences); drop duplicates and every sentence of the evaluation files (compared after folding "
+        "case, accents and spacing as MiniLM's uncased tokenizer does); shuffle with --shuffle-seed, so any "
+        "prefix is a sample of every source; write OUT (one sentence per line, gzip if it ends .gz) and a JSON "
+        "report of the counts per source beside it (OUT without .gz/.txt + .report.json). The default evaluation files, "
+        "always removed: tatoeba_en_fr/dev.en.gz, wikiqa/dev.jsonl.gz, multi30k_en_de/val.en.gz and every row "
+        "of sst2/train.tsv.gz (which is therefore no source). A missing file, or too few sentences, is one error "
+        "and nothing is written. Use OUT as data.train of a distillation config. See docs/compress.md.")
+    corpus.add_argument("out", metavar="OUT", help="the corpus file to write, e.g. corpus/distill.txt.gz")
+    corpus.add_argument("--data-root", default=None, help="folder the sources and relative --exclude files are "
+                        "read from (default: $HYPERPLEX_DATA, else ../shared/data if present)")
+    corpus.add_argument("--exclude", nargs="+", default=[], metavar="FILE",
+                        help="more evaluation files whose sentences are removed, besides the defaults: text (one "
+                        "per line), .jsonl (question/answer/premise/hypothesis/sentence/text fields) or .tsv "
+                        "(the sentence or text column)")
+    corpus.add_argument("--min-sentences", type=int, default=500_000, metavar="N",
+                        help="fewest distinct sentences the corpus must hold (default: 500000)")
+    corpus.add_argument("--shuffle-seed", type=int, default=0, metavar="S", help="seed of the shuffle (default: 0)")
+    corpus.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    corpus.set_defaults(func=_corpus)
 
     model_help = ("model folder written by `hyperplex train`, or a checkpoint file (.safetensors): its stored "
                   "config is used unless a config.yaml sits beside it, and its tokeniser/vocabulary files "

@@ -9,13 +9,15 @@ leaves either the old complete file or the new complete file, never a half-writt
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
 import shutil
 from collections.abc import Callable
 
-__all__ = ["WriteError", "atomic_write", "atomic_write_text", "atomic_write_bytes", "TMP_PATTERN"]
+__all__ = ["WriteError", "atomic_write", "atomic_write_text", "atomic_write_bytes", "TMP_PATTERN", "UnsafePathError",
+           "inside", "check_folder_files", "read_bounded", "sha256_file", "FolderBusyError", "folder_lock", "LOCK_NAME"]
 
 #: Names of the private temporary folders :func:`atomic_write` makes (left behind only by a kill).
 TMP_PATTERN = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")
@@ -88,3 +90,182 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8, ``\\n`` line ends kept as given) to ``path`` through :func:`atomic_write`."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# ---------------------------------------------------------------------------- untrusted folders
+class UnsafePathError(ValueError):
+    """A file name read from a file points outside its folder, or names something that is not a regular file."""
+
+
+def inside(folder: str | os.PathLike, name, where: str) -> str:
+    """The path of ``name`` (a file name read from ``where``) inside ``folder``.
+
+    ``name`` must be a non-empty relative path string without ``..`` steps out of the folder, and must not
+    resolve (symbolic links included) outside it; otherwise :class:`UnsafePathError` naming ``where``.
+    Nothing is read or created."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise UnsafePathError(f"{where}: expected a file name inside {os.fspath(folder)}, got {_short(name)}")
+    if os.path.isabs(name) or name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        raise UnsafePathError(f"{where}: {name!r} is an absolute path; a name inside {os.fspath(folder)} is expected")
+    parts = name.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise UnsafePathError(f"{where}: {name!r} steps out of {os.fspath(folder)} ('..'); a name inside it is expected")
+    root = os.path.realpath(folder)
+    path = os.path.join(os.fspath(folder), name)
+    real = os.path.realpath(path)
+    if real != root and not real.startswith(root + os.sep):
+        raise UnsafePathError(f"{where}: {name!r} resolves to {real}, outside {root} (a symbolic link?)")
+    return path
+
+
+def _short(value) -> str:
+    import reprlib
+
+    return reprlib.repr(value)
+
+
+def check_folder_files(folder: str | os.PathLike, max_entries: int = 10_000) -> None:
+    """Refuse a model folder holding anything but regular files and folders inside it.
+
+    FIFOs, sockets and device files would block or never end when read; a symbolic link may point
+    outside the folder (``/dev/zero``, another model). Links that resolve to a regular file or folder
+    inside ``folder`` are allowed. :class:`UnsafePathError` names the entry; nothing is opened."""
+    import stat
+
+    root = os.path.realpath(folder)
+    count = 0
+    for current, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs + files:
+            count += 1
+            if count > max_entries:
+                raise UnsafePathError(f"{os.fspath(folder)}: more than {max_entries} files; not a model folder")
+            path = os.path.join(current, name)
+            rel = os.path.relpath(path, folder)
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                real = os.path.realpath(path)
+                if real != root and not real.startswith(root + os.sep):
+                    raise UnsafePathError(f"{path}: a symbolic link to {real}, outside the model folder {root}")
+                try:
+                    info = os.stat(path)
+                except OSError:
+                    raise UnsafePathError(f"{path}: a broken symbolic link") from None
+            if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+                kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a device or socket"
+                raise UnsafePathError(f"{path}: {kind}, not a regular file; a model folder holds regular files "
+                                      f"only ({rel})")
+
+
+def read_bounded(path: str | os.PathLike, limit: int, where: str | None = None) -> bytes:
+    """The bytes of the regular file ``path``, refused (:class:`UnsafePathError`) when it is not a regular
+    file or is larger than ``limit`` bytes; a FIFO is detected without blocking."""
+    import stat
+
+    path = os.fspath(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafePathError(f"{where or path}: not a regular file")
+        if info.st_size > limit:
+            raise UnsafePathError(f"{where or path}: {info.st_size:,} bytes, more than the {limit:,} a file of this "
+                                  f"kind may have")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > limit:
+                raise UnsafePathError(f"{where or path}: more than {limit:,} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------- one owner per model folder
+#: The lock file a run keeps open (and ``flock``-ed) in the model folder it writes.
+LOCK_NAME = ".hyperplex.lock"
+_HELD: dict[str, list] = {}  # realpath -> [fd, depth]: the locks this process holds (re-entered, not re-taken)
+
+
+class FolderBusyError(RuntimeError):
+    """Another live process holds the model folder's lock; the message names its pid and command."""
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike, command: str):
+    """Hold an exclusive advisory lock (``fcntl.flock``) on ``folder/.hyperplex.lock`` for the ``with`` body.
+
+    Every verb that writes a model folder takes it, so two runs never mix their files in one folder. The
+    file records the holder's pid, start time and ``command`` for the message another process gets
+    (:class:`FolderBusyError`). The kernel drops the lock when its process ends, however it ends, so a
+    killed run leaves no live lock: a lock file whose lock can be taken is stale and simply taken over.
+    Re-entrant within one process. A folder created here and left holding only the lock file is removed
+    again on the way out (a run refused before writing leaves nothing). ``ValueError`` when ``folder``
+    exists and is not a folder."""
+    folder = os.fspath(folder)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"{folder}: is a file, not a model folder")
+    key = os.path.realpath(folder)
+    if key in _HELD:
+        _HELD[key][1] += 1
+        try:
+            yield
+        finally:
+            _HELD[key][1] -= 1
+        return
+    created = not os.path.exists(folder)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise WriteError(f"{folder}: cannot create the model folder ({err.strerror or err})") from None
+    path = os.path.join(folder, LOCK_NAME)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise WriteError(f"{path}: cannot open the lock file ({err.strerror or err}); is {folder} writable?") from None
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - no flock on this platform: runs are not guarded
+        fcntl = None
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "unknown"
+            os.close(fd)
+            raise FolderBusyError(f"{folder} is in use by another hyperplex run ({holder}); wait for it to end or "
+                                  f"choose another model folder") from None
+    import datetime
+    import time
+
+    started = datetime.datetime.fromtimestamp(time.time(), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}, `{command}`, since {started}\n".encode("utf-8"), 0)
+    _HELD[key] = [fd, 1]
+    try:
+        yield
+    finally:
+        del _HELD[key]
+        if created and os.listdir(folder) == [LOCK_NAME]:
+            try:
+                os.unlink(path)
+                os.rmdir(folder)
+            except OSError:
+                pass
+        else:
+            os.ftruncate(fd, 0)
+        os.close(fd)  # releases the flock

@@ -143,8 +143,22 @@ def test_spec_of_another_architecture(tmp_path, tiny_gpt2):
         load_converted(tmp_path)
 
 
+def reseal(folder):
+    """Record the weights file's current SHA-256 in the spec (as if save_converted had written it)."""
+    from hyperplex.fileio import sha256_file
+
+    spec = json.loads((folder / SPEC_NAME).read_text())
+    spec["sha256"] = {WEIGHTS_NAME: sha256_file(folder / WEIGHTS_NAME)}
+    (folder / SPEC_NAME).write_text(json.dumps(spec))
+
+
 def test_tensor_shape_mismatch_and_missing_tensor_name_file_and_tensor(tmp_path):
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file as save_only
+
+    def save_file(tensors, path):
+        save_only(tensors, path)
+        reseal(tmp_path)
 
     m = plain_model()
     convert_linears(m, "lowrank", n=2, min_features=16)

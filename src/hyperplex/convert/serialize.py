@@ -11,13 +11,19 @@ A folder written by :func:`save_converted` holds
   ``sentence_bert_config.json``, ``1_Pooling/config.json``, the transformer's ``config.json`` …);
   tokenizer files when a tokenizer is given (a ``SentenceTransformer`` saves its own).
 
-:func:`load_converted` rebuilds the dense architecture from those files (no hub access), applies
-the spec with empty layers and loads every tensor strictly, so outputs are bit-identical. The
-folder is meant for :func:`load_converted`; ``from_pretrained`` on it would not find the dense weights.
+:func:`load_converted` treats the folder as untrusted input. Before any model is built it checks the
+spec (types, sizes, duplicate layers), that every file name in it stays inside the folder, that the folder
+holds only regular files (no FIFO, device or link out of it), the ``modules.json`` paths and module types,
+and the SHA-256 the spec records for the weights file. The skeleton is then built on the ``meta`` device
+(no dense weight of a converted layer is ever allocated), the spec applied, and every tensor assigned
+from the file strictly, so outputs are bit-identical and the peak memory of a load is about the
+converted model's size. No code from the folder is imported (``trust_remote_code`` is never passed).
+The folder is meant for :func:`load_converted`; ``from_pretrained`` on it would not find the dense weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -27,8 +33,11 @@ import tempfile
 import torch
 from torch import nn
 
-from hyperplex.convert.linears import apply_spec, conversion_spec, to_dense
-from hyperplex.fileio import atomic_write, atomic_write_bytes, atomic_write_text
+from hyperplex.convert.linears import KINDS, apply_spec, conversion_spec, to_dense
+from hyperplex.fileio import (
+    UnsafePathError, atomic_write, atomic_write_bytes, atomic_write_text, check_folder_files, inside, read_bounded,
+    sha256_file,
+)
 
 __all__ = ["save_converted", "load_converted", "SPEC_NAME", "WEIGHTS_NAME", "FORMAT", "FORMAT_VERSION", "LoadError"]
 
@@ -36,6 +45,15 @@ SPEC_NAME = "hyperplex_convert.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT = "hyperplex-converted"
 FORMAT_VERSION = 1
+#: Bounds on what a spec may hold: its size, its layer count, the size of ``modules.json``.
+MAX_SPEC_BYTES = 64 << 20
+MAX_LAYERS = 100_000
+MAX_MODULES_JSON_BYTES = 1 << 20
+#: The floating dtypes a spec's ``dtype`` may name.
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: Module types a converted SentenceTransformer's ``modules.json`` may name (classes of the installed
+#: sentence-transformers; never code shipped in the folder).
+_MODULE_PREFIX = "sentence_transformers."
 # Weight files a SentenceTransformer's own save writes; ours replace them (one file, the converted layers).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx")
 
@@ -121,7 +139,38 @@ def _sentence_transformer_weights(model: nn.Module, scratch: str) -> set[str]:
     return transformer_dirs
 
 
-def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None) -> str:
+def _sources(model: nn.Module) -> set[str]:
+    """The folders ``model`` was loaded from, as far as it records them (``load_converted``'s mark, the
+    ``name_or_path`` of every ``transformers`` model inside it)."""
+    found = set()
+    for module in model.modules():
+        for value in (getattr(module, "hyperplex_loaded_from", None),
+                      getattr(getattr(module, "config", None), "_name_or_path", None)):
+            if isinstance(value, str) and value and os.path.isdir(value):
+                found.add(os.path.realpath(value))
+    return found
+
+
+def _foreign_weights(folder: str) -> list[str]:
+    """Weight files at the top of ``folder`` that :func:`save_converted` did not write (no spec there)."""
+    if not os.path.isdir(folder) or os.path.isfile(os.path.join(folder, SPEC_NAME)):
+        return []
+    return sorted(f for f in os.listdir(folder) if f.endswith(_WEIGHT_SUFFIXES))
+
+
+def _non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Buffers outside the state dict (position ids, rotary frequencies): saved too, so a load that builds
+    the skeleton on the ``meta`` device restores them exactly instead of recomputing them."""
+    found = {}
+    for prefix, module in model.named_modules():
+        for name in getattr(module, "_non_persistent_buffers_set", ()):
+            tensor = module._buffers.get(name)
+            if tensor is not None and tensor.device.type != "meta":
+                found[f"{prefix}.{name}" if prefix else name] = tensor.detach().contiguous().cpu()
+    return found
+
+
+def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None, overwrite: bool = False) -> str:
     """Write ``model`` (converted by :func:`~hyperplex.convert.convert_linears`, or not) to ``folder``.
 
     Args:
@@ -130,6 +179,11 @@ def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None) 
             architecture passed as ``model=``).
         folder: created if missing; files already there with the same names are replaced atomically.
         tokenizer: optional ``transformers`` tokenizer saved beside the model.
+        overwrite: allow ``folder`` to be the folder ``model`` was loaded from, or a folder holding weight
+            files that :func:`save_converted` did not write (refused by default: the original would no
+            longer load as itself).
+
+    The spec records the SHA-256 of the weights file (checked by :func:`load_converted`).
 
     Returns:
         the folder path.
@@ -138,14 +192,26 @@ def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None) 
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ValueError(f"{folder}: exists and is not a folder")
     description = _describe(model)  # raises before anything is written
+    if not overwrite:
+        target = os.path.realpath(folder)
+        if target in _sources(model):
+            raise ValueError(f"{folder}: is the folder this model was loaded from; saving the converted model there "
+                             f"would replace the original's weights. Choose another folder (or pass overwrite=True)")
+        foreign = _foreign_weights(folder)
+        if foreign:
+            raise ValueError(f"{folder}: holds a model save_converted did not write ({', '.join(foreign[:3])}); "
+                             f"choose another folder (or pass overwrite=True)")
+    if any(t.device.type == "meta" for t in model.state_dict().values()):
+        raise ValueError(f"{type(model).__name__} has tensors on the meta device (no values); load its weights first")
     tensors, aliases = _deduplicated_state(model)
+    buffers = {k: v for k, v in _non_persistent_buffers(model).items() if k not in tensors}
     floating = {t.dtype for t in tensors.values() if t.is_floating_point()}
     # One floating dtype is restored by casting the rebuilt model; a mixed model is loaded as built.
     dtype = str(next(iter(floating))).removeprefix("torch.") if len(floating) == 1 else None
     spec = {
         "format": FORMAT, "version": FORMAT_VERSION, "model": description, "weights": WEIGHTS_NAME,
         "dtype": dtype,
-        "aliases": aliases, "layers": conversion_spec(model),
+        "aliases": aliases, "buffers": sorted(buffers), "layers": conversion_spec(model),
     }
     os.makedirs(folder, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".save-") as scratch:
@@ -172,152 +238,346 @@ def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None) 
             _copy_tree(tokenizer_dir, folder, lambda rel: False)
 
     from safetensors.torch import save_file
-    atomic_write(os.path.join(folder, WEIGHTS_NAME),
-                 lambda tmp: save_file(tensors, tmp, metadata={"format": "pt", "hyperplex": FORMAT}))
+
+    def write(tmp: str) -> None:
+        save_file({**tensors, **buffers}, tmp, metadata={"format": "pt", "hyperplex": FORMAT})
+        spec["sha256"] = {WEIGHTS_NAME: sha256_file(tmp)}
+    atomic_write(os.path.join(folder, WEIGHTS_NAME), write)
     # The spec last: a folder with a spec always has the weights it describes.
     atomic_write_text(os.path.join(folder, SPEC_NAME), json.dumps(spec, indent=2) + "\n")
     return folder
 
 
+def _is_int(value, minimum: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _check_layer(entry, i: int, path: str) -> None:
+    """One ``layers`` entry: the keys, their types and ranges (LoadError naming ``layers[i]`` and the key)."""
+    from hyperplex.algebra import ALGEBRAS
+
+    required = ("name", "kind", "n", "rule", "rank", "in_features", "out_features", "bias", "from_conv1d")
+    if not isinstance(entry, dict):
+        raise LoadError(f"{path}: layers[{i}] is {_short(entry)}, expected an object with keys {list(required)}")
+    missing = [k for k in required if k not in entry]
+    if missing:
+        raise LoadError(f"{path}: layers[{i}] misses key {missing[0]!r}; expected {list(required)}")
+    where = f"{path}: layers[{i}]"
+    if not isinstance(entry["name"], str) or not entry["name"]:
+        raise LoadError(f"{where}: key 'name' is {_short(entry['name'])}, expected a dotted module name")
+    if entry["kind"] not in KINDS:
+        raise LoadError(f"{where} ({entry['name']!r}): key 'kind' is {_short(entry['kind'])}; valid: {', '.join(KINDS)}")
+    for key in ("in_features", "out_features"):
+        if not _is_int(entry[key]):
+            raise LoadError(f"{where} ({entry['name']!r}): key {key!r} is {_short(entry[key])}, expected a positive integer")
+    for key in ("bias", "from_conv1d"):
+        if not isinstance(entry[key], bool):
+            raise LoadError(f"{where} ({entry['name']!r}): key {key!r} is {_short(entry[key])}, expected true or false")
+    if entry["kind"] == "phm":
+        if not _is_int(entry["n"]):
+            raise LoadError(f"{where} ({entry['name']!r}): key 'n' is {_short(entry['n'])}, expected a positive integer")
+        rules = ("learned", "custom", *ALGEBRAS)
+        if entry["rule"] not in rules:
+            raise LoadError(f"{where} ({entry['name']!r}): key 'rule' is {_short(entry['rule'])}; valid: {', '.join(rules)}")
+    elif not _is_int(entry["rank"]):
+        raise LoadError(f"{where} ({entry['name']!r}): key 'rank' is {_short(entry['rank'])}, expected a positive integer")
+
+
+def _short(value) -> str:
+    import reprlib
+
+    return reprlib.repr(value)
+
+
 def _read_spec(folder: str) -> dict:
+    """The validated spec of ``folder``: every key of the right type, layer names unique, the weights file
+    name inside the folder. LoadError naming the file and the key otherwise; nothing else is read."""
     path = os.path.join(folder, SPEC_NAME)
-    if not os.path.isdir(folder):
+    if not os.path.exists(folder):
         raise FileNotFoundError(f"{folder}: no such folder")
+    if not os.path.isdir(folder):
+        raise LoadError(f"{folder}: is a file; expected a folder written by hyperplex.convert.save_converted")
     if not os.path.isfile(path):
         raise LoadError(f"{folder}: no {SPEC_NAME}; not a folder written by hyperplex.convert.save_converted "
                         f"(found: {', '.join(sorted(os.listdir(folder))[:8]) or 'nothing'})")
     try:
-        with open(path, encoding="utf-8") as handle:
-            spec = json.load(handle)
+        raw = read_bounded(path, MAX_SPEC_BYTES)
+        text = raw.decode("utf-8")
+        spec = json.loads(text)
+    except UnsafePathError as err:
+        raise LoadError(str(err)) from None
+    except UnicodeDecodeError as err:
+        raise LoadError(f"{path}: not UTF-8 text (byte {err.start}: {raw[err.start:err.start + 1]!r})") from None
     except json.JSONDecodeError as err:
         raise LoadError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from None
+    except RecursionError:
+        raise LoadError(f"{path}: JSON nested too deeply; not a spec written by save_converted") from None
     if not isinstance(spec, dict) or spec.get("format") != FORMAT:
-        raise LoadError(f"{path}: key 'format' is {spec.get('format') if isinstance(spec, dict) else spec!r}, "
+        raise LoadError(f"{path}: key 'format' is {_short(spec.get('format') if isinstance(spec, dict) else spec)}, "
                         f"expected {FORMAT!r}")
     if spec.get("version") != FORMAT_VERSION:
-        raise LoadError(f"{path}: format version {spec.get('version')!r}; this hyperplex reads version {FORMAT_VERSION}")
+        raise LoadError(f"{path}: format version {_short(spec.get('version'))}; this hyperplex reads version "
+                        f"{FORMAT_VERSION}")
     for key in ("model", "layers", "weights"):
         if key not in spec:
             raise LoadError(f"{path}: missing key {key!r}")
-    required = ("name", "kind", "n", "rule", "rank", "in_features", "out_features", "bias", "from_conv1d")
-    for i, entry in enumerate(spec["layers"]):
-        missing = [k for k in required if k not in entry]
-        if missing:
-            raise LoadError(f"{path}: layers[{i}] misses key {missing[0]!r}; expected {list(required)}")
+    model = spec["model"]
+    if not isinstance(model, dict) or model.get("library") not in ("transformers", "sentence-transformers", "torch") \
+            or not isinstance(model.get("class"), str):
+        raise LoadError(f"{path}: key 'model' is {_short(model)}, expected {{'library': 'transformers' | "
+                        f"'sentence-transformers' | 'torch', 'class': NAME}}")
+    try:
+        inside(folder, spec["weights"], f"{path}: key 'weights'")
+    except UnsafePathError as err:
+        raise LoadError(str(err)) from None
+    if spec.get("dtype") is not None and spec["dtype"] not in DTYPES:
+        raise LoadError(f"{path}: key 'dtype' is {_short(spec['dtype'])}, expected one of {', '.join(DTYPES)} or null")
+    for key in ("aliases", "sha256"):
+        value = spec.get(key, {})
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise LoadError(f"{path}: key {key!r} is {_short(value)}, expected an object of names to strings")
+    buffers = spec.get("buffers", [])
+    if not isinstance(buffers, list) or not all(isinstance(b, str) for b in buffers):
+        raise LoadError(f"{path}: key 'buffers' is {_short(buffers)}, expected a list of tensor names")
+    layers = spec["layers"]
+    if not isinstance(layers, list):
+        raise LoadError(f"{path}: key 'layers' is {_short(layers)}, expected a list of layer objects")
+    if len(layers) > MAX_LAYERS:
+        raise LoadError(f"{path}: key 'layers' has {len(layers):,} entries, more than {MAX_LAYERS:,}")
+    seen = {}
+    for i, entry in enumerate(layers):
+        _check_layer(entry, i, path)
+        if entry["name"] in seen:
+            raise LoadError(f"{path}: layers[{i}] names layer {entry['name']!r} again (layers[{seen[entry['name']]}] "
+                            f"already does); each layer is listed once")
+        seen[entry["name"]] = i
     return spec
 
 
-def _rebuild_transformers(folder: str, description: dict) -> nn.Module:
+def _check_modules_json(folder: str) -> None:
+    """A converted SentenceTransformer's ``modules.json``: each module's ``path`` inside the folder and its
+    ``type`` a class of the installed sentence-transformers (never code shipped in the folder)."""
+    path = os.path.join(folder, "modules.json")
+    if not os.path.isfile(path):
+        raise LoadError(f"{folder}: no modules.json to rebuild the SentenceTransformer")
+    try:
+        modules = json.loads(read_bounded(path, MAX_MODULES_JSON_BYTES).decode("utf-8"))
+    except (UnsafePathError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise LoadError(f"{path}: not a modules.json ({_short(str(err))})") from None
+    if not isinstance(modules, list) or not modules:
+        raise LoadError(f"{path}: expected a non-empty list of modules, got {_short(modules)}")
+    for i, entry in enumerate(modules):
+        if not isinstance(entry, dict):
+            raise LoadError(f"{path}: entry {i} is {_short(entry)}, expected an object with 'idx', 'name', 'path', 'type'")
+        module_type = entry.get("type")
+        if not isinstance(module_type, str) or not module_type.startswith(_MODULE_PREFIX):
+            raise LoadError(f"{path}: entry {i} key 'type' is {_short(module_type)}; a converted model may use only "
+                            f"sentence-transformers' own modules ({_MODULE_PREFIX}…)")
+        name = entry.get("path", "")
+        if name == "":
+            continue
+        try:
+            inside(folder, name, f"{path}: entry {i} key 'path'")
+        except UnsafePathError as err:
+            raise LoadError(str(err)) from None
+
+
+@contextlib.contextmanager
+def _meta_transformer_modules():
+    """While active, sentence-transformers' ``Transformer`` modules build their ``transformers`` model from its
+    config on the ``meta`` device instead of loading a weights file (the converted folder has none)."""
     import transformers
+    from sentence_transformers.base.modules import transformer as st_transformer
+
+    autos = getattr(st_transformer, "TRANSFORMER_TASK_TO_AUTO_MODEL", {})
+    original = st_transformer.Transformer._load_model
+
+    def load_model(self, model_name_or_path, transformer_task, config, *args, **kwargs):
+        auto = autos.get(transformer_task, transformers.AutoModel)
+        with torch.device("meta"):
+            return auto.from_config(config)
+
+    st_transformer.Transformer._load_model = load_model
+    try:
+        yield
+    finally:
+        st_transformer.Transformer._load_model = original
+
+
+def _skeleton_transformers(folder: str, description: dict) -> nn.Module:
+    import transformers
+
     cls = getattr(transformers, description.get("class", ""), None)
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
-        raise LoadError(f"{os.path.join(folder, SPEC_NAME)}: model class {description.get('class')!r} is not a "
+        raise LoadError(f"{os.path.join(folder, SPEC_NAME)}: model class {_short(description.get('class'))} is not a "
                         f"transformers model class")
-    config_path = os.path.join(folder, "config.json")
-    if not os.path.isfile(config_path):
+    if not os.path.isfile(os.path.join(folder, "config.json")):
         raise LoadError(f"{folder}: no config.json to rebuild the {cls.__name__}")
-    config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
-    model = cls(config)
-    generation_path = os.path.join(folder, "generation_config.json")
-    if os.path.isfile(generation_path) and getattr(model, "generation_config", None) is not None:
+    config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    with torch.device("meta"):
+        model = cls(config)
+    if os.path.isfile(os.path.join(folder, "generation_config.json")) and getattr(model, "generation_config", None) is not None:
         model.generation_config = transformers.GenerationConfig.from_pretrained(folder, local_files_only=True)
     return model
 
 
-def _rebuild_sentence_transformer(folder: str) -> nn.Module:
-    """Build the dense SentenceTransformer from the saved module configs.
-
-    A SentenceTransformer's transformer module loads through ``from_pretrained``, which needs a
-    weights file; a scratch copy of the config files gets a randomly initialised dense one
-    (overwritten by :func:`load_converted` right after).
-    """
-    import transformers
+def _skeleton_sentence_transformer(folder: str) -> nn.Module:
+    """The SentenceTransformer of the folder's module configs, its ``transformers`` models on ``meta``."""
     from sentence_transformers import SentenceTransformer
 
-    modules_path = os.path.join(folder, "modules.json")
-    if not os.path.isfile(modules_path):
-        raise LoadError(f"{folder}: no modules.json to rebuild the SentenceTransformer")
-    with open(modules_path, encoding="utf-8") as handle:
-        modules = json.load(handle)
-    with tempfile.TemporaryDirectory(prefix="hyperplex-skeleton-") as scratch:
-        _copy_tree(folder, scratch, lambda rel: rel in (SPEC_NAME, WEIGHTS_NAME) or rel.startswith(".save-"))
-        for entry in modules:
-            if not entry.get("type", "").endswith("Transformer"):
-                continue
-            path = os.path.join(scratch, entry.get("path", ""))
-            config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-            transformers.AutoModel.from_config(config).save_pretrained(path)
-        return SentenceTransformer(scratch, device="cpu", local_files_only=True)
+    _check_modules_json(folder)
+    with _meta_transformer_modules():
+        return SentenceTransformer(folder, device="meta", local_files_only=True, trust_remote_code=False)
 
 
 def load_converted(folder: str | os.PathLike, model: nn.Module | None = None) -> nn.Module:
     """Rebuild a model written by :func:`save_converted`, with bit-identical weights, in eval mode.
 
     Args:
-        folder: the folder :func:`save_converted` wrote.
+        folder: the folder :func:`save_converted` wrote (untrusted: checked before use, see the module notes).
         model: the dense architecture to load into (required for a plain ``nn.Module``; for
-            ``transformers`` models and ``SentenceTransformer`` it is rebuilt from the folder's config
-            files, with no hub access). It is changed in place and returned.
+            ``transformers`` models and ``SentenceTransformer`` the skeleton is built on the ``meta`` device
+            from the folder's config files, with no hub access and no dense weights). It is changed in place
+            (only after every check passed) and returned.
 
     Raises:
-        LoadError: no spec, a malformed spec, a spec layer that does not exist in the rebuilt model
-            (a folder of another architecture), a tensor missing, unexpected or of another shape —
-            each naming the file and the layer or tensor.
+        LoadError: no spec, a malformed spec (naming the key), a file name that leaves the folder, a folder
+            entry that is not a regular file, a checksum that does not match, a spec layer that does not exist
+            in the rebuilt model, a tensor missing, unexpected or of another shape or dtype, a fixed PHM rule
+            whose stored values are not its algebra's — each naming the file and the key, layer or tensor.
     """
     folder = os.fspath(folder)
     spec = _read_spec(folder)
     spec_path = os.path.join(folder, SPEC_NAME)
+    library = spec["model"]["library"]
+    if model is None and library == "torch":
+        raise LoadError(f"{spec_path}: the model is a plain {spec['model']['class']}; pass the dense "
+                        f"architecture as load_converted(folder, model=...)")
+    try:
+        check_folder_files(folder)
+    except UnsafePathError as err:
+        raise LoadError(str(err)) from None
     weights_path = os.path.join(folder, spec["weights"])
+    if os.path.isdir(weights_path):
+        raise LoadError(f"{spec_path}: key 'weights' names {spec['weights']!r}, which is a folder, not a file")
     if not os.path.isfile(weights_path):
         raise LoadError(f"{folder}: {spec_path} names the weights file {spec['weights']!r}, which is missing")
+    expected_sha = spec.get("sha256", {}).get(spec["weights"])
+    if expected_sha is not None and sha256_file(weights_path) != expected_sha:
+        raise LoadError(f"{weights_path}: SHA-256 does not match the one {SPEC_NAME} records (key 'sha256'); the "
+                        f"file is damaged or was changed after saving")
     if model is None:
-        library = spec["model"].get("library")
-        if library == "transformers":
-            model = _rebuild_transformers(folder, spec["model"])
-        elif library == "sentence-transformers":
-            model = _rebuild_sentence_transformer(folder)
-        else:
-            raise LoadError(f"{spec_path}: the model is a plain {spec['model'].get('class')}; pass the dense "
-                            f"architecture as load_converted(folder, model=...)")
+        model = (_skeleton_transformers(folder, spec["model"]) if library == "transformers"
+                 else _skeleton_sentence_transformer(folder))
+        meta = True
+    else:
+        meta = False
+        if any(t.device.type == "meta" for t in model.state_dict().values()):
+            meta = True
+    if not meta:  # the caller's model: every check runs on a meta copy first, so a refusal leaves it unchanged
+        _prepare(copy.deepcopy(model).to("meta"), spec, spec_path, weights_path, assign=True, check_only=True)
+    _prepare(model, spec, spec_path, weights_path, assign=meta)
+    if meta:
+        left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+        if left:
+            raise LoadError(f"{weights_path}: tensor {left[0]!r} of the rebuilt {type(model).__name__} is not in the "
+                            f"file and has no value ({len(left)} such tensors)")
+    for module in model.modules():
+        if hasattr(module, "invalidate_cache"):
+            module.invalidate_cache()
+    model.hyperplex_loaded_from = os.path.realpath(folder)
+    return model.eval()
+
+
+def _prepare(model: nn.Module, spec: dict, spec_path: str, weights_path: str, assign: bool,
+             check_only: bool = False) -> None:
+    """Cast to the spec's dtype, apply its layers, check and load the tensors (:func:`_load_tensors`)."""
     if spec.get("dtype"):
-        dtype = getattr(torch, str(spec["dtype"]), None)
-        if not isinstance(dtype, torch.dtype):
-            raise LoadError(f"{spec_path}: key 'dtype' is {spec['dtype']!r}, not a torch dtype such as 'float32'")
-        model.to(dtype)
+        model.to(getattr(torch, spec["dtype"]))
     try:
         apply_spec(model, spec["layers"], where=spec_path)
     except ValueError as err:
         raise LoadError(str(err)) from None
-    _load_strict(model, weights_path, spec.get("aliases", {}))
-    return model.eval()
+    _load_tensors(model, weights_path, spec, assign=assign, check_only=check_only)
 
 
-def _load_strict(model: nn.Module, path: str, aliases: dict[str, str]) -> None:
-    from safetensors import safe_open
+def _load_tensors(model: nn.Module, path: str, spec: dict, assign: bool, check_only: bool = False) -> None:
+    """Check every stored tensor against ``model`` (names, shapes, dtypes), then load them: copied into
+    the model's tensors, or (``assign``, a ``meta`` skeleton) assigned in their place, ties restored."""
+    from safetensors import SafetensorError, safe_open
 
+    aliases, buffers = spec.get("aliases", {}), spec.get("buffers", [])
     expected = model.state_dict()
-    with safe_open(path, framework="pt") as handle:
+    extra = {}
+    for key in buffers:  # non-persistent buffers: outside the state dict, stored for a meta-built skeleton
+        owner, _, leaf = key.rpartition(".")
+        try:
+            module = model.get_submodule(owner)
+        except AttributeError:
+            module = None
+        if module is None or leaf not in getattr(module, "_non_persistent_buffers_set", ()):
+            raise LoadError(f"{path}: buffer {key!r} (key 'buffers' of the spec) has no place in the rebuilt "
+                            f"{type(model).__name__}")
+        extra[key] = module._buffers[leaf]
+    targets = {**expected, **extra}
+    try:
+        handle = safe_open(path, framework="pt")
+    except (SafetensorError, OSError) as err:
+        raise LoadError(f"{path}: not a safetensors file ({_short(str(err))})") from None
+    with handle:
         stored = set(handle.keys())
-        unexpected = sorted(stored - set(expected))
+        unexpected = sorted(stored - set(targets))
         if unexpected:
             raise LoadError(f"{path}: tensor {unexpected[0]!r} has no place in the rebuilt {type(model).__name__}"
                             f" ({len(unexpected)} such tensors); a model folder of another architecture?")
-        missing = sorted(k for k in expected if k not in stored and aliases.get(k) not in stored)
+        missing = sorted(k for k in targets if k not in stored and aliases.get(k) not in stored)
         if missing:
             raise LoadError(f"{path}: tensor {missing[0]!r} of the rebuilt {type(model).__name__} is not in the file "
                             f"({len(missing)} missing)")
-        for key, target in expected.items():
+        for key, target in targets.items():
             source = handle.get_slice(key if key in stored else aliases[key])
             shape = tuple(source.get_shape())
             if shape != tuple(target.shape):
                 raise LoadError(f"{path}: tensor {key!r} has shape {shape} in the file but {tuple(target.shape)} "
                                 f"in the rebuilt model")
             dtype = _SAFETENSORS_DTYPES.get(source.get_dtype())
-            if dtype is not None and dtype != target.dtype:  # a silent cast would break bit-identity
-                raise LoadError(f"{path}: tensor {key!r} is {dtype} in the file but {target.dtype} in the rebuilt model")
+            if dtype != target.dtype:  # a silent cast would break bit-identity
+                raise LoadError(f"{path}: tensor {key!r} is {source.get_dtype()} in the file but {target.dtype} in the "
+                                f"rebuilt model")
+        values = {key: handle.get_tensor(key) for key in stored}
+    _check_rules(values, spec["layers"], path)
+    if check_only:
+        return
+    if not assign:
         with torch.no_grad():
-            for key, target in expected.items():
-                target.copy_(handle.get_tensor(key if key in stored else aliases[key]))
-    for module in model.modules():
-        if hasattr(module, "invalidate_cache"):
-            module.invalidate_cache()
+            for key, target in targets.items():
+                target.copy_(values[key if key in stored else aliases[key]])
+        return
+    state = {key: values[key if key in stored else aliases[key]] for key in expected}
+    model.load_state_dict(state, strict=True, assign=True)
+    for key, tensor in extra.items():
+        owner, _, leaf = key.rpartition(".")
+        model.get_submodule(owner)._buffers[leaf] = values[key]
+    for alias, kept in aliases.items():  # one Parameter under both names again, as in the saved model
+        owner, _, leaf = alias.rpartition(".")
+        kept_owner, _, kept_leaf = kept.rpartition(".")
+        module, source = model.get_submodule(owner), model.get_submodule(kept_owner)
+        if leaf in module._parameters and kept_leaf in source._parameters:
+            module._parameters[leaf] = source._parameters[kept_leaf]
+
+
+def _check_rules(values: dict[str, torch.Tensor], layers: list[dict], path: str) -> None:
+    """A fixed-algebra PHM layer must hold its algebra's table (a learned rule stored under a fixed rule's
+    name would otherwise be loaded into a frozen buffer)."""
+    from hyperplex.algebra import ALGEBRAS, algebra_rule
+
+    for entry in layers:
+        if entry["kind"] != "phm" or entry["rule"] not in ALGEBRAS:
+            continue
+        rule = values.get(entry["name"] + ".phm_rule")
+        if rule is None:
+            continue  # n = 1: no rule stored under the layer (the missing-tensor check names it otherwise)
+        table = algebra_rule(entry["rule"], dtype=rule.dtype)
+        if rule.shape != table.shape or not torch.equal(rule, table):
+            raise LoadError(f"{path}: tensor {entry['name'] + '.phm_rule'!r} does not hold the {entry['rule']} table "
+                            f"the spec names (layers: rule {entry['rule']!r}); was the rule changed?")

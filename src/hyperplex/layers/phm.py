@@ -157,6 +157,8 @@ class PHMLinear(nn.Module):
             if self.rule_is_learned:
                 self.phm_rule.normal_(0.0, 1.0 / math.sqrt(self.n))
                 scale = 1.0
+            elif self.phm_rule.is_meta:  # a skeleton whose values are about to be loaded: nothing to compute
+                scale = 1.0
             else:
                 f = float(self.phm_rule.double().square().sum(0).mean())
                 scale = 1.0 / math.sqrt(f)

@@ -54,6 +54,42 @@ def test_convert_linears_activation_init_reports_both_errors():
     assert "mean output error" in str(fitted)
 
 
+@pytest.mark.parametrize("kind", ["phm", "lowrank"])
+def test_convert_linears_whitened_inits_lower_the_output_error(kind):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 16))
+    X = torch.randn(256, 16) @ (torch.randn(16, 16) * torch.logspace(0, -2, 16)[:, None])  # correlated inputs
+    run = lambda model: model(X)  # noqa: E731
+    plain = convert_linears(_copy(m), kind, n=2, min_features=1, calibrate=run)
+    whitened_model = _copy(m)
+    whitened = convert_linears(whitened_model, kind, n=2, min_features=1, init="whitened", calibrate=run)
+    als = convert_linears(_copy(m), kind, n=2, min_features=1, init="whitened_als", calibrate=run, als_sweeps=3)
+    for a, b, c in zip(plain.converted, whitened.converted, als.converted):
+        assert b.output_error_svd == pytest.approx(a.output_error, rel=1e-5)
+        assert b.output_error <= a.output_error + 1e-6
+        assert c.output_error <= b.output_error + 1e-6
+        assert (b.rank, b.params_after) == (a.rank, a.params_after)  # same structure as the SVD start
+    if kind == "lowrank":  # the whitened SVD is already the optimum: ALS has nothing to add
+        assert [r.output_error for r in als.converted] == pytest.approx([r.output_error for r in whitened.converted])
+    assert whitened.mean_output_error < plain.mean_output_error
+    torch.testing.assert_close(whitened_model[0].bias, m[0].bias)
+    assert type(whitened_model[0]).__name__ == ("PHMLinear" if kind == "phm" else "LowRankLinear")
+
+
+@pytest.mark.parametrize("init", ["whitened", "whitened_als"])
+def test_whitened_inits_need_calibration_and_change_nothing_without_it(init):
+    m = nn.Sequential(nn.Linear(16, 16))
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with pytest.raises(ValueError, match=f"init='{init}' needs calibrate="):
+        convert_linears(m, "phm", n=2, min_features=1, init=init)
+    with pytest.raises(ValueError, match="als_sweeps must be a non-negative integer"):
+        convert_linears(m, "phm", n=2, min_features=1, init=init, calibrate=lambda model: model(torch.randn(4, 16)),
+                        als_sweeps=-1)
+    assert isinstance(m[0], nn.Linear)
+    for k, v in m.state_dict().items():
+        torch.testing.assert_close(v, before[k])
+
+
 def _copy(m):
     import copy
     return copy.deepcopy(m)

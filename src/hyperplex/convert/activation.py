@@ -11,6 +11,11 @@ so the loss needs only ``F``, not the inputs. :func:`capture_inputs` accumulates
 with forward pre-hooks while a calibration callable runs the model (the dense model: every layer
 sees the teacher's inputs); :func:`refine` then runs Adam on the layer's factors (``Aᵢ``, ``Sᵢ`` or
 ``U``, ``V``; the bias is unchanged) from the SVD start and keeps the best iterate.
+
+:func:`whitened_layer` builds the layer in closed form instead (``init="whitened"`` /
+``"whitened_als"``): low-rank by the SVD of ``W S`` with ``S Sᵀ = G`` (optimal), PHM by a Kronecker-sum
+SVD whitened with a Kronecker-factored ``G ≈ G₁ ⊗ G₂``, optionally followed by alternating least squares
+on the exact objective (:mod:`hyperplex.layers.conversion` holds the algebra).
 """
 
 from __future__ import annotations
@@ -21,7 +26,15 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-__all__ = ["capture_inputs", "refine", "relative_output_error"]
+from hyperplex.layers.conversion import lowrank_from_linear_whitened, phm_from_linear_whitened
+from hyperplex.layers.phm import RuleSpec
+
+__all__ = ["capture_inputs", "refine", "relative_output_error", "whitened_layer", "WHITENED_INITS", "RIDGE"]
+
+#: ``convert_linears`` inits built by :func:`whitened_layer`; ``_als`` adds alternating least squares (PHM).
+WHITENED_INITS = ("whitened", "whitened_als")
+#: Ridge ``λ`` of the whitened fits: they use ``G + λ (tr G / d) I`` (see :func:`whitened_layer`).
+RIDGE = 1e-6
 
 
 def capture_inputs(module: nn.Module, layers: dict[str, nn.Module], calibrate: Callable[[nn.Module], object]
@@ -120,3 +133,33 @@ def refine(layer: nn.Module, weight: Tensor, factor: Tensor, steps: int = 200, l
     if hasattr(layer, "invalidate_cache"):
         layer.invalidate_cache()
     return before, relative_output_error(weight, layer.dense_weight(), factor)
+
+
+def whitened_layer(dense: nn.Module, kind: str, n: int, rank: int | None, rule: RuleSpec, factor: Tensor,
+                   als_sweeps: int = 0, ridge: float = RIDGE) -> nn.Module:
+    """A PHM or low-rank layer fitted in closed form to the output error on the calibration inputs.
+
+    Args:
+        dense: a linear-like object (``weight`` ``(out, in)``, ``bias``, ``in_features``, ``out_features``).
+        kind: ``"phm"`` (:func:`~hyperplex.layers.conversion.phm_from_linear_whitened`: Kronecker-factored
+            whitening, then ``als_sweeps`` sweeps of alternating least squares) or ``"lowrank"``
+            (:func:`~hyperplex.layers.conversion.lowrank_from_linear_whitened`, rank ``rank``: the
+            whitened SVD is already the optimum, so ``als_sweeps`` does nothing).
+        n, rank, rule: the layer's structure.
+        factor: ``F`` ``(in, r)`` from :func:`capture_inputs`; the Gram matrix is ``G = F Fᵀ``.
+        ridge: ``λ``: the fit uses ``G + λ (tr G / in) I``, so it is defined when the calibration inputs
+            span fewer than ``in`` directions; directions they never visit are fitted as the plain SVD
+            fits them, with weight ``λ``.
+
+    Returns:
+        the layer (``dense``'s dtype and device, bias copied).
+    """
+    F = factor.double()
+    gram = F @ F.T  # (in, in)
+    if kind == "phm":
+        layer, _ = phm_from_linear_whitened(dense, n, gram, rule, als_sweeps=als_sweeps, ridge=ridge)
+    elif kind == "lowrank":
+        layer, _ = lowrank_from_linear_whitened(dense, rank, gram, ridge=ridge)
+    else:
+        raise ValueError(f"unknown kind {kind!r}; valid: 'phm', 'lowrank'")
+    return layer

@@ -26,7 +26,9 @@ from hyperplex.layers.phm import PHMLinear, RuleSpec
 __all__ = ["convert_linears", "to_dense", "conversion_spec", "apply_spec", "KINDS", "INITS", "CONVERTED_FROM"]
 
 KINDS = ("phm", "lowrank")
-INITS = ("svd", "random", "activation")
+INITS = ("svd", "random", "activation", "whitened", "whitened_als")
+#: Inits that fit each layer to inputs captured while ``calibrate`` runs.
+CALIBRATED_INITS = ("activation", "whitened", "whitened_als")
 #: Attribute set on every layer :func:`convert_linears` puts in a model: ``"linear"`` or ``"conv1d"``.
 CONVERTED_FROM = "hyperplex_converted_from"
 
@@ -198,6 +200,7 @@ def convert_linears(
     init: str = "svd",
     calibrate: Callable[[nn.Module], object] | None = None,
     refine_steps: int = 200,
+    als_sweeps: int = 4,
 ) -> ConversionReport:
     """Replace ``module``'s dense layers by PHM or low-rank layers, in place.
 
@@ -216,11 +219,17 @@ def convert_linears(
         init: ``"svd"`` (Kronecker-sum SVD for PHM, truncated SVD for low-rank: the best fit in
             Frobenius norm), ``"random"`` (the layer's own init; the bias is still copied), or
             ``"activation"`` (``"svd"``, then the factors are refined to minimise ‖(W − H) X‖_F on
-            inputs captured while ``calibrate(module)`` runs; see :mod:`hyperplex.convert.activation`).
+            inputs captured while ``calibrate(module)`` runs; see :mod:`hyperplex.convert.activation`),
+            ``"whitened"`` (closed-form fit to the same error: low-rank by the SVD of ``W S`` with
+            ``S Sᵀ = Xᵀ X``, which is optimal; PHM by a Kronecker-sum SVD whitened with a
+            Kronecker-factored ``Xᵀ X ≈ G₁ ⊗ G₂``) or ``"whitened_als"`` (``"whitened"``, then
+            ``als_sweeps`` sweeps of alternating least squares on the exact error for PHM; the same
+            as ``"whitened"`` for low-rank).
         calibrate: a callable that runs ``module`` on calibration data (``calibrate(module)``), needed by
-            ``init="activation"``; with any init it makes the report carry each layer's relative
-            output error on those inputs.
+            the ``activation`` and ``whitened*`` inits; with any init it makes the report carry each
+            layer's relative output error on those inputs.
         refine_steps: Adam steps per layer for ``init="activation"``.
+        als_sweeps: alternating-least-squares sweeps per layer for ``init="whitened_als"``.
 
     Layers left dense, with the reason, are listed in the report: not matched by ``include``,
     excluded, too small, sizes ``n`` does not divide, weights tied to another module (GPT-2's
@@ -246,8 +255,10 @@ def convert_linears(
             raise ValueError(f"rank={rank} applies to kind='lowrank' only (kind={kind!r})")
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
             raise ValueError(f"rank must be a positive integer, got {rank!r}")
-    if init == "activation" and calibrate is None:
-        raise ValueError("init='activation' needs calibrate=, a callable that runs the model on calibration inputs")
+    if init in CALIBRATED_INITS and calibrate is None:
+        raise ValueError(f"init={init!r} needs calibrate=, a callable that runs the model on calibration inputs")
+    if not isinstance(als_sweeps, int) or isinstance(als_sweeps, bool) or als_sweeps < 0:
+        raise ValueError(f"als_sweeps must be a non-negative integer, got {als_sweeps!r}")
     if kind == "phm" and rule != "learned":
         PHMLinear(n, n, n, rule=rule)  # validates the rule name against n before anything changes
     rows, layers = _plan(module, kind, n, rank, _patterns(include, "include"), _patterns(exclude, "exclude"),
@@ -262,9 +273,13 @@ def convert_linears(
     for name, old in layers.items():
         row = by_name[name]
         view = _dense_view(old, row.source)
-        new, used_rank = _build(view, kind, n, rank, rule, "svd" if init == "activation" else init)
+        new, used_rank = _build(view, kind, n, rank, rule, "svd" if init in CALIBRATED_INITS else init)
         if factors is not None:
-            from hyperplex.convert.activation import refine, relative_output_error
+            from hyperplex.convert.activation import refine, relative_output_error, whitened_layer
+            if init in ("whitened", "whitened_als"):  # the same structure, fitted in closed form
+                row.output_error_svd = relative_output_error(view.weight, new.dense_weight(), factors[name])
+                new = whitened_layer(view, kind, n, used_rank, rule, factors[name],
+                                     als_sweeps=als_sweeps if init == "whitened_als" else 0)
             if init == "activation":
                 row.output_error_svd, row.output_error = refine(new, view.weight.detach(), factors[name],
                                                                 steps=refine_steps)

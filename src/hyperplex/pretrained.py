@@ -16,13 +16,16 @@ __all__ = ["MINILM", "PRETRAINED_EXTRA", "PEFT_EXTRA", "resolve_model_path"]
 MINILM = "minilm"
 #: The install line named by errors when a pretrained-model dependency is missing.
 PRETRAINED_EXTRA = 'pip install "hyperplex[pretrained]"'
+#: The spec file of a folder written by ``hyperplex.convert.save_converted`` (not loadable as a plain model).
+CONVERTED_SPEC = "hyperplex_convert.json"
 #: ... and when peft (the LoRA / LoKr rows) is missing.
 PEFT_EXTRA = 'pip install "hyperplex[peft]"'
 
 
 def resolve_model_path(path: str, key: str = "model.path") -> str:
     """The folder ``path`` names (``minilm``: the package's). ``ValueError`` naming ``key`` when it is not a
-    SentenceTransformer / transformers model folder (neither ``modules.json`` nor ``config.json``);
+    SentenceTransformer / transformers model folder (neither ``modules.json`` nor ``config.json``) or is a
+    converted folder (:data:`CONVERTED_SPEC`: its weights would all be missing when loaded as a plain model);
     ``ImportError`` with the install line when ``minilm``'s package is missing."""
     if path == MINILM:
         try:
@@ -33,6 +36,12 @@ def resolve_model_path(path: str, key: str = "model.path") -> str:
     if not os.path.isdir(path):
         raise ValueError(f"{key}: {path} is not a folder (expected a transformers or SentenceTransformer folder, "
                          f"or `minilm`)")
+    if os.path.isfile(os.path.join(path, CONVERTED_SPEC)):
+        # its weights file holds converted layers under names the dense model does not have: loaded as a
+        # plain model every dense weight would be missing (random)
+        raise ValueError(f"{key}: {path} is a converted model (it has {CONVERTED_SPEC}, written by "
+                         f"hyperplex.convert.save_converted); load it with hyperplex.convert.load_converted, or "
+                         f"give the dense model it was converted from")
     if not any(os.path.isfile(os.path.join(path, f)) for f in ("modules.json", "config.json")):
         raise ValueError(f"{key}: {path} is not a model folder (it has neither modules.json nor config.json)")
     return path

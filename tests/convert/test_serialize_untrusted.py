@@ -1,0 +1,293 @@
+"""A converted-model folder is untrusted input: nothing outside it is read or written, no code from it runs,
+a damaged or hostile spec is one LoadError naming the file and key, and the load never builds dense layers."""
+
+import hashlib
+import json
+import os
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from hyperplex.convert import LoadError, convert_linears, load_converted, save_converted
+from hyperplex.convert.serialize import SPEC_NAME, WEIGHTS_NAME
+
+SENTENCES = ["the cat sat on the mat", "a big red dog runs fast", "blue"]
+
+
+def plain_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16, bias=False), nn.Linear(16, 4))
+
+
+def snapshot(folder) -> dict[str, str]:
+    """{relative path: SHA-256} of every file under ``folder`` (the state of the disk)."""
+    found = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as handle:
+                found[os.path.relpath(path, folder)] = hashlib.sha256(handle.read()).hexdigest()
+    return found
+
+
+def edit_spec(folder, **changes):
+    spec = json.loads((folder / SPEC_NAME).read_text())
+    spec.update(changes)
+    (folder / SPEC_NAME).write_text(json.dumps(spec))
+    return spec
+
+
+@pytest.fixture
+def saved_plain(tmp_path):
+    m = plain_model()
+    convert_linears(m, "phm", n=4, min_features=16, include="0")
+    folder = tmp_path / "converted"
+    save_converted(m, folder)
+    return m, folder
+
+
+@pytest.fixture
+def saved_st(tmp_path, tiny_sentence_transformer):
+    st = tiny_sentence_transformer()
+    convert_linears(st, "phm", n=2)
+    folder = tmp_path / "st"
+    save_converted(st, folder)
+    return st, folder
+
+
+def refused_unchanged(folder, model_factory, match):
+    """load_converted(folder) raises LoadError matching ``match``; the folder and the given model are unchanged."""
+    before = snapshot(folder)
+    model = model_factory() if model_factory else None
+    state = {k: v.clone() for k, v in model.state_dict().items()} if model is not None else None
+    with pytest.raises(LoadError, match=match):
+        load_converted(folder, model=model)
+    assert snapshot(folder) == before
+    if model is not None:  # not half-changed: the same layers, the same values
+        assert all(isinstance(layer, (nn.Linear, nn.GELU)) for layer in model)
+        assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+
+
+# -- file names read from the spec stay inside the folder -----------------------------------------------------------
+@pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/passwd", "sub/../../x", 123, ""])
+def test_weights_name_outside_the_folder_or_not_a_name_is_refused(saved_plain, name):
+    _, folder = saved_plain
+    edit_spec(folder, weights=name)
+    refused_unchanged(folder, plain_model, r"hyperplex_convert.json: key 'weights'")
+
+
+def test_weights_symlink_out_of_the_folder_is_refused(saved_plain, tmp_path):
+    _, folder = saved_plain
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes((folder / WEIGHTS_NAME).read_bytes())
+    os.symlink(outside, folder / "link.safetensors")
+    edit_spec(folder, weights="link.safetensors")
+    refused_unchanged(folder, plain_model, r"key 'weights'.*outside")
+
+
+def test_weights_name_that_is_a_folder_is_called_a_folder(saved_plain):
+    _, folder = saved_plain
+    (folder / "sub").mkdir()
+    edit_spec(folder, weights="sub")
+    refused_unchanged(folder, plain_model, r"key 'weights' names 'sub', which is a folder")
+
+
+# -- FIFOs, devices, links out: refused before anything is read ------------------------------------------------------
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_fifo_and_device_link_in_the_folder_are_refused_without_blocking(saved_st):
+    _, folder = saved_st
+    os.unlink(folder / "README.md")  # the model card sentence-transformers writes
+    os.mkfifo(folder / "README.md")
+    result = {}
+
+    def run():
+        try:
+            load_converted(folder)
+        except LoadError as err:
+            result["error"] = str(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "load_converted blocked on a FIFO"
+    assert "README.md: a FIFO, not a regular file" in result["error"]
+    os.unlink(folder / "README.md")
+    os.symlink("/dev/zero", folder / "README.md")
+    with pytest.raises(LoadError, match=r"README.md: a symbolic link to /dev/zero, outside the model folder"):
+        load_converted(folder)
+
+
+# -- modules.json cannot reach another folder or import code --------------------------------------------------------
+@pytest.mark.parametrize("where", ["relative", "absolute"])
+def test_modules_json_path_outside_the_folder_writes_nothing_there(saved_st, tmp_path, tiny_bert_folder, where):
+    _, folder = saved_st
+    victim = tmp_path / "other_model"
+    victim.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (victim / name).write_bytes((tiny_bert_folder / name).read_bytes())
+    before = snapshot(victim)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[0]["path"] = "../other_model" if where == "relative" else os.fspath(victim)
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(LoadError, match=r"modules.json: entry 0 key 'path'"):
+        load_converted(folder)
+    assert snapshot(victim) == before
+
+
+def test_modules_json_type_outside_sentence_transformers_is_refused(saved_st, tmp_path):
+    _, folder = saved_st
+    marker = tmp_path / "ran"
+    (folder / "custom.py").write_text(f"open({os.fspath(marker)!r}, 'w').write('ran')\nclass Module: pass\n")
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[1]["type"] = "custom.Module"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(LoadError, match=r"modules.json: entry 1 key 'type' is 'custom.Module'"):
+        load_converted(folder)
+    assert not marker.exists()
+
+
+# -- integrity -----------------------------------------------------------------------------------------------------------
+def test_a_flipped_byte_in_the_weights_is_detected(saved_plain):
+    _, folder = saved_plain
+    data = bytearray((folder / WEIGHTS_NAME).read_bytes())
+    data[-3] ^= 0x01  # inside the last tensor's bytes: the header still parses
+    (folder / WEIGHTS_NAME).write_bytes(bytes(data))
+    refused_unchanged(folder, plain_model, r"model.safetensors: SHA-256 does not match")
+
+
+# -- malformed specs: one LoadError naming the key -----------------------------------------------------------------------
+@pytest.mark.parametrize("changes, match", [
+    ({"layers": [1, 2]}, r"layers\[0\] is 1, expected an object"),
+    ({"layers": None}, r"key 'layers' is None, expected a list"),
+    ({"dtype": "int8"}, r"key 'dtype' is 'int8', expected one of float16"),
+    ({"model": "x"}, r"key 'model' is 'x'"),
+    ({"aliases": [1]}, r"key 'aliases' is \[1\]"),
+    ({"sha256": {"model.safetensors": 5}}, r"key 'sha256'"),
+])
+def test_malformed_spec_keys_name_the_key(saved_plain, changes, match):
+    _, folder = saved_plain
+    edit_spec(folder, **changes)
+    refused_unchanged(folder, plain_model, "hyperplex_convert.json: " + match)
+
+
+def test_bad_layer_entries_name_the_entry_and_key(saved_plain):
+    _, folder = saved_plain
+    spec = json.loads((folder / SPEC_NAME).read_text())
+    layer = spec["layers"][0]
+    for key, value, match in [("n", "4", r"layers\[0\] \('0'\): key 'n' is '4'"),
+                              ("rule", "nonsense", r"key 'rule' is 'nonsense'"),
+                              ("in_features", -1, r"key 'in_features' is -1"),
+                              ("bias", "yes", r"key 'bias' is 'yes', expected true or false")]:
+        edit_spec(folder, layers=[{**layer, key: value}])
+        refused_unchanged(folder, plain_model, match)
+
+
+def test_duplicate_layer_entries_are_refused(saved_plain):
+    _, folder = saved_plain
+    spec = json.loads((folder / SPEC_NAME).read_text())
+    edit_spec(folder, layers=spec["layers"] * 1000)
+    refused_unchanged(folder, plain_model, r"layers\[1\] names layer '0' again \(layers\[0\] already does\)")
+
+
+def test_deeply_nested_and_non_utf8_specs(saved_plain):
+    _, folder = saved_plain
+    (folder / SPEC_NAME).write_text("[" * 200_000 + "]" * 200_000)
+    refused_unchanged(folder, plain_model, r"hyperplex_convert.json: (JSON nested too deeply|key 'format')")
+    (folder / SPEC_NAME).write_bytes(b'{"format": "\xff"}')
+    refused_unchanged(folder, plain_model, r"hyperplex_convert.json: not UTF-8 text \(byte 12")
+
+
+def test_a_learned_rule_relabelled_as_a_fixed_algebra_is_refused(tmp_path):
+    m = plain_model()
+    convert_linears(m, "phm", n=4, min_features=16, include="0")  # learned rule
+    save_converted(m, tmp_path)
+    spec = json.loads((tmp_path / SPEC_NAME).read_text())
+    spec["layers"][0]["rule"] = "quaternion"
+    (tmp_path / SPEC_NAME).write_text(json.dumps(spec))
+    refused_unchanged(tmp_path, plain_model, r"tensor '0.phm_rule' does not hold the quaternion table")
+
+
+def test_a_refused_folder_leaves_the_given_model_unchanged_on_a_late_error(saved_plain):
+    """The missing-tensor error comes after the spec was applied; the caller's model is still dense."""
+    from safetensors.torch import load_file, save_file
+
+    from hyperplex.fileio import sha256_file
+    _, folder = saved_plain
+    tensors = load_file(os.fspath(folder / WEIGHTS_NAME))
+    del tensors["0.phm_weight"]
+    save_file(tensors, os.fspath(folder / WEIGHTS_NAME))
+    edit_spec(folder, sha256={WEIGHTS_NAME: sha256_file(folder / WEIGHTS_NAME)})
+    refused_unchanged(folder, plain_model, r"tensor '0.phm_weight' of the rebuilt Sequential is not in the file")
+
+
+# -- saving over the source ------------------------------------------------------------------------------------------------
+def test_save_converted_refuses_the_folder_the_model_came_from(tmp_path, tiny_bert_folder):
+    transformers = pytest.importorskip("transformers")
+    source = tmp_path / "bert"
+    source.mkdir()
+    for name in os.listdir(tiny_bert_folder):
+        (source / name).write_bytes((tiny_bert_folder / name).read_bytes())
+    before = snapshot(source)
+    model = transformers.BertModel.from_pretrained(os.fspath(source))
+    convert_linears(model, "phm", n=2)
+    with pytest.raises(ValueError, match="is the folder this model was loaded from"):
+        save_converted(model, source)
+    assert snapshot(source) == before
+    model.config._name_or_path = ""  # the record lost: the foreign weights file still protects the folder
+    with pytest.raises(ValueError, match=r"holds a model save_converted did not write \(model.safetensors\)"):
+        save_converted(model, source)
+    assert snapshot(source) == before
+    save_converted(model, source, overwrite=True)  # explicit: allowed
+    assert torch.equal(load_converted(source).embeddings.word_embeddings.weight, model.embeddings.word_embeddings.weight)
+
+
+def test_a_loaded_converted_model_is_not_saved_back_over_its_folder_by_default(saved_plain):
+    m, folder = saved_plain
+    loaded = load_converted(folder, model=plain_model())
+    before = snapshot(folder)
+    with pytest.raises(ValueError, match="is the folder this model was loaded from"):
+        save_converted(loaded, folder)
+    assert snapshot(folder) == before
+
+
+# -- the load builds no dense layer it replaces -------------------------------------------------------------------------
+def test_load_allocates_no_dense_weight_of_a_converted_layer_and_is_bit_identical(saved_st, monkeypatch):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    st, folder = saved_st
+    expected = st.encode(SENTENCES, convert_to_tensor=True)
+    dense_shapes = {(64, 32), (32, 64)}  # the FFN layers (every Linear was converted; no other tensor has these)
+    real_shapes, linear_devices = [], []
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (list, tuple)) else [out]:
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    real_shapes.append(tuple(t.shape))
+            return out
+
+    original = nn.Linear.__init__
+
+    def spy_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        linear_devices.append(self.weight.device.type)
+
+    monkeypatch.setattr(nn.Linear, "__init__", spy_init)
+    with Spy():
+        loaded = load_converted(folder)
+    monkeypatch.undo()
+    assert linear_devices and set(linear_devices) == {"meta"}
+    assert not dense_shapes & set(real_shapes)
+    assert all(t.device.type == "cpu" for t in loaded.state_dict().values())
+    assert torch.equal(loaded.encode(SENTENCES, convert_to_tensor=True), expected)
+
+
+def test_a_converted_folder_is_not_taken_as_a_plain_model(saved_st):
+    from hyperplex.pretrained import resolve_model_path
+
+    _, folder = saved_st
+    with pytest.raises(ValueError, match=r"model.path: .* is a converted model .*save_converted"):
+        resolve_model_path(os.fspath(folder))

@@ -25,7 +25,8 @@ PEFT_EXTRA = 'pip install "hyperplex[peft]"'
 def resolve_model_path(path: str, key: str = "model.path") -> str:
     """The folder ``path`` names (``minilm``: the package's). ``ValueError`` naming ``key`` when it is not a
     SentenceTransformer / transformers model folder (neither ``modules.json`` nor ``config.json``) or is a
-    converted folder (:data:`CONVERTED_SPEC`: its weights would all be missing when loaded as a plain model);
+    converted folder (:data:`CONVERTED_SPEC`: its weights would all be missing when loaded as a plain model)
+    or holds a FIFO or device file;
     ``ImportError`` with the install line when ``minilm``'s package is missing."""
     if path == MINILM:
         try:
@@ -44,4 +45,27 @@ def resolve_model_path(path: str, key: str = "model.path") -> str:
                          f"give the dense model it was converted from")
     if not any(os.path.isfile(os.path.join(path, f)) for f in ("modules.json", "config.json")):
         raise ValueError(f"{key}: {path} is not a model folder (it has neither modules.json nor config.json)")
+    _check_regular_files(path, key)
     return path
+
+
+def _check_regular_files(folder: str, key: str, max_entries: int = 10_000) -> None:
+    """ValueError naming ``key`` and the entry when ``folder`` holds a FIFO, socket, device file or broken link
+    (each would hang the loader or read without end); links to regular files are followed (a Hugging Face
+    cache snapshot links into its ``blobs`` folder)."""
+    import stat
+
+    count = 0
+    for current, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            count += 1
+            if count > max_entries:
+                raise ValueError(f"{key}: {folder} holds more than {max_entries} files; not a model folder")
+            entry = os.path.join(current, name)
+            try:
+                mode = os.stat(entry).st_mode
+            except OSError:
+                raise ValueError(f"{key}: {entry} is a broken link") from None
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise ValueError(f"{key}: {entry} is {'a FIFO' if stat.S_ISFIFO(mode) else 'a device or socket'}, "
+                                 f"not a regular file; a model folder holds regular files only")

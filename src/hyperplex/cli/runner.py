@@ -8,6 +8,7 @@ import copy
 import inspect
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -20,13 +21,33 @@ from hyperplex.config.experiment import (
 
 
 
+def own_model_dir(model_dir: str | Path, verb: str):
+    """The lock every verb that writes a model folder holds (:func:`hyperplex.fileio.folder_lock`): a second
+    run into the same folder stops at once with an error naming the first one's pid and command. Under
+    torchrun only rank 0 takes it (the ranks of one run share the folder)."""
+    from hyperplex.fileio import folder_lock
+
+    if int(os.environ.get("RANK", "0") or 0) != 0:
+        return contextlib.nullcontext()
+    argv = " ".join(sys.argv[1:]) if sys.argv and os.path.basename(sys.argv[0]) in ("hyperplex", "__main__.py") else ""
+    command = f"hyperplex {argv}" if argv else f"hyperplex {verb} (pid {os.getpid()})"
+    return folder_lock(model_dir, command[:300])
+
+
 def train(config: str, overrides: list[str] | None = None, model_dir: str | None = None,
           data_root: str | None = None, resume: bool = False) -> dict:
-    """``hyperplex train``: validate the config, then train (or resume) into the model folder."""
+    """``hyperplex train``: validate the config, then train (or resume) into the model folder, which the
+    run owns while it writes (:func:`own_model_dir`)."""
+    cfg = load_experiment(config, overrides, model_dir)
+    with own_model_dir(cfg.model_dir, "train"):
+        return _train_owned(cfg, config, overrides, data_root, resume)
+
+
+def _train_owned(cfg: ExperimentConfig, config: str, overrides: list[str] | None, data_root: str | None,
+                 resume: bool) -> dict:
     from hyperplex.tasks import task_class
     from hyperplex.train.trainer import Trainer
 
-    cfg = load_experiment(config, overrides, model_dir)
     changes: list[str] = []
     if resume and (Path(cfg.model_dir) / "config.yaml").is_file():
         # The saved config is the run's; only budget keys may change (anything else is refused, by name).
@@ -53,9 +74,10 @@ def compress(config: str, overrides: list[str] | None = None, model_dir: str | N
     if cfg.data.task != "distillation":
         raise ValueError(f"{config}: compress needs a config with data.task: distillation (this one has "
                          f"{cfg.data.task!r}); use `hyperplex train` for it")
-    metrics = train(config, overrides, model_dir, data_root, resume)
-    _, _, model = load_model(cfg.model_dir, "best", data_root, read_data=False)
-    save_converted(model.encoder, Path(cfg.model_dir) / "student")
+    with own_model_dir(cfg.model_dir, "compress"):  # held from training to the student's last file
+        metrics = train(config, overrides, model_dir, data_root, resume)
+        _, _, model = load_model(cfg.model_dir, "best", data_root, read_data=False)
+        save_converted(model.encoder, Path(cfg.model_dir) / "student")
     return metrics
 
 
@@ -144,8 +166,9 @@ def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str |
     info = checkpoint_info(path)  # header only: "not a hyperplex checkpoint" before anything else is read
     cfg, source = _model_config(model_dir, path, info)
     log = logger or logging.getLogger("hyperplex.inference")
-    task = build_task(cfg, model_dir, data_root or default_data_root(), log)
     record = info["extra"].get("task")
+    _check_recorded_files(record, model_dir, path)
+    task = build_task(cfg, model_dir, data_root or default_data_root(), log)
     task.checkpoint_record = record if isinstance(record, dict) else None
     if read_data or not hasattr(task, "load_vocabularies"):
         task.prepare(fresh=False)
@@ -159,6 +182,23 @@ def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str |
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.training.device != "cpu" else "cpu")
     model.to(device).eval()
     return cfg, task, model
+
+
+def _check_recorded_files(record, model_dir: Path, path: Path) -> None:
+    """The vocabulary file names a checkpoint header records (``extra.task.files``) must be plain names inside
+    the model folder: a header is untrusted input, and ``../`` or an absolute path would read elsewhere."""
+    from hyperplex.fileio import inside
+
+    files = record.get("files") if isinstance(record, dict) else None
+    if files is None:
+        return
+    if not isinstance(files, dict):
+        raise ValueError(f"{path}: header key extra.task.files is not an object of vocabulary files")
+    for name, entry in files.items():
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: header key extra.task.files.{name} is not an object of file names")
+        for kind, file in entry.items():
+            inside(model_dir, file, f"{path}: header key extra.task.files.{name}.{kind}")
 
 
 @contextlib.contextmanager
@@ -213,6 +253,9 @@ def _evaluate_split(cfg: ExperimentConfig, task, model, split: str, progress: bo
             raise ValueError("--split train is not supported for translation (references are not kept)")
         task.dev_set = task.train_set
     elif split != "dev":  # a file (or parallel prefix) in the task's format, e.g. a held-out test split
+        if not hasattr(task, "use_evaluation_file"):
+            raise ValueError(f"--split {split}: a {cfg.data.task} model is scored on its validation data only "
+                             f"(--split dev)")
         task.use_evaluation_file(split)
     metrics = score(cfg, task, model, progress)
     return metrics | {f"{name}_signature": sig for name, sig in getattr(task, "signatures", {}).items()}
@@ -320,6 +363,20 @@ def params(config: str, overrides: list[str] | None = None, vocab_size: int | No
     return table + ("\n\n" + describe() if callable(describe) else "")
 
 
+def _check_average_output(out: Path, paths: list[Path]) -> None:
+    """The averaged file may not replace one of its inputs, nor a checkpoint a training run's index names
+    (``best``/``last``/``best-N``, listed in ``checkpoints.json``): the index would describe another file."""
+    from hyperplex.train.checkpoint import BEST, LAST, CheckpointManager
+
+    target = os.path.realpath(out)
+    if any(os.path.realpath(p) == target for p in paths):
+        raise ValueError(f"-o {out}: is one of the checkpoints being averaged; write the average to another file")
+    index = out.parent / CheckpointManager.INDEX
+    if index.is_file() and (out.name in (BEST, LAST) or (out.name.startswith("best-") and out.suffix == ".safetensors")):
+        raise ValueError(f"-o {out}: a checkpoint the training run in {out.parent} manages ({index.name}); write the "
+                         f"average to another file, e.g. {out.parent / 'averaged.safetensors'}")
+
+
 def average(inputs: list[str], output: str) -> Path:
     """``hyperplex average``: average the weights of checkpoints (files, or every best-*.safetensors of a folder)."""
     from hyperplex.train.checkpoint import average_checkpoints, save_model_weights
@@ -336,9 +393,10 @@ def average(inputs: list[str], output: str) -> Path:
             paths.append(p)
         else:
             raise FileNotFoundError(f"checkpoint not found: {p}")
-    state = average_checkpoints(paths)
     out = Path(output)
     if out.is_dir():
         out = out / "averaged.safetensors"
+    _check_average_output(out, paths)
+    state = average_checkpoints(paths)
     save_model_weights(out, state, {"averaged_from": json.dumps([str(p) for p in paths])})
     return out

@@ -317,3 +317,40 @@ def test_a_subset_of_metrics_and_the_help(setup, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "score-encoder" in capsys.readouterr().out
+
+
+def test_hostile_folders_are_refused_and_nothing_outside_them_changes(setup, compressed, tmp_path, capsys):
+    """A student folder whose modules.json points at another model, a FIFO in a student, a converted folder
+    given as the teacher, `evaluate --split FILE` on a compress folder: one line each, no file changed."""
+    import hashlib
+
+    def snapshot(folder):
+        return {os.path.relpath(os.path.join(r, f), folder): hashlib.sha256(open(os.path.join(r, f), "rb").read()).hexdigest()
+                for r, _, fs in os.walk(folder) for f in fs}
+
+    teacher, data, folders = setup
+    common = ["--data-root", os.fspath(data), *PROBE, "--json", os.fspath(tmp_path / "out.json")]
+    victim = tmp_path / "victim"
+    shutil.copytree(teacher, victim)
+    before = snapshot(victim)
+    hostile = tmp_path / "hostile"
+    shutil.copytree(folders["phm2"], hostile)
+    modules = json.loads((hostile / "modules.json").read_text())
+    modules[0]["path"] = "../victim"
+    (hostile / "modules.json").write_text(json.dumps(modules))
+    message = one_error(capsys, [os.fspath(hostile), "--teacher", os.fspath(teacher), *common])
+    assert "modules.json: entry 0 key 'path'" in message and "steps out of" in message
+    assert snapshot(victim) == before
+    if hasattr(os, "mkfifo"):
+        fifo = tmp_path / "fifo"
+        shutil.copytree(folders["phm2"], fifo)
+        os.mkfifo(fifo / "notes.md")
+        assert "notes.md: a FIFO, not a regular file" in one_error(
+            capsys, [os.fspath(fifo), "--teacher", os.fspath(teacher), *common])
+    message = one_error(capsys, [os.fspath(folders["phm2"]), "--teacher", os.fspath(folders["phm1"]), *common])
+    assert "is a converted model" in message and "load_converted" in message
+    assert not (tmp_path / "out.json").exists()
+    before = snapshot(compressed)
+    assert main(["evaluate", os.fspath(compressed), "--split", os.fspath(data / "dev.txt"),
+                 "--data-root", os.fspath(data)]) == 1
+    assert "--split" in capsys.readouterr().err and snapshot(compressed) == before

@@ -92,9 +92,15 @@ def find_student(argument: str) -> Student:
         raise ValueError(f"STUDENT {argument}: is a file; {expected}")
     spec_path = path / SPEC_NAME
     if spec_path.is_file():
-        try:
-            library = json.loads(spec_path.read_text(encoding="utf-8")).get("model", {}).get("library")
-        except (json.JSONDecodeError, AttributeError):
+        from hyperplex.convert.serialize import MAX_SPEC_BYTES
+        from hyperplex.fileio import UnsafePathError, check_folder_files, read_bounded
+
+        try:  # a FIFO or a link out of the folder would hang or read elsewhere: refused before anything is read
+            check_folder_files(path)
+            library = json.loads(read_bounded(spec_path, MAX_SPEC_BYTES).decode("utf-8")).get("model", {}).get("library")
+        except UnsafePathError as err:
+            raise ValueError(f"STUDENT {argument}: {err}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, AttributeError):
             raise ValueError(f"STUDENT {argument}: {spec_path} is not a save_converted spec (invalid JSON)") from None
         if library != "sentence-transformers":
             raise ValueError(f"STUDENT {argument}: {spec_path} holds a {library} model, not a SentenceTransformer; "

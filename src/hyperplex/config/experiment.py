@@ -52,6 +52,17 @@ class DataConfig:
         "help": "how `dev_fraction` is carved (classification): random = random examples; sentences = SST-2 style "
                 "phrase files: validation is drawn from the whole sentences (texts inside no other text of the "
                 "file) and every training text contained in a validation sentence is dropped (no leak)"})
+    exclude: list[str] = field(default_factory=list, metadata={
+        "help": "distillation: evaluation files whose sentences are never trained on (text, one per line; .jsonl: "
+                "the question/answer/premise/hypothesis/sentence/text fields; .tsv: the sentence or text column), "
+                "relative to the data root. A training sentence equal to one of them or to a dev sentence, compared "
+                "after folding case, accents and spacing as an uncased BERT tokenizer does, is dropped and counted "
+                "in train.log"})
+    leak_check: Literal["drop", "error"] = field(default="drop", metadata={
+        "help": "distillation: what a training sentence equal (after that folding) to a sentence of the `dev` file "
+                "or an `exclude` file does: drop = removed from training and counted in train.log; error = the run "
+                "stops before training, naming the file and line (for a corpus meant to be clean, e.g. one "
+                "written by `hyperplex corpus`)"})
     max_train_examples: int = field(default=0, metadata={"help": "use only this many training examples (a seeded "
                                                               "random subset, reported in train.log); 0 = all"})
     tokenizer: Literal["word", "char", "bpe", "unigram"] = field(

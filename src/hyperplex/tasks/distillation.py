@@ -1,9 +1,13 @@
 """Distillation: heal a converted pretrained encoder by matching its teacher's sentence embeddings.
 
 Data: plain text, one sentence per line (``data.train``; ``data.dev``, or ``data.dev_fraction`` of train
-carved with ``data.split_seed``). Blank lines are skipped. A dev sentence that also occurs in train is
-dropped from train (the count is logged), so the dev cosine is measured on sentences the student never
-trained on; the dev file itself is never changed.
+carved with ``data.split_seed``). Blank lines are skipped. The training file is streamed, never held: the
+task keeps the byte offsets of its lines (:class:`~hyperplex.data.lines.LineIndex`) and each batch is read
+and tokenised when the trainer asks for it, so a corpus of 500,000 sentences costs a few MB. A training
+sentence equal to a dev sentence or to a sentence of a ``data.exclude`` file, compared after
+:func:`~hyperplex.data.corpus.normalize_text` (case, accents and spacing folded as the uncased tokenizer
+folds them), is dropped from train and counted in the log (``data.leak_check: error``: refused instead),
+so the dev cosine is measured on sentences the student never trained on; the files are never changed.
 
 The teacher (the unconverted model at ``model.path``) is frozen and kept on the task, not in the model,
 so checkpoints hold only the student. Each batch is ``training.batch_size`` sentences (``num_tokens`` =
@@ -16,10 +20,13 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from hyperplex.data.corpus import HeldOut, evaluation_sentences
 from hyperplex.data.datasets import Batch
+from hyperplex.data.lines import LazyBatches, LineIndex
 from hyperplex.data.readers import DataError, read_lines
 from hyperplex.tasks.common import carve_seed, data_file, split_off
 from hyperplex.train.task import Task
@@ -68,37 +75,75 @@ class DistillationTask(Task):
     def prepare(self, fresh: bool) -> None:
         data = self.cfg.data
         train_path = data_file(data.train, self.data_root, key="data.train")
-        train, _ = _sentences(train_path, "data.train")
+        lines = LineIndex(train_path)  # byte offsets only: the sentences stay in the file
+        positions = np.arange(len(lines))
+        held, carved = HeldOut(), HeldOut()
         if data.dev:
             dev_path = data_file(data.dev, self.data_root, key="data.dev")
             dev, _ = _sentences(dev_path, "data.dev")
+            held.add(dev, f"data.dev {dev_path}")
         elif data.dev_fraction > 0:
-            train, dev = split_off(train, data.dev_fraction, carve_seed(self.cfg, self.model_dir, fresh))
+            kept, dev_positions = split_off(list(range(len(lines))), data.dev_fraction,
+                                            carve_seed(self.cfg, self.model_dir, fresh))
+            positions, dev = np.asarray(kept), [lines[i] for i in dev_positions]
+            carved.add(dev, "the dev sentences carved from it")
         else:
             raise DataError("data.dev or data.dev_fraction is required: distillation validates on held-out sentences")
-        held_out = set(dev)
-        overlap = [s for s in train if s in held_out]
-        if overlap:
-            train = [s for s in train if s not in held_out]
-            self.log.info(f"dropped {len(overlap)} training sentence(s) that also occur in the dev sentences")
-        if not train:
-            raise DataError(f"data.train: every sentence of {train_path} also occurs in the dev sentences")
-        self.train_set, self.dev_set = train, dev
+        for i, name in enumerate(data.exclude):
+            path = data_file(name, self.data_root, key=f"data.exclude[{i}]")
+            held.add(evaluation_sentences(path), f"data.exclude {path}")
+        positions = self._drop_held_out(lines, positions, held, carved, strict=data.leak_check == "error")
+        if not len(positions):
+            raise DataError(f"data.train: every sentence of {train_path} is a dev or evaluation sentence")
+        self.train_set, self.dev_set = lines.select(positions), dev
         self.load_vocabularies()
-        self.log.info(f"distillation: {len(train)} training and {len(dev)} dev sentences; teacher "
+        self.log.info(f"distillation: {len(self.train_set)} training sentences (streamed from {train_path}) and "
+                      f"{len(dev)} dev sentences; teacher "
                       f"{self.cfg.model.path}; loss {self.cfg.model.distill_loss}")
+
+    def _drop_held_out(self, lines: LineIndex, positions: np.ndarray, held: HeldOut, carved: HeldOut,
+                       strict: bool) -> np.ndarray:
+        """``positions`` without the lines whose normalised text ``held`` or ``carved`` holds; logs how many
+        went per file. ``strict``: a line ``held`` holds is a DataError naming the file, line and source."""
+        if not len(held) and not len(carved):
+            return positions
+        keep = np.ones(len(positions), dtype=bool)
+        counts: dict[str, int] = {}
+        for j, position in enumerate(positions.tolist()):
+            text = lines[position]
+            source = held.source(text) if len(held) else None
+            if source and strict:
+                raise DataError(f"{text[:80]!r} is an evaluation sentence (it occurs in {source}, compared after "
+                                f"folding case, accents and spacing), and data.leak_check: error says this file "
+                                f"holds none; rebuild it without them (e.g. hyperplex corpus --exclude) or set "
+                                f"data.leak_check: drop", lines.path, lines.line_number(position))
+            source = source or (carved.source(text) if len(carved) else None)
+            if source:
+                keep[j] = False
+                counts[source] = counts.get(source, 0) + 1
+        if counts:
+            detail = "; ".join(f"{n} of {source}" for source, n in counts.items())
+            self.log.info(f"dropped {int((~keep).sum())} training sentence(s) equal to a dev or evaluation sentence "
+                          f"(compared after folding case, accents and spacing as the uncased tokenizer does): {detail}")
+        return positions[keep]
 
     def _batch(self, sentences: list[str], indices: list[int]) -> Batch:
         from hyperplex.convert.student import tokenize
 
         return Batch(tokenize(self.teacher, sentences), indices, len(sentences))
 
-    def train_batches(self, epoch: int) -> list:
+    def train_batches(self, epoch: int) -> LazyBatches:
+        """The batches of ``epoch``: ``training.batch_size`` training sentences each, in an order shuffled by
+        (``seed``, epoch); a lazy sequence whose batches are read from the file and tokenised when indexed."""
+        cached = getattr(self, "_epoch_batches", None)
+        if cached is not None and cached[0] == epoch:
+            return cached[1]
         order = list(range(len(self.train_set)))
         random.Random(self.cfg.seed * 1_000_003 + epoch).shuffle(order)
-        size = self.cfg.training.batch_size
-        return [self._batch([self.train_set[i] for i in chunk], chunk)
-                for chunk in (order[i:i + size] for i in range(0, len(order), size))]
+        batches = LazyBatches(order, self.cfg.training.batch_size,
+                              lambda chunk: self._batch([self.train_set[i] for i in chunk], chunk))
+        self._epoch_batches = (epoch, batches)
+        return batches
 
     # -- model ----------------------------------------------------------------
     def build_model(self) -> nn.Module:

@@ -1,0 +1,125 @@
+"""The data side of the distillation task: the training file is streamed (an index of line offsets and
+batches tokenised on demand), and training sentences equal to dev or evaluation sentences after
+tokenizer-style normalisation are dropped and counted, or refused under data.leak_check: error."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import random
+
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("sentence_transformers")
+pytest.importorskip("transformers")
+
+from hyperplex.config.experiment import load_experiment
+from hyperplex.data.lines import LazyBatches, LineIndex
+from hyperplex.data.readers import DataError
+from hyperplex.tasks import build_task
+
+from conftest import TINY_BERT_WORDS as WORDS, write_tiny_bert, write_tiny_sentence_transformer
+
+
+@pytest.fixture(scope="module")
+def teacher_folder(tmp_path_factory):
+    bert = tmp_path_factory.mktemp("bert")
+    write_tiny_bert(bert)
+    folder = tmp_path_factory.mktemp("teacher")
+    write_tiny_sentence_transformer(folder, bert)
+    return folder
+
+
+def sentences(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(count)]
+
+
+def task_for(tmp_path, teacher, train: list[str], dev: list[str] | None, **data):
+    train_file = tmp_path / "train.txt.gz"
+    train_file.write_bytes(gzip.compress(("\n".join(train) + "\n").encode()))
+    raw_data = {"task": "distillation", "train": str(train_file), **data}
+    if dev is not None:
+        (tmp_path / "dev.txt").write_text("\n".join(dev) + "\n")
+        raw_data["dev"] = str(tmp_path / "dev.txt")
+    raw = {"name": "stream", "seed": 3, "model_dir": str(tmp_path / "m"), "data": raw_data,
+           "model": {"architecture": "pretrained_student", "path": str(teacher), "kind": "none"},
+           "training": {"batch_size": 4, "max_steps": 5, "num_threads": 1, "progress_bar": False, "plots": False,
+                        "device": "cpu"}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    cfg = load_experiment(path)
+    return build_task(cfg, cfg.model_dir, None, logging.getLogger("test_distillation_data"))
+
+
+def test_the_corpus_is_streamed_and_batches_are_the_eager_ones(tmp_path, teacher_folder):
+    train = sentences(30, 1)
+    task = task_for(tmp_path, teacher_folder, train, sentences(5, 2))
+    task.prepare(fresh=True)
+    assert isinstance(task.train_set, LineIndex) and list(task.train_set) == train
+    batches = task.train_batches(1)
+    assert isinstance(batches, LazyBatches) and len(batches) == 8 and task.train_batches(1) is batches
+    # the order of the eager implementation: positions shuffled by Random(seed * 1_000_003 + epoch)
+    order = list(range(30))
+    random.Random(3 * 1_000_003 + 1).shuffle(order)
+    eager = [task._batch([train[i] for i in order[k:k + 4]], order[k:k + 4]) for k in range(0, 30, 4)]
+    for lazy, expected in zip(batches[0:8], eager):
+        assert lazy.indices == expected.indices and torch.equal(lazy["input_ids"], expected["input_ids"])
+    assert [b.num_tokens for b in batches[:]] == [4] * 7 + [2]
+    assert [i for b in task.train_batches(2) for i in b.indices] != order  # another epoch, another order
+
+
+def test_dev_sentences_are_dropped_after_normalising(tmp_path, teacher_folder, caplog):
+    dev = ["the cat sat on the mat", "a dog runs"]
+    train = ["THE cat  sat on the MAT", "the cat sat on the mat .", "a big dog", "  A Dog   Runs ", "red film"]
+    task = task_for(tmp_path, teacher_folder, train, dev)
+    with caplog.at_level(logging.INFO, logger="test_distillation_data"):
+        task.prepare(fresh=True)
+    # the upper-cased and the space-doubled copies go; a copy with a full stop is another sentence
+    assert list(task.train_set) == ["the cat sat on the mat .", "a big dog", "red film"]
+    assert "dropped 2 training sentence(s) equal to a dev or evaluation sentence" in caplog.text
+    assert "2 of data.dev" in caplog.text
+
+
+def test_exclude_files_and_a_carved_dev_split(tmp_path, teacher_folder, caplog):
+    wikiqa = tmp_path / "eval.jsonl"
+    wikiqa.write_text(json.dumps({"qid": 1, "question": "Is the film good ?", "answer": "a very bad film",
+                                  "label": 1}) + "\n")
+    sst = tmp_path / "eval.tsv"
+    sst.write_text("sentence\tlabel\nsmall red cat \t1\n")
+    train = sentences(20, 5) + ["is the film good?", "A very bad film", "Small red CAT"]
+    task = task_for(tmp_path, teacher_folder, train, None, dev_fraction=0.2, exclude=[str(wikiqa), str(sst)])
+    with caplog.at_level(logging.INFO, logger="test_distillation_data"):
+        task.prepare(fresh=True)
+    kept = list(task.train_set)
+    assert not {"is the film good?", "A very bad film", "Small red CAT"} & set(kept)
+    assert len(task.dev_set) == 5 and not set(task.dev_set) & set(kept)
+    # the carve comes first: an evaluation sentence carved into dev is not in train to be dropped
+    from_wikiqa = len({"is the film good?", "A very bad film"} - set(task.dev_set))
+    from_sst = len({"Small red CAT"} - set(task.dev_set))
+    assert from_wikiqa + from_sst >= 1 and len(kept) == 23 - 5 - from_wikiqa - from_sst
+    assert (f"{from_wikiqa} of data.exclude {wikiqa}" in caplog.text) == bool(from_wikiqa)
+    assert (f"{from_sst} of data.exclude {sst}" in caplog.text) == bool(from_sst)
+
+
+def test_strict_leak_check_names_the_file_and_line(tmp_path, teacher_folder):
+    train = ["a good film", "the dog is fast", "The  DOG is fast", "red mat"]
+    task = task_for(tmp_path, teacher_folder, train, ["the dog is FAST"], leak_check="error")
+    with pytest.raises(DataError, match=r"train\.txt\.gz, line 2: 'the dog is fast' is an evaluation sentence "
+                                        r"\(it occurs in data\.dev .*dev\.txt"):
+        task.prepare(fresh=True)
+    clean = task_for(tmp_path, teacher_folder, ["a good film", "red mat"], ["the dog is fast"], leak_check="error")
+    clean.prepare(fresh=True)
+    assert list(clean.train_set) == ["a good film", "red mat"]
+
+
+def test_an_all_held_out_corpus_and_a_missing_exclude_file(tmp_path, teacher_folder):
+    task = task_for(tmp_path, teacher_folder, ["a dog runs", "A DOG RUNS"], ["a dog runs"])
+    with pytest.raises(DataError, match="every sentence of .*train.txt.gz is a dev or evaluation sentence"):
+        task.prepare(fresh=True)
+    task = task_for(tmp_path, teacher_folder, ["a dog runs"], ["red mat"], exclude=["missing.jsonl"])
+    with pytest.raises(DataError, match=r"data\.exclude\[0\]: file not found: missing\.jsonl"):
+        task.prepare(fresh=True)

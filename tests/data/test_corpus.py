@@ -18,7 +18,8 @@ FILES = {
     "snli_1.0/dev.tok.jsonl.gz": [
         '{"premise": "A man sleeps .", "hypothesis": "A man is awake .", "label": "contradiction"}',
         '{"premise": "A man sleeps .", "hypothesis": "Nobody sleeps .", "label": "neutral"}'],
-    "tatoeba_en_fr/train.en.gz": ["Hello!", "hello !", "I like tea.", "Where is the station?"],
+    "tatoeba_en_fr/train.en.gz": ["Hello!", "hello !", "I like tea.", "Where is the station?",
+                                  "Where is the station!!"],
     "tatoeba_en_fr/dev.en.gz": ["WHERE  is the  station ?"],
     "imdb/train.tsv.gz": ["label\trating\tid\ttext",
                           "1\t9\tpos_0\tGreat film.<br /><br />Mr. Smith was superb! I cried &amp; laughed. 12345"],
@@ -36,7 +37,7 @@ FILES = {
 }
 
 #: (name, read, kept, duplicates, evaluation, unusable) of FILES, sources in order.
-EXPECTED = [("snli", 4, 3, 1, 0, 0), ("tatoeba", 4, 2, 1, 1, 0), ("imdb", 4, 3, 0, 0, 1), ("wikiqa", 4, 3, 1, 0, 0),
+EXPECTED = [("snli", 4, 3, 1, 0, 0), ("tatoeba", 5, 2, 1, 2, 0), ("imdb", 4, 3, 0, 0, 1), ("wikiqa", 4, 3, 1, 0, 0),
             ("shakespeare_modern", 1, 1, 0, 0, 0), ("shakespeare_original", 2, 2, 0, 0, 0),
             ("multi30k", 4, 0, 1, 3, 0)]  # "Two dogs play." came first (Shakespeare, other case)
 KEPT = {"A man sleeps .", "A man is awake .", "Nobody sleeps .", "Hello!", "I like tea.", "Great film.",
@@ -99,18 +100,20 @@ def test_counts_per_source_dedup_and_normalised_exclusion(data_root):
     got = [(s.name, s.read, s.kept, s.duplicates, s.evaluation, s.unusable) for s in report.sources]
     assert got == EXPECTED
     assert set(sentences) == KEPT and len(sentences) == report.sentences == 14 and not report.fallback_used
-    # nothing kept equals an evaluation sentence after normalising; each dropped one did
-    held_out = {normalize_text(t) for path in ("tatoeba_en_fr/dev.en.gz", "wikiqa/dev.jsonl.gz",
-                                                "multi30k_en_de/val.en.gz", "sst2/train.tsv.gz")
-                for t in evaluation_sentences(data_root / path)}
-    assert not {normalize_text(s) for s in sentences} & held_out
+    # nothing kept equals an evaluation sentence in its letters and digits ("Where is the station!!" went too)
+    def letters(text):
+        return "".join(c for c in normalize_text(text) if c.isalnum())
+
+    held_out = {letters(t) for path in ("tatoeba_en_fr/dev.en.gz", "wikiqa/dev.jsonl.gz", "multi30k_en_de/val.en.gz",
+                                        "sst2/train.tsv.gz") for t in evaluation_sentences(data_root / path)}
+    assert not {letters(s) for s in sentences} & held_out
     assert [e["sentences"] for e in report.excludes] == [1, 2, 1, 2]
     # an extra --exclude file removes its sentences too (here: one SNLI and one IMDb sentence)
     extra = data_root / "extra.txt"
     extra.write_text("NOBODY sleeps.\ngreat   film .\n")
     fewer, report = build_corpus(data_root, excludes=[str(extra)], min_sentences=10)
     assert set(fewer) == KEPT - {"Nobody sleeps .", "Great film."}
-    assert [s.evaluation for s in report.sources][:3] == [1, 1, 1]
+    assert [s.evaluation for s in report.sources][:3] == [1, 2, 1]
 
 
 def test_fallback_only_below_the_minimum_and_too_few_is_an_error(data_root):

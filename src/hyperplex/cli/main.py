@@ -203,11 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read SNLI premises and hypotheses, Tatoeba English (train), IMDb reviews split into "
         "sentences, WikiQA train questions and answers, Shakespeare (modern and original, train) and Multi30k "
         "English (train) from the data root (the Linzen agreement prefixes too, only when those give fewer than "
-        "--min-sentences); drop duplicates and every sentence of the evaluation files (compared after folding "
-        "case, accents and spacing as MiniLM's uncased tokenizer does); shuffle with --shuffle-seed, so any "
+        "--min-sentences); drop duplicates (compared after folding case, accents and spacing as MiniLM's uncased "
+        "tokenizer does) and every sentence whose letters and digits, so folded, are those of a sentence of an "
+        "evaluation file (punctuation and spacing ignored); shuffle with --shuffle-seed, so any "
         "prefix is a sample of every source; write OUT (one sentence per line, gzip if it ends .gz) and a JSON "
-        "report of the counts per source beside it (OUT without .gz/.txt + .report.json). The default evaluation files, "
-        "always removed: tatoeba_en_fr/dev.en.gz, wikiqa/dev.jsonl.gz, multi30k_en_de/val.en.gz and every row "
+        "report of the counts per source beside it (OUT without .gz/.txt + .report.json). The default evaluation "
+        "files, always removed: tatoeba_en_fr/dev.en.gz, wikiqa/dev.jsonl.gz, multi30k_en_de/val.en.gz and every row "
         "of sst2/train.tsv.gz (which is therefore no source). A missing file, or too few sentences, is one error "
         "and nothing is written. Use OUT as data.train of a distillation config. See docs/compress.md.")
     corpus.add_argument("out", metavar="OUT", help="the corpus file to write, e.g. corpus/distill.txt.gz")

@@ -3,17 +3,21 @@ evaluation sentence.
 
 :func:`build_corpus` reads the sources of :data:`SOURCES` (SNLI premises and hypotheses, Tatoeba English,
 IMDb reviews split into sentences, WikiQA questions and answers, Shakespeare, Multi30k captions), drops
-sentences that :func:`normalize_text` makes equal to one seen before (duplicates) or to a sentence of an
-evaluation file (:data:`DEFAULT_EXCLUDES` plus any given), and shuffles the rest with a fixed seed, so any
-prefix of the output is a sample of every source. :func:`write_corpus` writes it (one sentence per line,
-gzip when the name ends ``.gz``, byte-identical for the same inputs) and a JSON report beside it.
+sentences that :func:`normalize_text` makes equal to one seen before (duplicates), and those whose letters
+and digits (after that folding) are those of a sentence of an evaluation file (:data:`DEFAULT_EXCLUDES`
+plus any given), so no evaluation sentence survives in another case, spacing, punctuation or
+tokenisation (``It's dangerous.`` / ``It's dangerous!``, ``do n't`` / ``don't``); it shuffles the rest
+with a fixed seed, so any prefix of the output is a sample of every source. :func:`write_corpus` writes
+it (one sentence per line, gzip when the name ends ``.gz``, byte-identical for the same inputs) and a JSON
+report beside it.
 
 SST-2 is an exclusion file, not a source: the SST-2 probe draws its sentences from that file, and every
 other row of it is a phrase cut from one of those sentences, so no row of it is clean training text.
 
-:func:`normalize_text` is the comparison key used everywhere evaluation sentences are kept out of
-training text (also by the distillation task): case, accents, Unicode compatibility forms, punctuation
-spacing and whitespace are folded the way BERT's uncased tokenizer folds them before it splits words.
+:func:`normalize_text` is the comparison key of the distillation task's check of its training text
+against evaluation sentences (:class:`HeldOut`): case, accents, Unicode compatibility forms, punctuation
+spacing and whitespace are folded the way BERT's uncased tokenizer folds them before it splits words. The
+corpus build's exclusion is coarser still, so a corpus it wrote passes that check.
 """
 
 from __future__ import annotations
@@ -346,9 +350,11 @@ def build_corpus(data_root: str | os.PathLike, excludes: Sequence[str | os.PathL
 
     Every source and exclusion file (``default_excludes`` plus ``excludes``; relative names are read
     from ``data_root``) is checked to exist before anything is read, and a missing one is one
-    :class:`~hyperplex.data.readers.DataFileNotFoundError` naming it. A sentence is kept in the form it
-    first occurs (sources in order); ``fallback`` sources are read only when fewer than
-    ``min_sentences`` are kept without them. Fewer than ``min_sentences`` in the end is a
+    :class:`~hyperplex.data.readers.DataFileNotFoundError` naming it. A sentence is an evaluation
+    sentence when its letters and digits, after :func:`normalize_text`, are those of a sentence of an
+    exclusion file (punctuation and spacing ignored), and a duplicate when its :func:`normalize_text`
+    key was kept before; it is kept in the form it first occurs (sources in order). ``fallback`` sources
+    are read only when fewer than ``min_sentences`` are kept without them. Fewer than ``min_sentences`` in the end is a
     :class:`CorpusError`.
 
     Returns:
@@ -365,11 +371,11 @@ def build_corpus(data_root: str | os.PathLike, excludes: Sequence[str | os.PathL
             DataError(f"files not found: {', '.join(map(str, missing))} (data root {root})")
     say = progress or (lambda _message: None)
     report = CorpusReport(seed=seed, min_sentences=min_sentences)
-    held_out: set[str] = set()
+    held_out: set[bytes] = set()
     for path in exclude_paths:
         keys = {normalize_text(t) for t in evaluation_sentences(path)} - {""}
         report.excludes.append({"path": str(path), "sentences": len(keys)})
-        held_out |= keys
+        held_out |= {_letters_and_digits(k) for k in keys} - {b""}
         say(f"evaluation file {path}: {len(keys):,} distinct sentences kept out")
     seen: set[str] = set()
     kept: list[str] = []
@@ -384,7 +390,7 @@ def build_corpus(data_root: str | os.PathLike, excludes: Sequence[str | os.PathL
                 key = normalize_text(text)
                 if not _has_letter(key) or len(text.split()) > MAX_WORDS:
                     count.unusable += 1
-                elif key in held_out:
+                elif _letters_and_digits(key) in held_out:
                     count.evaluation += 1
                 elif key in seen:
                     count.duplicates += 1

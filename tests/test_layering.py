@@ -8,7 +8,8 @@ module at the same layer or below. The layers, lowest first:
 4. ``config.experiment``, ``config.reference`` (the experiment schema, which names model configs)
 5. ``train``
 6. ``tasks``
-7. ``cli`` (and the package root, which re-exports the public API)
+7. ``cli``, ``experiments`` (experiment plans: they train and evaluate through the CLI's runner) and the
+   package root, which re-exports the public API
 
 Within one layer, packages may not import each other (``models`` ↔ ``convert``), except a package
 importing itself. Registry entries name modules as strings and are loaded lazily; they are plugin
@@ -34,7 +35,7 @@ LAYERS = {
     "hyperplex.config.experiment": 4, "hyperplex.config.reference": 4,
     "hyperplex.train": 5,
     "hyperplex.tasks": 6,
-    "hyperplex.cli": 7, "hyperplex.__main__": 7, "hyperplex": 7,
+    "hyperplex.cli": 7, "hyperplex.experiments": 7, "hyperplex.__main__": 7, "hyperplex": 7,
 }
 
 

@@ -1,5 +1,5 @@
 """Command-line interface: ``hyperplex {demo,train,compress,score-encoder,corpus,evaluate,translate,params,average,
-bench}``.
+experiment,bench}``.
 
 Errors end with one line on stderr saying what is wrong and where, and exit code 1 (2 for
 usage errors); ``--debug`` shows the traceback instead.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import runpy
+import shlex
 import sys
 from pathlib import Path
 
@@ -99,6 +100,12 @@ def _bench(args: argparse.Namespace) -> int:
     sys.argv = [str(script), *args.bench_args]
     runpy.run_path(str(script), run_name="__main__")
     return 0
+
+
+def _experiment(args: argparse.Namespace) -> int:
+    from hyperplex.experiments.cli import run
+
+    return run(args, args.command_line)
 
 
 def _add_overrides(p: argparse.ArgumentParser) -> None:
@@ -275,6 +282,16 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("-o", "--output", required=True, help="output .safetensors file (or folder)")
     average.set_defaults(func=_average)
 
+    from hyperplex.experiments.cli import add_arguments as add_experiment_arguments
+
+    experiment = sub.add_parser(
+        "experiment", parents=[common], help="run an experiment plan: train every row × seed, evaluate, report",
+        description="Validate a plan (experiments/*.yaml), train each row × seed into OUT/ROW/seedK, evaluate "
+        "every finished model and write OUT/results.{md,json}: mean ± std [95% t-interval] over seeds, parameters, "
+        "training time, with the command, machines and dates. See experiments/README.md.")
+    add_experiment_arguments(experiment)
+    experiment.set_defaults(func=_experiment)
+
     bench = sub.add_parser("bench", parents=[common], help="run a benchmark script from benchmarks/",
                            description="Run benchmarks/bench_NAME.py (a source checkout) with the given arguments, "
                            "e.g. `hyperplex bench phm --quick`.")
@@ -311,9 +328,10 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "bench":  # pass everything after the name through untouched
+    if argv and argv[0] in ("bench", "experiment"):  # their own options (--override=--training.x=…) pass untouched
         overrides: list[str] = []
         args = build_parser().parse_args(argv)
+        args.command_line = shlex.join(["hyperplex", *argv])
     else:
         argv, overrides = _split_overrides(argv)
         args = build_parser().parse_args(argv)

@@ -331,6 +331,12 @@ def translate(model_dir: str, input_path: str | None = None, output_path: str | 
 def params(config: str, overrides: list[str] | None = None, vocab_size: int | None = None,
            tgt_vocab_size: int | None = None, num_classes: int | None = None) -> str:
     """``hyperplex params``: the parameter table of the model a config describes (no data is read)."""
+    return params_report(config, overrides, vocab_size, tgt_vocab_size, num_classes)[0]
+
+
+def params_report(config: str, overrides: list[str] | None = None, vocab_size: int | None = None,
+                  tgt_vocab_size: int | None = None, num_classes: int | None = None) -> tuple[str, dict[str, int]]:
+    """(the table of :func:`params`, the :func:`~hyperplex.models.params.parameter_breakdown` it shows)."""
     from hyperplex.models.params import format_breakdown, parameter_breakdown
     from hyperplex.config.registry import get_architecture
 
@@ -358,9 +364,10 @@ def params(config: str, overrides: list[str] | None = None, vocab_size: int | No
     header = f"{cfg.name}: {cfg.model.architecture} (vocabulary {v}"
     header += f", target vocabulary {v if tgt_vocab_size is None else tgt_vocab_size})" \
         if arch.family == "seq2seq" else ")"
-    table = header + "\n" + format_breakdown(parameter_breakdown(model))
+    breakdown = parameter_breakdown(model)
+    table = header + "\n" + format_breakdown(breakdown)
     describe = getattr(model, "describe", None)  # a fine-tuned pretrained encoder: what trains, matched counts
-    return table + ("\n\n" + describe() if callable(describe) else "")
+    return table + ("\n\n" + describe() if callable(describe) else ""), breakdown
 
 
 def _check_average_output(out: Path, paths: list[Path]) -> None:

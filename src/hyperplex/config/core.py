@@ -140,6 +140,9 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        sections = [a for a in args if dataclasses.is_dataclass(a)]
+        if isinstance(value, dict) and len(sections) == 1:  # an optional section: its own error names the key
+            return _convert(value, sections[0], key)
         errors = []
         for arg in args:
             if arg is type(None):

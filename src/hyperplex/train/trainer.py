@@ -119,13 +119,33 @@ class Trainer:
         return {"trainer": asdict(state), "config": experiment_dict(self.cfg), "task": self.task.metadata(),
                 "format": "hyperplex-checkpoint-1"}
 
+    def _initial_model(self, fresh: bool) -> nn.Module:
+        """Seed Python, NumPy and torch with ``seed``, prepare the task's data (``fresh``: vocabularies and
+        splits built anew, not read from the folder) and build the model: the start of every run."""
+        self._seed()
+        self.task.prepare(fresh=fresh)
+        return self.task.build_model()
+
+    def save_untrained(self, stop_reason: str) -> Path:
+        """Save the model exactly as :meth:`train` would start it, without training: ``config.yaml`` and a
+        ``last`` checkpoint at step 0 whose trainer state is finished with ``stop_reason``, holding what a
+        trained checkpoint holds (:func:`~hyperplex.train.checkpoint.model_state`, no optimiser state), so
+        it loads and evaluates like a trained model. Returns the checkpoint's path."""
+        model = self._initial_model(fresh=True)
+        path = self.model_dir / LAST
+        if self.rank == 0:
+            atomic_write_text(self.model_dir / "config.yaml", dump_yaml(experiment_dict(self.cfg)))
+            manager = CheckpointManager(self.model_dir, keep_best=self.tcfg.keep_best, metric_mode=self.mode,
+                                        metric_name=self.metric)
+            manager.save_last(model_state(model), None, self._extra(TrainState(finished=True, stop_reason=stop_reason)))
+            self.log.info(f"{stop_reason}: the model as built (seed {self.cfg.seed}) saved to {path} without training")
+        return path
+
     # ------------------------------------------------------------------ main loop
     def train(self) -> dict:
         """Run (or resume) training; returns the final validation metrics."""
         cfg, tcfg, log = self.cfg, self.tcfg, self.log
-        self._seed()
-        self.task.prepare(fresh=not self.resume)
-        model = self.task.build_model().to(self.device)
+        model = self._initial_model(fresh=not self.resume).to(self.device)
         self.model = model
         optimizer = build_optimizer(model.parameters(), tcfg.optimizer, tcfg.lr, betas=tuple(tcfg.betas),
                                     eps=tcfg.eps, weight_decay=tcfg.weight_decay, momentum=tcfg.momentum)

@@ -1,4 +1,4 @@
-"""Quality of compressed sentence encoders for ``experiments/run.py``: the plan key ``quality:``.
+"""Quality of compressed sentence encoders in an experiment plan: the plan key ``quality:``.
 
 A plan whose rows are ``data.task: distillation`` models (``pretrained_student``: the teacher copy,
 PHM or low-rank) may ask for these metrics of every model, next to the task's own dev ``cosine``:

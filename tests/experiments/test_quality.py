@@ -1,4 +1,4 @@
-"""experiments/run.py with a ``quality:`` plan (experiments/compress_quality.py) on a tiny random BERT teacher
+"""A ``quality:`` plan (hyperplex.experiments.quality) run by ``hyperplex experiment`` on a tiny random BERT teacher
 (a SentenceTransformer built from a config, no download): rows straight after conversion (``heal: false``) and
 healed, agreement / zero-shot WikiQA / SST-2 probe per model, parameter counts and file sizes checked against an
 independent count, the n = 1 conversion scoring as the teacher, cached evaluations, and plan errors."""
@@ -22,10 +22,12 @@ pytest.importorskip("sklearn")
 
 from conftest import TINY_BERT_WORDS as WORDS
 from conftest import write_tiny_bert, write_tiny_config, write_tiny_sentence_transformer
-from test_experiments import (  # experiments/run.py and report.py, loaded once
-    report,
-    run,
-)
+from hyperplex.experiments import quality as quality_metrics
+from hyperplex.experiments import report
+from hyperplex.experiments.cli import main
+from hyperplex.experiments.intervals import summarize
+from hyperplex.experiments.plan import PlanError, load_plan
+from hyperplex.experiments.state import NOT_HEALED
 
 INCLUDE = "*encoder.layer*"
 BUDGET = ["--training.max_steps=3", "--training.validation_every=3", "--training.max_epochs=1000",
@@ -104,7 +106,7 @@ def done(setup, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compress_plan")
     plan = write_plan(tmp, config)
     out = tmp / "out"
-    assert run.main([str(plan), "--out", str(out), "--data-root", str(data)]) == 0
+    assert main([str(plan), "--out", str(out), "--data-root", str(data)]) == 0
     return plan, out, json.loads((out / "results.json").read_text())
 
 
@@ -177,7 +179,7 @@ def test_unhealed_rows_are_saved_untrained_and_healed_rows_trained(done):
     _, out, results = done
     rows = by_name(results)
     state = checkpoint_info(out / "phm2_converted" / "seed1" / "last.safetensors")["extra"]["trainer"]
-    assert (state["step"], state["finished"], state["stop_reason"]) == (0, True, run.NOT_HEALED)
+    assert (state["step"], state["finished"], state["stop_reason"]) == (0, True, NOT_HEALED)
     saved = yaml.safe_load((out / "phm2_converted" / "seed1" / "config.yaml").read_text())
     assert saved["training"]["max_steps"] == 200  # the config's own: no budget for a model that is not trained
     healed = checkpoint_info(out / "phm2" / "seed2" / "last.safetensors")["extra"]["trainer"]
@@ -195,7 +197,7 @@ def test_unhealed_rows_are_saved_untrained_and_healed_rows_trained(done):
         ["teacher", "phm1_converted", "phm2_converted", "lowrank2_converted", "PHM n=2, healed"]
     assert table[1].split(" | ")[-1] == "– |" and table[-1].split(" | ")[1] == "2"
     values = [r["metrics"]["sst2_probe"] for r in rows["phm2"]["runs"]]
-    summary = report.summarize(values)
+    summary = summarize(values)
     assert rows["phm2"]["summary"]["sst2_probe"] == summary
     assert "**not healed**" in text and "`agreement`: mean cosine" in text and "whole sentences only" in text
 
@@ -203,21 +205,21 @@ def test_unhealed_rows_are_saved_untrained_and_healed_rows_trained(done):
 def test_evaluations_are_cached_and_invalidated(done, setup, monkeypatch):
     plan, out, _ = done
     calls = []
-    real = run.compress_quality.evaluate_quality
-    monkeypatch.setattr(run.compress_quality, "evaluate_quality",
+    real = quality_metrics.evaluate_quality
+    monkeypatch.setattr(quality_metrics, "evaluate_quality",
                         lambda task, model, quality, root: calls.append(model) or real(task, model, quality, root))
     args = [str(plan), "--out", str(out), "--data-root", str(setup[1]), "--report-only"]
-    assert run.main(args) == 0 and calls == []  # every model's evaluation-<row>.json is reused
+    assert main(args) == 0 and calls == []  # every model's evaluation-<row>.json is reused
     cache = out / "phm2" / "seed1" / "evaluation-phm2.json"
     assert json.loads(cache.read_text())["key"]["quality"]["sst2_probe"]["carve"] == "sentences"  # defaults filled
     os.utime(out / "phm2" / "seed1" / "last.safetensors")  # a newer checkpoint: that model only
-    assert run.main(args) == 0 and len(calls) == 1
+    assert main(args) == 0 and len(calls) == 1
     raw = yaml.safe_load(plan.read_text())  # other quality settings: every model again
     raw["quality"]["sst2_probe"]["split_seed"] = 2
     changed = plan.parent / "changed" / "plan.yaml"
     changed.parent.mkdir(exist_ok=True)
     changed.write_text(yaml.safe_dump(raw))
-    assert run.main([str(changed), *args[1:]]) == 0 and len(calls) == 1 + 6
+    assert main([str(changed), *args[1:]]) == 0 and len(calls) == 1 + 6
     assert json.loads(cache.read_text())["key"]["quality"]["sst2_probe"]["split_seed"] == 2
 
 
@@ -227,7 +229,7 @@ def test_evaluations_are_cached_and_invalidated(done, setup, monkeypatch):
     ({"quality": {"sst2_probe": {"file": "x", "carve": "phrases"}}}, "carve must be sentences or random"),
     ({"quality": {"agreement": {"file": "x", "limit": -1}}}, "quality.agreement.limit must be an integer ≥ 0"),
     ({"quality": {"agreement": "agree.txt"}}, "metric 'wikiqa_map' needs quality.wikiqa"),
-    ({"rows": [{"name": "a", "config": "CONFIG", "heal": "no"}]}, "heal must be true or false"),
+    ({"rows": [{"name": "a", "config": "CONFIG", "heal": "no"}]}, "heal: expected bool"),
     ({"rows": [{"name": "a", "config": "CONFIG"}, {"name": "b", "model_of": "a", "heal": False}]},
      "heal: false applies to a row with a config"),
 ])
@@ -236,28 +238,28 @@ def test_plan_errors_name_the_key(setup, tmp_path, change, message):
     if "rows" in change:
         change = {"rows": [{k: (str(config) if v == "CONFIG" else v) for k, v in r.items()} for r in change["rows"]]}
     path = write_plan(tmp_path, config, **change)
-    with pytest.raises(run.PlanError, match=message):
-        run.load_plan(path)
-    assert run.main([str(path), "--out", str(tmp_path / "out")]) == 1
+    with pytest.raises(PlanError, match=message):
+        load_plan(path)
+    assert main([str(path), "--out", str(tmp_path / "out")]) == 1
     assert not (tmp_path / "out").exists()
 
 
 def test_validation_refuses_missing_files_other_tasks_and_a_changed_heal(setup, done, tmp_path, capsys):
     _, data, config = setup
     missing = write_plan(tmp_path, config, quality={**QUALITY, "agreement": {"file": "nowhere.txt"}})
-    assert run.main([str(missing), "--out", str(tmp_path / "out"), "--data-root", str(data)]) == 1
+    assert main([str(missing), "--out", str(tmp_path / "out"), "--data-root", str(data)]) == 1
     assert "quality.agreement.file" in capsys.readouterr().err and not (tmp_path / "out").exists()
     tiny = write_tiny_config(tmp_path)  # a translation config: quality metrics do not apply
     other = write_plan(tmp_path, config, metrics=["loss", "agreement"], quality={"agreement": "agree.txt"},
                        rows=[{"name": "a", "config": str(tiny)}])
-    assert run.main([str(other), "--out", str(tmp_path / "out"), "--data-root", str(data)]) == 1
+    assert main([str(other), "--out", str(tmp_path / "out"), "--data-root", str(data)]) == 1
     assert "quality: applies to data.task distillation models" in capsys.readouterr().err
     # a finished unhealed folder under a row that now heals (and the reverse) is refused, not silently reused
     out = done[1]
     copy = tmp_path / "copy"
     shutil.copytree(out / "phm2_converted", copy / "phm2_converted")
     flipped = write_plan(tmp_path, config, rows=[{"name": "phm2_converted", "config": str(config), "seeds": [1]}])
-    assert run.main([str(flipped), "--out", str(copy), "--data-root", str(data), "--dry-run"]) == 1
+    assert main([str(flipped), "--out", str(copy), "--data-root", str(data), "--dry-run"]) == 1
     err = capsys.readouterr().err
     assert "holds a not healed (heal: false) model but row 'phm2_converted' says heal: true" in err
 
@@ -267,7 +269,7 @@ def test_bench_compress_counts_match_the_models(setup, capsys):
     never asserted)."""
     import importlib.util
 
-    bench_path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_compress.py"
+    bench_path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_compress.py"
     spec = importlib.util.spec_from_file_location("bench_compress", bench_path)
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench

@@ -1,66 +1,21 @@
-"""Statistics and markdown for ``experiments/run.py``: mean ± std over seeds with a 95%
-t-interval, the results table, and the ``<!-- plan:NAME -->`` section of ``docs/results.md``.
+"""The markdown of a plan's results: the table (mean ± std [95% t-interval] per metric over seeds,
+parameters, training time), its header (commands, machines, dates, budget), the parameter-match and
+sweep tables, and the ``<!-- plan:NAME -->`` section of a page such as ``docs/results.md``.
 
-Pure functions on plain dicts (the ``results.json`` that ``run.py`` writes), so a table can be
-re-rendered from a saved ``results.json`` without touching a model.
+Pure functions on plain dicts (the ``results.json`` that :mod:`hyperplex.experiments.results` writes),
+so a table can be re-rendered from a saved ``results.json`` without touching a model.
 """
 
 from __future__ import annotations
 
 import math
-import platform
 from pathlib import Path
 
-__all__ = ["t_quantile_975", "summarize", "machine_info", "format_duration", "format_count", "format_bytes",
-           "render_markdown", "replace_section", "write_section", "param_match_lines", "quality_lines", "sweep_table",
-           "sweep_plot_name", "plot_sweep"]
+from hyperplex.experiments.provenance import describe_machine
+from hyperplex.fileio import atomic_write_text
 
-#: Two-sided 95% quantiles t_{0.975, df} of Student's t for df = 1…30 (standard tables); used when
-#: scipy is not installed. Beyond 30 the normal quantile 1.96 is within 4% and is used instead.
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t_quantile_975(df: int) -> float:
-    """t_{0.975, df}: the half-width factor of a two-sided 95% interval (scipy if available, else
-    the table :data:`T_975`)."""
-    if df < 1:
-        raise ValueError(f"a t-interval needs ≥ 2 values (df ≥ 1), got df = {df}")
-    try:
-        from scipy.stats import t as student_t
-    except ImportError:
-        return T_975[df - 1] if df <= len(T_975) else 1.96
-    return float(student_t.ppf(0.975, df))
-
-
-def summarize(values: list[float]) -> dict:
-    """``{"n", "mean", "std", "ci95"}`` of per-seed values: ``std`` is the sample standard deviation
-    (ddof = 1) and ``ci95 = mean ± t_{0.975,n−1}·std/√n`` (both ``None`` when n < 2)."""
-    n = len(values)
-    if n == 0:
-        return {"n": 0, "mean": None, "std": None, "ci95": None}
-    mean = math.fsum(values) / n
-    if n < 2:
-        return {"n": 1, "mean": mean, "std": None, "ci95": None}
-    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    half = t_quantile_975(n - 1) * std / math.sqrt(n)
-    return {"n": n, "mean": mean, "std": std, "ci95": [mean - half, mean + half]}
-
-
-def machine_info(device: str = "cpu") -> dict:
-    """Platform, CPU count, Python and torch versions, and the device runs use (``cpu`` or the GPU name)."""
-    import os
-
-    import torch
-
-    return {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "device": device}
-
-
-def describe_machine(info: dict) -> str:
-    """One line: ``Linux-…, 2 CPUs, torch 2.13.0, device cpu``."""
-    return f"{info.get('platform')}, {info.get('cpus')} CPUs, torch {info.get('torch')}, device {info.get('device')}"
+__all__ = ["format_duration", "format_count", "format_bytes", "render_markdown", "replace_section", "write_section",
+           "param_match_lines", "quality_lines", "sweep_table", "sweep_plot_name", "plot_sweep"]
 
 
 def format_duration(seconds: float | None) -> str:
@@ -114,18 +69,34 @@ def _range_cell(values: list[int]) -> str:
 
 
 def render_markdown(results: dict) -> str:
-    """The plan's results section (without the markers) from a ``results.json`` dict."""
+    """The plan's results section (without the markers) from a ``results.json`` dict: the header, the
+    table, the parameter-match and sweep tables, the list of rows and the models missing from the table."""
+    lines = [f"### {results['plan']['title']}", ""]
+    if results["plan"].get("description"):
+        lines += [results["plan"]["description"].strip(), ""]
+    lines += _header_lines(results) + [""]
+    table, notes = _table_lines(results)
+    lines += table
+    matches = param_match_lines(results)
+    if matches:
+        lines += ["", "Parameter match (counted on the trained models):", ""] + [f"- {m}" for m in matches]
+    for key in dict.fromkeys(r["sweep_key"] for r in results["rows"] if r.get("sweep_key")):
+        lines += ["", *sweep_table(results, key)]
+    lines += ["", "Rows (config and overrides; every row also gets the budget and `--seed=K`):", ""]
+    lines += [_row_line(row) for row in results["rows"]]
+    if notes:
+        lines += ["", "Missing from the table (not counted in n):", ""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def _header_lines(results: dict) -> list[str]:
+    """The bullet list under the title: commands, machines, dates, budget, what the cells mean."""
     plan = results["plan"]
-    digits = plan.get("digits", 2)
-    lines = [f"### {plan['title']}", ""]
-    if plan.get("description"):
-        lines += [plan["description"].strip(), ""]
-    lines.append(f"- Command (from the repository root): `{results['command']}`")
+    lines = [f"- Command (from the repository root): `{results['command']}`"]
     for command in results.get("training_commands", []):
         if command != results["command"]:
             lines.append(f"- Models trained by: `{command}`")
-    machines = results.get("training_machines") or []
-    for info in machines:
+    for info in results.get("training_machines") or []:
         lines.append(f"- Training machine: {describe_machine(info)}")
     lines.append(f"- Report written on: {describe_machine(results['machine'])}, {results['date']}")
     if results.get("recorded"):
@@ -141,15 +112,17 @@ def render_markdown(results: dict) -> str:
                  "n = 1). Training time is wall-clock per model (data preparation and periodic validation "
                  "included), mean over seeds; ≈ marks times partly read from train.log time stamps.")
     lines += [f"- {line}" for line in quality_lines(results)]
-    for signature in results.get("signatures", []):
-        lines.append(f"- sacreBLEU signature, {signature}")
-    lines.append("")
-    metrics = plan["metrics"]
-    sized = any(r.get("size") for row in results["rows"] for r in row["runs"])  # quality plans (compress_quality)
+    lines += [f"- sacreBLEU signature, {signature}" for signature in results.get("signatures", [])]
+    return lines
+
+
+def _table_lines(results: dict) -> tuple[list[str], list[str]]:
+    """(the results table, one note per seed missing from it). Plans with ``quality:`` add three size columns."""
+    metrics, digits = results["plan"]["metrics"], results["plan"].get("digits", 2)
+    sized = any(r.get("size") for row in results["rows"] for r in row["runs"])
     header = ["row", "n"] + metrics + ["params", "params w/o emb."] + \
         (["converted layers", "params of those layers", "file size"] if sized else []) + ["training time"]
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "---|" + "---:|" * (len(header) - 1))
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * (len(header) - 1)]
     notes: list[str] = []
     for row in results["rows"]:
         done = [r for r in row["runs"] if r.get("metrics")]
@@ -158,47 +131,54 @@ def render_markdown(results: dict) -> str:
         cells.append(_range_cell([r["params"]["total"] for r in done if r.get("params")]))
         cells.append(_range_cell([r["params"]["total_without_embeddings"] for r in done if r.get("params")]))
         if sized:
-            sizes = [r["size"] for r in done if r.get("size")]
-            cells.append(_range_cell([s["converted_layers"] for s in sizes]))
-            cells.append(_range_cell([s["selected_params"] for s in sizes]))
-            files = [s["file_bytes"] for s in sizes]
-            cells.append("–" if not files else format_bytes(min(files)) if min(files) == max(files) else
-                         f"{format_bytes(min(files))}–{format_bytes(max(files))}")
-        times = [r["train_seconds"] for r in done if r.get("train_seconds") is not None]
-        time_cell = format_duration(math.fsum(times) / len(times)) if times else "–"
-        if any(r.get("train_time_source") == "train.log" for r in done):
-            time_cell = "≈" + time_cell
-        cells.append(time_cell)
+            cells += _size_cells([r["size"] for r in done if r.get("size")])
+        cells.append(_time_cell(done))
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-        missing = [r for r in row["runs"] if not r.get("metrics")]
-        for r in missing:
-            status = {"new": "not trained", "partial": "not trained (empty folder)",
-                      "diverged": f"diverged (non-finite loss at step {(r.get('stability') or {}).get('nan_step')})"
-                      }.get(r.get("status"), r.get("status"))
-            notes.append(f"`{row['name']}` seed {r['seed']}: {r.get('error') or status or 'not trained'}")
-    matches = param_match_lines(results)
-    if matches:
-        lines += ["", "Parameter match (counted on the trained models):", ""] + [f"- {m}" for m in matches]
-    for key in dict.fromkeys(r["sweep_key"] for r in results["rows"] if r.get("sweep_key")):
-        lines += ["", *sweep_table(results, key)]
-    lines += ["", "Rows (config and overrides; every row also gets the budget and `--seed=K`):", ""]
-    for row in results["rows"]:
-        source = f"the models of `{row['model_of']}`" if row.get("model_of") else \
-            "`" + " ".join([row["config"], *row["overrides"]]) + "`"
-        extra = f", evaluated with `{' '.join(row['eval_overrides'])}`" if row.get("eval_overrides") else ""
-        extra += f", scored on `{row['eval_split']}`" if row.get("eval_split") else ""
-        beam = f", beam {row['beam_size']}" if row.get("beam_size") else ""
-        if row.get("heal") is False:
-            extra += "; **not healed**: the model as built (a conversion: straight after it), evaluated without " \
-                     "training (no budget)"
-        lines.append(f"- **{row['label']}** (`{row['name']}`, seeds {row['seeds']}{beam}): {source}{extra}")
-    if notes:
-        lines += ["", "Missing from the table (not counted in n):", ""] + [f"- {n}" for n in notes]
-    return "\n".join(lines) + "\n"
+        for r in row["runs"]:
+            if not r.get("metrics"):
+                notes.append(f"`{row['name']}` seed {r['seed']}: {r.get('error') or _missing_status(r)}")
+    return lines, notes
+
+
+def _size_cells(sizes: list[dict]) -> list[str]:
+    """Converted layers, their parameters and the file size of a row's models (ranges over seeds)."""
+    files = [s["file_bytes"] for s in sizes]
+    file_cell = "–" if not files else format_bytes(min(files)) if min(files) == max(files) else \
+        f"{format_bytes(min(files))}–{format_bytes(max(files))}"
+    return [_range_cell([s["converted_layers"] for s in sizes]), _range_cell([s["selected_params"] for s in sizes]),
+            file_cell]
+
+
+def _time_cell(done: list[dict]) -> str:
+    """Mean training time over the evaluated seeds; ``≈`` when part of it was read from train.log stamps."""
+    times = [r["train_seconds"] for r in done if r.get("train_seconds") is not None]
+    cell = format_duration(math.fsum(times) / len(times)) if times else "–"
+    return "≈" + cell if any(r.get("train_time_source") == "train.log" for r in done) else cell
+
+
+def _missing_status(run: dict) -> str:
+    """Why a seed has no metrics, from its status."""
+    status = {"new": "not trained", "partial": "not trained (empty folder)",
+              "diverged": f"diverged (non-finite loss at step {(run.get('stability') or {}).get('nan_step')})"
+              }.get(run.get("status"), run.get("status"))
+    return status or "not trained"
+
+
+def _row_line(row: dict) -> str:
+    """One bullet of the row list: label, name, seeds, beam, config and overrides (or whose models it scores)."""
+    source = f"the models of `{row['model_of']}`" if row.get("model_of") else \
+        "`" + " ".join([row["config"], *row["overrides"]]) + "`"
+    extra = f", evaluated with `{' '.join(row['eval_overrides'])}`" if row.get("eval_overrides") else ""
+    extra += f", scored on `{row['eval_split']}`" if row.get("eval_split") else ""
+    beam = f", beam {row['beam_size']}" if row.get("beam_size") else ""
+    if row.get("heal") is False:
+        extra += "; **not healed**: the model as built (a conversion: straight after it), evaluated without " \
+                 "training (no budget)"
+    return f"- **{row['label']}** (`{row['name']}`, seeds {row['seeds']}{beam}): {source}{extra}"
 
 
 def quality_lines(results: dict) -> list[str]:
-    """What each quality metric of a ``quality:`` plan measures (``compress_quality``), with the counts
+    """What each quality metric of a ``quality:`` plan measures (:mod:`hyperplex.experiments.quality`), with the counts
     the first evaluated model recorded; none for other plans."""
     quality = results["plan"].get("quality")
     if not quality:
@@ -306,10 +286,9 @@ def sweep_plot_name(key: str) -> str:
 
 
 def plot_sweep(results: dict, key: str, out_png: str | Path) -> Path:
-    """The sweep figure of ``experiments/plot_sweep.py`` (metric vs swept value, one line per model with the
+    """The sweep figure of :mod:`hyperplex.experiments.plot` (metric vs swept value, one line per model with the
     seed spread, diverged seeds as crosses, gradient-norm spikes below), written to ``out_png``."""
-    # experiments/plot_sweep.py: importable wherever this file is (run.py and the tests put experiments/ on sys.path)
-    from plot_sweep import save_sweep_figure
+    from hyperplex.experiments.plot import save_sweep_figure
 
     return save_sweep_figure(results, out_png, key)
 
@@ -341,8 +320,6 @@ def write_section(path: str | Path, name: str, body: str) -> Path:
     path = Path(path)
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
     new = replace_section(text, name, body)
-    tmp = path.with_name(path.name + ".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_text(new, encoding="utf-8")
-    tmp.replace(path)  # whole file or nothing
+    atomic_write_text(path, new)  # whole file or nothing
     return path

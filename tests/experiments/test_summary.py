@@ -1,32 +1,27 @@
-"""experiments/summary.py (PHM vs low-rank vs dense across plans) and experiments/plot_sweep.py (the
+"""hyperplex.experiments.summary (PHM vs low-rank vs dense across plans) and hyperplex.experiments.plot (the
 stability figure) on synthetic results.json dicts: roles read from the plan data, interval verdicts that
 flip when the intervals separate, Welch p-values equal to scipy's, missing and broken files, the
 ``<!-- summary -->`` section, and the plotted values of the sweep figure."""
 
-import importlib.util
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+from hyperplex.experiments import plot as plot_sweep
+from hyperplex.experiments import report, summary
+from hyperplex.experiments.intervals import summarize, t_quantile_975
+
+REPO = Path(__file__).resolve().parents[2]
 
 
-def _load(name):
-    sys.path.insert(0, str(EXPERIMENTS))  # the scripts import their sibling report.py
-    spec = importlib.util.spec_from_file_location(f"experiments_{name}", EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(autouse=True)
+def _in_the_repository(monkeypatch):
+    """Rows name their configs relative to the repository root, where plans run."""
+    monkeypatch.chdir(REPO)
 
-
-summary = _load("summary")
-plot_sweep = _load("plot_sweep")
-report = _load("report")
 
 CONFIG = "configs/agreement_transformer.yaml"  # linear.kind: dense in the file (no override needed)
 PHM = lambda n: ["--model.linear.kind=phm", f"--model.linear.n={n}"]
@@ -42,7 +37,7 @@ def _row(name, values, overrides=(), label=None, match_params="", model_of="", e
     return {"name": name, "label": label or name, "config": config, "overrides": list(overrides),
             "eval_overrides": [], "eval_split": eval_split, "model_of": model_of, "seeds": [1, 2, 3],
             "match_params": match_params, "runs": runs,
-            "summary": {metric: report.summarize(values)}}
+            "summary": {metric: summarize(values)}}
 
 
 def _results(rows, name="agreement", metric="accuracy"):
@@ -121,7 +116,7 @@ def _line(results, phm, other):
 def test_cells_hold_mean_std_interval_n_and_params():
     values = [88.5, 88.7, 88.9]
     mean, std = statistics.mean(values), statistics.stdev(values)
-    half = report.t_quantile_975(2) * std / math.sqrt(3)
+    half = t_quantile_975(2) * std / math.sqrt(3)
     line = _line(_agreement(phm4=values), "phm4", "lowrank4")
     assert f"phm4: {mean:.2f} ± {std:.2f} [{mean - half:.2f}, {mean + half:.2f}] (n=3; 1.04M params, " \
            "101.63K w/o emb.)" in line
@@ -140,7 +135,7 @@ def test_verdict_flips_when_the_intervals_separate(lowrank4, expected):
 
 
 def test_verdict_uses_the_interval_edges_exactly():
-    a = report.summarize([10.0, 11.0, 12.0])
+    a = summarize([10.0, 11.0, 12.0])
     _, hi = a["ci95"]
     touching = {"n": 3, "mean": hi + 1.0, "std": 1.0, "ci95": [hi, hi + 2.0]}
     apart = {"n": 3, "mean": hi + 1.0, "std": 1.0, "ci95": [hi + 1e-9, hi + 2.0]}
@@ -217,115 +212,6 @@ def test_write_inserts_after_the_first_paragraph_then_replaces(tmp_path):
         summary.replace_summary("<!-- /summary -->\n<!-- summary -->\n", "x")
 
 
-# ---------------------------------------------------------------------------- the sweep figure
-LRS = [0.0005, 0.0015, 0.005, 0.015]
-#: (model, lr) → per-seed (accuracy or None when the loss became NaN, diverged, spikes)
-SWEEP = {("dense", 0.0005): [(80.0, False, 0), (82.0, False, 0), (81.0, False, 1)],
-         ("dense", 0.0015): [(85.0, False, 0), (86.0, False, 0), (84.0, False, 0)],
-         ("dense", 0.005): [(70.0, True, 2), (83.0, False, 0), (None, True, 3)],
-         ("dense", 0.015): [(None, True, 4), (None, True, 1), (None, True, 2)],
-         ("phm4", 0.0005): [(79.0, False, 0), (80.0, False, 0), (81.0, False, 0)],
-         ("phm4", 0.0015): [(84.0, False, 0), (85.0, False, 0), (86.0, False, 0)],
-         ("phm4", 0.005): [(84.5, False, 0), (85.5, False, 1), (83.0, False, 0)],
-         ("phm4", 0.015): [(60.0, True, 5), (75.0, False, 0), (74.0, False, 0)]}
-
-
-def _sweep_results():
-    rows = []
-    for (model, lr), seeds in SWEEP.items():
-        runs = []
-        for seed, (acc, diverged, spikes) in enumerate(seeds, 1):
-            run = {"seed": seed, "status": "finished" if acc is not None else "diverged",
-                   "stability": {"diverged": diverged, "spikes": spikes, "nan_step": None if acc else 7}}
-            if acc is not None:
-                run["metrics"] = {"accuracy": acc, "loss": 0.5}
-            runs.append(run)
-        label = {"dense": "Transformer", "phm4": "PHM n=4"}[model]
-        rows.append({"name": f"{model}_lr{lr:g}", "label": f"{label}, lr {lr:g}", "sweep_of": model,
-                     "sweep_key": "training.lr", "sweep_value": lr, "runs": runs, "overrides": [],
-                     "config": CONFIG, "match_params": "",
-                     "summary": {"accuracy": report.summarize([r["metrics"]["accuracy"] for r in runs
-                                                                if r.get("metrics")])}})
-    rows.append(_row("unswept", [1.0, 2.0]))  # not part of the figure
-    return {"plan": {"name": "stability", "title": "stability plan", "metrics": ["accuracy", "loss"]}, "rows": rows}
-
-
-def _artists(fig, prefix):
-    return {a.get_gid().split(":", 1)[1]: a for ax in fig.axes for a in ax.get_children()
-            if a.get_gid() and a.get_gid().startswith(prefix + ":")}
-
-
-def test_sweep_figure_lines_are_the_seed_means():
-    fig = plot_sweep.sweep_figure(_sweep_results())
-    means = _artists(fig, "mean")
-    assert set(means) == {"dense", "phm4"}
-    assert means["dense"].get_label() == "Transformer" and means["phm4"].get_label() == "PHM n=4"
-    for model, line in means.items():
-        scored = [(lr, [s[0] for s in SWEEP[model, lr] if s[0] is not None]) for lr in LRS]
-        scored = [(lr, v) for lr, v in scored if v]  # dense at 0.015: every seed NaN, no point
-        assert list(line.get_xdata()) == [lr for lr, _ in scored]
-        assert list(line.get_ydata()) == pytest.approx([statistics.mean(v) for _, v in scored])
-        # the band spans the lowest to the highest seed at each value
-        band = {tuple(p) for p in _artists(fig, "spread")[model].get_paths()[0].vertices}
-        for lr, v in scored:
-            assert (lr, min(v)) in band and (lr, max(v)) in band
-    assert fig.axes[0].get_xscale() == "log"
-
-
-def test_sweep_figure_marks_every_diverged_seed_and_sums_spikes():
-    fig = plot_sweep.sweep_figure(_sweep_results())
-    crosses = _artists(fig, "diverged")
-    assert len(crosses["dense"].get_xdata()) == 2 + 3
-    assert len(crosses["phm4"].get_xdata()) == 1
-    assert crosses["dense"].get_marker() == "x" and crosses["dense"].get_linestyle() == "None"
-    # side by side around their learning rate (log axis: a factor), never on another rate
-    xs = sorted(crosses["dense"].get_xdata())
-    assert xs[:3] == pytest.approx([0.005 * 10 ** -0.03, 0.005 * 10 ** 0.03, 0.015 * 10 ** -0.06])
-    spikes = _artists(fig, "spikes")
-    assert list(spikes["dense"].get_ydata()) == [1, 0, 5, 7] and list(spikes["phm4"].get_ydata()) == [0, 0, 1, 5]
-    assert len(fig.axes) == 2
-    assert len(plot_sweep.sweep_figure(_sweep_results(), spikes=False).axes) == 1
-
-
-def test_sweep_figure_without_diverged_seeds_keeps_its_layout():
-    """No crosses to draw (the stability plan's real outcome): no empty marker line, and the constrained
-    layout still gives the metric panel most of the figure (an empty unclipped line once collapsed it)."""
-    results = _sweep_results()
-    for row in results["rows"]:
-        for run in row["runs"]:
-            if "stability" in run:
-                run["stability"]["diverged"] = False
-    fig = plot_sweep.sweep_figure(results)
-    fig.canvas.draw()
-    assert _artists(fig, "diverged") == {}
-    top, bottom = (ax.get_position() for ax in fig.axes)
-    assert top.height > 0.45 and bottom.height > 0.15 and top.y0 > bottom.y1
-
-
-def test_sweep_figure_other_metric_and_errors():
-    fig = plot_sweep.sweep_figure(_sweep_results(), metric="loss")
-    assert list(_artists(fig, "mean")["phm4"].get_ydata()) == [0.5] * 4
-    with pytest.raises(plot_sweep.SweepPlotError, match="not one of the plan's metrics"):
-        plot_sweep.sweep_figure(_sweep_results(), metric="bleu")
-    with pytest.raises(plot_sweep.SweepPlotError, match="no sweep rows"):
-        plot_sweep.sweep_figure(_agreement())
-    with pytest.raises(plot_sweep.SweepPlotError, match="no rows sweep 'training.warmup'"):
-        plot_sweep.sweep_figure(_sweep_results(), key="training.warmup")
-
-
-def test_plot_sweep_cli_and_report_write_pngs(tmp_path, capsys):
-    results = tmp_path / "results.json"
-    results.write_text(json.dumps(_sweep_results()))
-    out = tmp_path / "figures" / "stability.png"
-    assert plot_sweep.main([str(results), str(out)]) == 0
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert report.plot_sweep(_sweep_results(), "training.lr", tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
-    broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps(_agreement()))
-    assert plot_sweep.main([str(broken), str(tmp_path / "x.png")]) == 2
-    assert "no sweep rows" in capsys.readouterr().err and not (tmp_path / "x.png").exists()
-
-
 def test_pretrained_rows_take_their_kind_from_model_kind_or_the_adapter():
     # compressed students (model.kind; the teacher is kind none = dense) and fine-tuned classifiers (model.adapter)
     student = "configs/minilm_compress.yaml"  # kind: phm, n: 4 in the file
@@ -347,7 +233,7 @@ def test_pretrained_rows_take_their_kind_from_model_kind_or_the_adapter():
     got = [(c.phm["name"], c.other["name"], c.other_role) for c in pairs]
     # conversions and healed students meet their low-rank matches; neither is compared with the teacher
     assert got == [("phm4_converted", "lowrank4_converted", "low-rank"), ("phm4", "lowrank4", "low-rank")]
-    assert summary.verdict(report.summarize([0.8, 0.81, 0.82]), report.summarize([0.9, 0.91, 0.92]),
+    assert summary.verdict(summarize([0.8, 0.81, 0.82]), summarize([0.9, 0.91, 0.92]),
                            "low-rank") == "low-rank ahead"
     lora = _row("lora", [1.0], ["--model.adapter.kind=lora"], config=adapter, match_params="phm4")
     lokr = _row("lokr", [1.0], ["--model.adapter.kind=lokr"], config=adapter, match_params="phm4")

@@ -1,0 +1,65 @@
+"""Training one model of a plan, with its provenance recorded in ``experiment.json``.
+
+A row with a config trains through :func:`hyperplex.cli.runner.train` (the ``hyperplex train`` path); a
+``heal: false`` row saves the model as training would start it through
+:meth:`hyperplex.train.trainer.Trainer.save_untrained` (the trainer's own seeding, data preparation and
+checkpoint contents). In a sweep, a NaN/inf loss is an outcome: it is recorded in ``diverged.json`` and the
+model is not trained again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+from hyperplex.experiments.provenance import Segment, device_name, machine_info
+from hyperplex.experiments.runs import Run
+from hyperplex.experiments.state import DIVERGED_FILE, NOT_HEALED
+from hyperplex.fileio import atomic_write_text
+
+__all__ = ["train_run", "save_untrained_run"]
+
+
+def train_run(run: Run, resume: bool, data_root: str | None, command: str) -> None:
+    """Train (or resume) one model, recording the wall-clock segment, command and machine in
+    ``MODEL_DIR/experiment.json`` (written before training starts, so a killed run leaves its start)."""
+    from hyperplex.cli import runner
+    from hyperplex.config.experiment import load_experiment
+    from hyperplex.train.trainer import TrainingError
+
+    cfg = load_experiment(run.row.config, run.overrides, str(run.model_dir))
+    with Segment(run.model_dir, command, machine_info(device_name(cfg)), resume=resume) as segment:
+        try:
+            runner.train(run.row.config, run.overrides, str(run.model_dir), data_root, resume=resume)
+            segment["status"] = "finished"
+        except TrainingError as err:
+            if not run.row.sweep_of:
+                raise
+            # In a stability sweep a NaN/inf loss is a result: record it and do not train this model again.
+            step = re.search(r"at step (\d+)", str(err))
+            segment["status"] = "diverged"
+            atomic_write_text(run.model_dir / DIVERGED_FILE, json.dumps(
+                {"step": int(step.group(1)) if step else None, "message": str(err)}, indent=1))
+
+
+def save_untrained_run(run: Run, data_root: str | None, command: str) -> None:
+    """A ``heal: false`` model: what training would start from (for a ``pretrained_student``, the
+    conversion), saved by :meth:`~hyperplex.train.trainer.Trainer.save_untrained` as a finished checkpoint
+    at step 0 with ``stop_reason`` :data:`~hyperplex.experiments.state.NOT_HEALED`, so it is the healed rows'
+    starting point and evaluates like any trained model. The segment goes to ``experiment.json``."""
+    from hyperplex.config.experiment import default_data_root, load_experiment
+    from hyperplex.tasks import task_class
+    from hyperplex.train.trainer import Trainer
+
+    cfg = load_experiment(run.row.config, run.overrides, str(run.model_dir))
+    with Segment(run.model_dir, command, machine_info(), heal=False) as segment:
+        try:
+            trainer = Trainer(cfg, task_class(cfg.data.task), run.model_dir, data_root or default_data_root())
+            trainer.save_untrained(NOT_HEALED)
+            segment["status"] = "converted"
+        finally:  # later models in this process must not log into this model's train.log
+            log = logging.getLogger("hyperplex")
+            for handler in list(log.handlers):
+                log.removeHandler(handler)
+                handler.close()

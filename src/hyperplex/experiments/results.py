@@ -1,0 +1,165 @@
+"""A plan's results: every model evaluated (or read from its record) into one ``results.json`` dict,
+then ``OUT/results.{json,md}``, the sweep plots, and the plan's section of a markdown page.
+
+``results.json`` holds, per row, each seed's status, metrics, parameters, training time and stability,
+and the row's :func:`~hyperplex.experiments.intervals.summarize` per metric; at the top, the plan, the
+report's command, date and machine, and the training commands, machines and dates read from the models'
+``experiment.json``. :mod:`hyperplex.experiments.report` renders it as markdown.
+
+A report that repeats the one saved before it (same command, same models, same numbers) leaves that
+report as it is — its date, machine, and whether each model was read from its folder or from its record
+(:data:`REPORT_PROVENANCE`) — so regenerating a page from committed records changes no byte of it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+from hyperplex.experiments import report
+from hyperplex.experiments.evaluation import cached_evaluation
+from hyperplex.experiments.intervals import summarize
+from hyperplex.experiments.plan import Plan, Row
+from hyperplex.experiments.provenance import machine_info, read_run_file
+from hyperplex.experiments.records import write_record
+from hyperplex.experiments.runs import Run
+from hyperplex.experiments.stability import stability
+from hyperplex.experiments.state import folder_status
+from hyperplex.experiments.timing import training_time
+from hyperplex.fileio import atomic_write_text
+
+__all__ = ["REPORT_PROVENANCE", "collect", "write_results", "keep_report_provenance"]
+
+#: Keys of ``results.json`` (and of each run in it) that describe the writing of the report, not what it reports.
+REPORT_PROVENANCE = ("date", "machine", "recorded")
+RUN_PROVENANCE = ("record",)
+
+
+class _Provenance:
+    """The training commands, machines and times of the models a report covers, in first-seen order."""
+
+    def __init__(self) -> None:
+        self.machines, self.commands, self.starts, self.ends, self.signatures = [], [], [], [], []
+
+    def add(self, item: dict, files: Path) -> None:
+        self.signatures += [f"{k}: {v}" for k, v in item.get("signatures", {}).items()]
+        for seg in read_run_file(files)["segments"]:
+            self.machines.append(seg["machine"])
+            self.commands.append(seg["command"])
+            self.starts.append(seg["started"])
+            if seg.get("seconds") is not None:
+                self.ends.append(dt.datetime.fromtimestamp(seg["start"] + seg["seconds"]).isoformat(timespec="seconds"))
+
+
+def _unique(items: list) -> list:
+    return [x for i, x in enumerate(items) if x not in items[:i]]  # order kept; items may be dicts
+
+
+def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | None, command: str,
+            failures: dict[Path, str], records: Path | None = None) -> dict:
+    """Evaluate every finished model of the plan and build the ``results.json`` dict; with ``records``, each
+    evaluated model folder's record is written (or refreshed) there, and recorded models are read from it."""
+    by_key = {(r.row.name, r.seed): r for r in all_runs}
+    seen = _Provenance()
+    rows = []
+    for row in plan.rows:
+        entry = _row_entry(row, resolved.get(row.name))
+        for seed in row.seeds:
+            run = by_key[(row.model_of or row.name, seed)]
+            item = _run_item(plan, row, run, data_root, failures, seen)
+            if records and run.record is None and item["status"] in ("finished", "diverged") and "error" not in item:
+                write_record(run, records)
+            entry["runs"].append(item)
+        entry["summary"] = {m: summarize([r["metrics"][m] for r in entry["runs"] if m in r.get("metrics", {})])
+                            for m in plan.metrics}
+        rows.append(entry)
+    plan_entry = {"name": plan.name, "title": plan.title, "description": plan.description, "path": str(plan.path),
+                  "budget": plan.budget, "metrics": plan.metrics, "checkpoint": plan.checkpoint, "digits": plan.digits}
+    if plan.quality:
+        plan_entry["quality"] = plan.quality
+    return {"plan": plan_entry,
+            "command": command, "date": dt.datetime.now().isoformat(timespec="seconds"),
+            "machine": machine_info(), "training_machines": _unique(seen.machines),
+            "training_commands": _unique(seen.commands), "signatures": _unique(seen.signatures),
+            "trained_between": [min(seen.starts), max(seen.ends or seen.starts)] if seen.starts else None,
+            "rows": rows,
+            "recorded": sorted({r["record"] for row in rows for r in row["runs"] if r.get("record")})}
+
+
+def _row_entry(row: Row, cfg) -> dict:
+    """A row of ``results.json`` before its runs: what it trains and how it is scored."""
+    entry = {"name": row.name, "label": row.label, "config": row.config, "overrides": row.overrides,
+             "eval_overrides": row.eval_overrides, "eval_split": row.eval_split, "model_of": row.model_of,
+             "seeds": row.seeds, "runs": [], "match_params": row.match_params}
+    if not row.heal:
+        entry["heal"] = False
+    if row.sweep_of:
+        entry.update(sweep_of=row.sweep_of, sweep_key=row.sweep_key, sweep_value=row.sweep_value)
+    if cfg is not None and cfg.data.task == "translation":
+        entry["beam_size"] = cfg.testing.beam_size
+    return entry
+
+
+def _run_item(plan: Plan, row: Row, run: Run, data_root: str | None, failures: dict[Path, str],
+              seen: _Provenance) -> dict:
+    """One seed of a row: status, evaluation (metrics, parameters), training time and stability; an
+    evaluation that fails is noted in the item (one broken folder must not hide the other rows' results)."""
+    item = {"seed": run.seed, "model_dir": str(run.model_dir),
+            "status": run.status if run.record else folder_status(run.model_dir)}
+    if run.record:
+        item["record"] = str(run.record)
+    if run.model_dir in failures:
+        item["error"] = failures[run.model_dir]
+    if row.sweep_of and item["status"] in ("finished", "diverged"):
+        item["stability"] = stability(run.files)
+    if item["status"] != "finished":
+        return item
+    try:
+        item.update(cached_evaluation(run, row, plan.checkpoint, data_root, plan.quality))
+    except Exception as err:  # noqa: BLE001 - reported in the table's notes
+        item["error"] = f"evaluation failed: {type(err).__name__}: {err}"
+    item["train_seconds"], item["train_time_source"] = training_time(run.files) if run.row.heal \
+        else (None, "not trained")
+    seen.add(item, run.files)
+    return item
+
+
+def _measured(results: dict) -> dict:
+    """``results`` as JSON data without the keys that describe the writing of the report."""
+    data = {k: v for k, v in json.loads(json.dumps(results)).items() if k not in REPORT_PROVENANCE}
+    for row in data.get("rows") or []:
+        row["runs"] = [{k: v for k, v in run.items() if k not in RUN_PROVENANCE} for run in row.get("runs") or []]
+    return data
+
+
+def keep_report_provenance(results: dict, previous_path: Path) -> dict:
+    """The report saved at ``previous_path`` when it says what ``results`` says apart from
+    :data:`REPORT_PROVENANCE` (same command, models and numbers), else ``results``."""
+    try:
+        previous = json.loads(previous_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return results
+    if not isinstance(previous, dict) or not isinstance(previous.get("rows"), list):
+        return results
+    return previous if _measured(previous) == _measured(results) else results
+
+
+def write_results(results: dict, out: Path, append_to: str | None, records: Path | None = None) -> str:
+    """``OUT/results.json``, ``OUT/results.md``, a sweep plot per swept key, and optionally the plan's
+    section of ``append_to``; with ``records``, ``results.json`` is also written there (what the summary
+    reads from a checkout). Returns the markdown."""
+    previous = records / "results.json" if records else out / "results.json"
+    results = keep_report_provenance(results, previous)
+    body = report.render_markdown(results)
+    out.mkdir(parents=True, exist_ok=True)
+    for key in dict.fromkeys(r["sweep_key"] for r in results["rows"] if r.get("sweep_key")):
+        report.plot_sweep(results, key, out / report.sweep_plot_name(key))
+    text = json.dumps(results, indent=1, ensure_ascii=False) + "\n"
+    atomic_write_text(out / "results.json", text)
+    if records:
+        atomic_write_text(records / "results.json", text)
+    report.write_section(out / "results.md", results["plan"]["name"], body)
+    if append_to:
+        report.write_section(append_to, results["plan"]["name"], body)
+    return body

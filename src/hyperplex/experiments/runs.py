@@ -1,0 +1,197 @@
+"""The models of a plan (row × seed) and the checks made before anything trains.
+
+:func:`validate` loads every row × seed config with its overrides, builds each row's model, checks the
+metrics against the task, the ``quality:`` files and ``match_params``, and compares every existing model
+folder (or record) with what the plan would train now. All problems are reported together and nothing is
+created: a typo fails before hours of training, not after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hyperplex.config import ConfigError, dump_yaml, load_yaml
+from hyperplex.experiments import quality as quality_metrics
+from hyperplex.experiments.matching import check_param_matches
+from hyperplex.experiments.plan import TASK_METRICS, Plan, PlanError, Row
+from hyperplex.experiments.state import RECORD_FILE, folder_status, healed, read_record
+
+__all__ = ["Run", "run_overrides", "validate", "saved_config", "config_diff", "load_yaml_text"]
+
+
+@dataclass
+class Run:
+    """One model (row × seed) and where it lives; ``row`` is the training row (not a model_of row)."""
+
+    row: Row
+    seed: int
+    model_dir: Path
+    overrides: list[str]  # budget + row overrides + extra + --seed=K
+    status: str = "new"  # new | partial (folder without last.safetensors) | unfinished | finished | diverged
+    record: Path | None = None  # a --records folder standing in for a model folder that has no checkpoint here
+
+    @property
+    def files(self) -> Path:
+        """Where the model's config, logs and evaluations are read: its folder, or its record."""
+        return self.record or self.model_dir
+
+
+def run_overrides(plan: Plan, row: Row, seed: int, extra: list[str]) -> list[str]:
+    """Overrides of one model, in order of precedence (later wins): budget (not for a ``heal: false`` row,
+    which is not trained), row, command line, seed."""
+    return [*(plan.budget if row.heal else []), *row.overrides, *extra, f"--seed={seed}"]
+
+
+def config_diff(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
+    """``key: A in the folder, B in the plan`` for every dotted key whose values differ (``model_dir`` ignored)."""
+    keys = []
+    for key in sorted(set(saved) | set(wanted)):
+        a, b = saved.get(key), wanted.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += config_diff(a, b, f"{prefix}{key}.")
+        elif a != b and key != "model_dir":
+            keys.append(f"{prefix}{key}: {a!r} in the folder, {b!r} in the plan")
+    return keys
+
+
+def saved_config(model_dir: Path) -> dict:
+    """A model folder's ``config.yaml`` resolved through today's config classes, so keys added since it
+    was written compare as their defaults. A config without ``data.split_seed`` carved (and generated)
+    its data with ``seed``, which is what it is set to here."""
+    from hyperplex.config.experiment import build_experiment, experiment_dict
+
+    raw = load_yaml(model_dir / "config.yaml")
+    if isinstance(raw.get("data"), dict):
+        raw["data"].setdefault("split_seed", raw.get("seed", 1))
+    try:
+        return load_yaml_text(dump_yaml(experiment_dict(build_experiment(raw))))
+    except (ConfigError, ValueError):  # a key renamed since: compare the raw file and let the diff name it
+        return raw
+
+
+def load_yaml_text(text: str):
+    """YAML text → data (the round trip that ``config.yaml`` in a model folder went through)."""
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: Path, extra: list[str],
+             resume: bool, data_root: str | None = None,
+             records: Path | None = None) -> tuple[list[Run], list[Run], dict[str, object]]:
+    """Check everything before any training: every row × seed config loads with its overrides, each
+    row's model can be built, eval overrides are valid, requested metrics fit the task, the ``quality:``
+    files exist, and existing folders hold the same config and are healed as the row says (unfinished
+    ones need ``--resume``). A model with no folder here but a record under ``records``
+    (:mod:`hyperplex.experiments.records`) counts as that record says (finished or diverged) and is checked
+    the same way. All problems are reported together (:class:`PlanError`). Returns (runs to train, all runs
+    of the plan, resolved config of each row)."""
+    rows = _selected_rows(plan, rows)
+    _check_selected_seeds(plan, seeds)
+    errors: list[str] = []
+    resolved: dict[str, object] = {}
+    all_runs: dict[Path, Run] = {}
+    for row in plan.rows:
+        errors += _check_row(plan, row, out, extra, resume, records, resolved, all_runs)
+    errors += check_param_matches(plan)
+    errors += [f"{plan.path}: {problem}" for problem in quality_metrics.check_files(plan.quality, data_root)]
+    if errors:
+        raise PlanError(f"{len(errors)} problem(s) in {plan.path}, nothing was trained:\n  " + "\n  ".join(errors))
+    wanted_rows = set(rows or [r.name for r in plan.rows])
+    train_names = {r.model_of or r.name for r in plan.rows if r.name in wanted_rows}
+    to_train = [r for r in all_runs.values() if r.row.name in train_names and (not seeds or r.seed in seeds)]
+    return to_train, list(all_runs.values()), resolved
+
+
+def _selected_rows(plan: Plan, rows: list[str] | None) -> list[str] | None:
+    """``--rows`` with each sweep's name replaced by its expanded rows; an unknown name is a PlanError."""
+    names = [r.name for r in plan.rows]
+    sweeps = {r.sweep_of: [s.name for s in plan.rows if s.sweep_of == r.sweep_of] for r in plan.rows if r.sweep_of}
+    for name in rows or []:
+        if name not in names and name not in sweeps:
+            raise PlanError(f"--rows: no row {name!r} in {plan.path} (rows: {', '.join(names)}"
+                            + (f"; sweeps: {', '.join(sweeps)}" if sweeps else "") + ")")
+    return [n for name in rows for n in sweeps.get(name, [name])] if rows else rows
+
+
+def _check_selected_seeds(plan: Plan, seeds: list[int] | None) -> None:
+    planned = {s for r in plan.rows for s in r.seeds}
+    for seed in seeds or []:
+        if seed not in planned:
+            raise PlanError(f"--seeds: seed {seed} is not in {plan.path} (planned: {sorted(planned)}); "
+                            "add it to the plan so the results record it")
+
+
+def _check_row(plan: Plan, row: Row, out: Path, extra: list[str], resume: bool, records: Path | None,
+               resolved: dict, all_runs: dict[Path, Run]) -> list[str]:
+    """The problems of one row: each seed's config and folder, and (for a row with a config) building its
+    model, whose parameter table and counts are kept in ``row.params_table`` / ``row.params``. Fills
+    ``resolved`` (row name → config) and ``all_runs`` (model folder → Run)."""
+    from hyperplex.cli import runner
+    from hyperplex.config.experiment import load_experiment
+
+    errors: list[str] = []
+    where = f"{plan.path}: row {row.name!r} ({row.config})"
+    train_row = next(r for r in plan.rows if r.name == (row.model_of or row.name))
+    for seed in row.seeds:
+        model_dir = out / train_row.name / f"seed{seed}"
+        overrides = run_overrides(plan, train_row, seed, extra)
+        try:
+            cfg = load_experiment(row.config, overrides + row.eval_overrides, str(model_dir))
+        except (ConfigError, ValueError, OSError) as err:
+            errors.append(f"{where}, seed {seed}: {err}")
+            continue
+        resolved.setdefault(row.name, cfg)
+        if seed == row.seeds[0]:
+            errors += _check_task(plan, cfg, where)
+        if model_dir in all_runs:
+            continue
+        run = Run(train_row, seed, model_dir, overrides, folder_status(model_dir))
+        record = records / train_row.name / f"seed{seed}" if records else None
+        if run.status == "new" and record and (record / RECORD_FILE).is_file():
+            run.record, run.status = record, read_record(record)["status"]
+        all_runs[model_dir] = run
+        errors += _check_folder(run, row.config, resume)
+    if row.name in resolved and not row.model_of:
+        try:  # builds the model from the config: a bad n / size fails here, not hours later
+            row.params_table, row.params = runner.params_report(row.config,
+                                                                run_overrides(plan, row, row.seeds[0], extra))
+        except (ConfigError, ValueError) as err:
+            errors.append(f"{where}: the model cannot be built: {err}")
+    return errors
+
+
+def _check_task(plan: Plan, cfg, where: str) -> list[str]:
+    """The plan's metrics (and ``quality:``) must fit the row's task."""
+    errors = []
+    bad = [m for m in plan.metrics if m not in TASK_METRICS[cfg.data.task] and m not in quality_metrics.QUALITY_METRICS]
+    if bad:
+        errors.append(f"{where}: metrics {bad} do not exist for task {cfg.data.task!r} "
+                      f"(it reports {', '.join(TASK_METRICS[cfg.data.task])})")
+    if plan.quality and cfg.data.task != quality_metrics.TASK:
+        errors.append(f"{where}: quality: applies to data.task {quality_metrics.TASK} models, this row's "
+                      f"task is {cfg.data.task!r}")
+    return errors
+
+
+def _check_folder(run: Run, config: str, resume: bool) -> list[str]:
+    """An existing folder (or record) must hold the config the plan would train now, healed as its row says;
+    an unfinished one needs ``--resume``."""
+    from hyperplex.config.experiment import experiment_dict, load_experiment
+
+    errors = []
+    if run.status in ("finished", "unfinished", "diverged") and (run.files / "config.yaml").is_file():
+        wanted = load_yaml_text(dump_yaml(experiment_dict(load_experiment(config, run.overrides,
+                                                                          str(run.model_dir)))))
+        diff = config_diff(saved_config(run.files), wanted)
+        if diff:
+            errors.append(f"{run.files} holds a run with a different config ({'; '.join(diff[:4])}); delete "
+                          "the folder or use another --out")
+    if run.status == "finished" and healed(run.files) != run.row.heal:
+        errors.append(f"{run.files} holds a {'healed' if healed(run.files) else 'not healed (heal: false)'} "
+                      f"model but row {run.row.name!r} says heal: {str(run.row.heal).lower()}; delete the "
+                      "folder or use another --out")
+    if run.status == "unfinished" and not resume:
+        errors.append(f"{run.model_dir} holds an unfinished run: pass --resume to continue it (or delete it)")
+    return errors

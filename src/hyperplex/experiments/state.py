@@ -1,0 +1,50 @@
+"""The state of one model of a plan, read from its folder or from its record.
+
+A model folder is ``new`` (absent or empty), ``partial`` (files but no ``last.safetensors``),
+``unfinished`` (a checkpoint whose trainer state is not finished), ``finished`` or ``diverged`` (a sweep
+model whose loss became NaN/inf: ``diverged.json``, an outcome that is not retried). A *record*
+(:mod:`hyperplex.experiments.records`) keeps a finished model's small files without its checkpoint and
+says in ``record.json`` what the folder's checkpoint said.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["DIVERGED_FILE", "RECORD_FILE", "NOT_HEALED", "folder_status", "healed", "read_record"]
+
+#: Per model folder of a sweep row whose training stopped at a NaN/inf loss.
+DIVERGED_FILE = "diverged.json"
+#: Per record folder: status, healed or not, and the checkpoint's SHA-256.
+RECORD_FILE = "record.json"
+#: ``stop_reason`` in the trainer state of a ``heal: false`` model's checkpoint (written without training).
+NOT_HEALED = "not healed"
+
+
+def folder_status(model_dir: Path) -> str:
+    """``new`` / ``partial`` / ``unfinished`` / ``finished`` from ``last.safetensors``'s trainer state;
+    ``diverged`` when a sweep run stopped at a non-finite loss (``diverged.json``)."""
+    from hyperplex.train.checkpoint import checkpoint_info
+
+    if (model_dir / DIVERGED_FILE).is_file():
+        return "diverged"
+    last = model_dir / "last.safetensors"
+    if not last.is_file():
+        return "partial" if model_dir.is_dir() and any(model_dir.iterdir()) else "new"
+    return "finished" if checkpoint_info(last)["extra"]["trainer"].get("finished") else "unfinished"
+
+
+def read_record(folder: Path) -> dict:
+    """``{"status", "healed", "checkpoint_sha256", "files", "written"}`` of a record folder."""
+    return json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+
+
+def healed(model_dir: Path) -> bool:
+    """Whether a finished folder's (or record's) model was trained (False: saved as built by a
+    ``heal: false`` row, :func:`hyperplex.experiments.execution.save_untrained_run`)."""
+    from hyperplex.train.checkpoint import checkpoint_info
+
+    if (model_dir / RECORD_FILE).is_file() and not (model_dir / "last.safetensors").is_file():
+        return read_record(model_dir)["healed"]
+    return checkpoint_info(model_dir / "last.safetensors")["extra"]["trainer"].get("stop_reason") != NOT_HEALED

@@ -1,0 +1,63 @@
+"""hyperplex.experiments.evaluation: a plan's evaluation equals ``hyperplex evaluate`` and ``parameter_breakdown``,
+``eval_split`` rows score another file, and ``--evaluate-each`` fills the caches the report reads."""
+
+import json
+
+import pytest
+
+from hyperplex.experiments import evaluation
+from hyperplex.experiments.cli import main
+
+
+def test_evaluation_equals_runner_evaluate_and_params_breakdown(done):
+    from hyperplex.cli import runner
+    from hyperplex.models.params import parameter_breakdown
+
+    _, out, _, results = done
+    item = results["rows"][1]["runs"][1]
+    expected = {k: v for k, v in runner.evaluate(item["model_dir"], "last").items() if not k.endswith("_signature")}
+    assert expected == pytest.approx(item["metrics"])
+    _, _, model = runner.load_model(item["model_dir"], "last")
+    assert item["params"] == parameter_breakdown(model)
+
+
+def test_eval_split_row_scores_a_file_like_hyperplex_evaluate(tmp_path, write_plan):
+    from hyperplex.cli import runner
+    from hyperplex.data.mlu import generate_mlu
+    held_out, _ = generate_mlu(12, 1, seed=99)  # PREFIX.src / PREFIX.tgt, as data.mlu.write_mlu names them
+    for side, column in (("src", 0), ("tgt", 1)):
+        (tmp_path / f"held_out.{side}").write_text("".join(pair[column] + "\n" for pair in held_out))
+    plan = write_plan(tmp_path, rows=[{"name": "phm2", "config": "tiny.yaml", "seeds": [1]},
+                                       {"name": "phm2_file", "model_of": "phm2", "eval_split": str(tmp_path / "held_out")}])
+    out = tmp_path / "out"
+    assert main([str(plan), "--out", str(out)]) == 0
+    rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    expected = runner.evaluate(str(out / "phm2" / "seed1"), checkpoint="last", split=str(tmp_path / "held_out"))
+    got = rows["phm2_file"]["runs"][0]["metrics"]
+    assert got["loss"] == pytest.approx(expected["loss"]) and got["accuracy"] == expected["accuracy"]
+    assert got["loss"] != rows["phm2"]["runs"][0]["metrics"]["loss"]  # another split than validation
+    assert f"scored on `{tmp_path / 'held_out'}`" in (out / "results.md").read_text()
+
+
+def test_evaluate_each_fills_the_caches_the_report_reads(tmp_path, monkeypatch, capsys, write_plan):
+    plan = write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml", "seeds": [1],
+                                        "overrides": ["--model.linear.kind=dense"]},
+                                       {"name": "dense_beam1", "model_of": "dense",
+                                        "eval_overrides": ["--testing.beam_size=1"]}])
+    out = tmp_path / "out"
+    assert main([str(plan), "--out", str(out), "--no-report", "--evaluate-each"]) == 0
+    folder = out / "dense" / "seed1"
+    caches = {p.name: json.loads(p.read_text()) for p in folder.glob("evaluation-*.json")}
+    assert set(caches) == {"evaluation-dense.json", "evaluation-dense_beam1.json"}
+    assert "evaluated for row 'dense_beam1'" in capsys.readouterr().err
+    calls = []
+    monkeypatch.setattr(evaluation, "evaluate_model", lambda *a, **k: calls.append(a))  # the report must not re-evaluate
+    assert main([str(plan), "--out", str(out), "--report-only"]) == 0
+    assert calls == []
+    results = json.loads((out / "results.json").read_text())
+    got = {r["name"]: r["runs"][0]["metrics"] for r in results["rows"]}
+    assert got["dense"] == caches["evaluation-dense.json"]["result"]["metrics"]
+    assert got["dense_beam1"] == caches["evaluation-dense_beam1.json"]["result"]["metrics"]
+    # a second lane pass over the finished model keeps its caches (no re-evaluation either)
+    assert main([str(plan), "--out", str(out), "--no-report", "--evaluate-each"]) == 0
+    assert calls == []

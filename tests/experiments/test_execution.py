@@ -1,0 +1,76 @@
+"""hyperplex.experiments.execution and the plan loop: finished models are skipped, a diverged sweep model is a
+result (recorded, not retried), a signal stops the whole plan and --resume continues it."""
+
+import json
+
+from hyperplex.experiments.cli import main
+from hyperplex.experiments.state import DIVERGED_FILE
+
+
+def test_sweep_records_divergence_and_plots(tmp_path, monkeypatch, capsys, sweep_plan):
+    from hyperplex.cli import runner
+    from hyperplex.train.trainer import TrainingError
+
+    real_train = runner.train
+
+    def train(config, overrides, model_dir, data_root, resume=False):
+        if "--training.lr=0.003" in overrides:  # this rate "diverges": the trainer's NaN error
+            raise TrainingError("loss became nan at step 5 (epoch 1, batch 5); training stopped")
+        return real_train(config, overrides, model_dir, data_root, resume=resume)
+
+    monkeypatch.setattr(runner, "train", train)
+    plan, out = sweep_plan(tmp_path), tmp_path / "out"
+    assert main([str(plan), "--out", str(out)]) == 0  # a diverged sweep run is a result, not a failure
+    marker = json.loads((out / "phm2_lr0.003" / "seed1" / DIVERGED_FILE).read_text())
+    assert marker["step"] == 5 and "nan" in marker["message"]
+    results = json.loads((out / "results.json").read_text())
+    rows = {r["name"]: r for r in results["rows"]}
+    assert rows["phm2_lr0.003"]["runs"][0]["status"] == "diverged"
+    assert rows["phm2_lr0.003"]["runs"][0]["stability"]["diverged"] is True
+    ok = rows["phm2_lr0.001"]["runs"][0]["stability"]
+    assert ok["nan_step"] is None and ok["grad_norm_median"] > 0 and ok["grad_norm_max"] >= ok["grad_norm_median"]
+    assert "stability" not in rows["dense"]["runs"][0]  # not a sweep row
+    text = (out / "results.md").read_text()
+    assert "Sweep over `training.lr`" in text and "| PHM n=2 | " in text and "0/1" not in text
+    assert "(0), 1/1 diverged" in text and "diverged (non-finite loss at step 5)" in text
+    png = out / "sweep-training.lr.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a diverged model is not trained again
+    assert main([str(plan), "--out", str(out), "--rows", "phm2"]) == 0
+    assert "diverged already, skipped" in capsys.readouterr().err
+
+
+def test_an_interrupt_stops_the_whole_plan(tmp_path, monkeypatch, capsys, write_plan):
+    """Ctrl-C / SIGTERM during one model (the trainer saved it and raised TrainingInterrupted) ends the
+    plan with 128 + signal; the next model is not started, and --resume continues where it stopped."""
+    import signal
+
+    from hyperplex.cli import runner
+    from hyperplex.train.interrupts import TrainingInterrupted
+
+    real_train, started = runner.train, []
+
+    def train(config, overrides, model_dir, data_root, resume=False):
+        started.append(model_dir)
+        if len(started) == 1:
+            raise TrainingInterrupted("interrupted by SIGTERM at step 2", signal.SIGTERM, saved=True)
+        return real_train(config, overrides, model_dir, data_root, resume=resume)
+
+    monkeypatch.setattr(runner, "train", train)
+    plan, out = write_plan(tmp_path), tmp_path / "out"
+    assert main([str(plan), "--out", str(out), "--no-report"]) == 128 + signal.SIGTERM
+    assert len(started) == 1
+    assert "plan stopped" in capsys.readouterr().err
+    assert main([str(plan), "--out", str(out), "--no-report", "--resume"]) == 0
+    assert len(started) == 1 + 4  # the interrupted model again, then the other three
+
+
+def test_finished_models_are_skipped(done, capsys):
+    plan, out, _, _ = done
+    last = out / "dense" / "seed1" / "last.safetensors"
+    before = last.stat().st_mtime_ns
+    segments = len(json.loads((out / "dense" / "seed1" / "experiment.json").read_text())["segments"])
+    assert main([str(plan), "--out", str(out), "--rows", "dense"]) == 0
+    assert "finished already, skipped" in capsys.readouterr().err
+    assert last.stat().st_mtime_ns == before
+    assert len(json.loads((out / "dense" / "seed1" / "experiment.json").read_text())["segments"]) == segments

@@ -1,0 +1,84 @@
+"""hyperplex.experiments.plan: the plan schema (unknown keys and wrong types name the key and the file), row
+references, sweeps expanded into one row per value."""
+
+import pytest
+import yaml
+
+from conftest import write_tiny_config
+from hyperplex.experiments.plan import PlanError, load_plan
+from hyperplex.experiments.runs import run_overrides, validate
+
+
+def test_plan_errors_name_the_problem(tmp_path):
+    write_tiny_config(tmp_path)
+    cases = [({"rows": [{"name": "a", "config": "nowhere.yaml"}]}, "nowhere.yaml"),
+             ({"rows": [{"name": "a", "config": "tiny.yaml", "seed": [1]}]}, "did you mean 'seeds'"),
+             ({"rows": [{"name": "a", "model_of": "b"}]}, "model_of 'b'"),
+             ({"metrics": ["bleuu"], "rows": [{"name": "a", "config": "tiny.yaml"}]}, "metrics"),
+             ({"rows": [{"name": "a", "config": "tiny.yaml", "eval_overrides": ["--training.lr=1"]}]}, "testing")]
+    for extra, message in cases:
+        path = tmp_path / "p.yaml"
+        path.write_text(yaml.safe_dump({"title": "t", "metrics": ["loss"], **extra}))
+        with pytest.raises(PlanError, match=message):
+            load_plan(path)
+    path.write_text(yaml.safe_dump({"title": "t", "metrics": ["map"], "rows": [{"name": "a", "config": "tiny.yaml"}]}))
+    with pytest.raises(PlanError, match="do not exist for task 'translation'"):
+        validate(load_plan(path), None, None, tmp_path / "out", [], False)
+
+
+def test_sweep_row_expands_to_one_row_per_value(tmp_path, sweep_plan):
+    plan = load_plan(sweep_plan(tmp_path, values=[0.0005, 1e-05, 0.015], seeds=[1, 2]))
+    assert [r.name for r in plan.rows] == ["phm2_lr0.0005", "phm2_lr1e-05", "phm2_lr0.015", "dense"]
+    first = plan.rows[0]
+    assert (first.label, first.sweep_of, first.sweep_key, first.sweep_value) == ("PHM n=2, lr 0.0005", "phm2",
+                                                                                 "training.lr", 0.0005)
+    assert first.seeds == [1, 2] and first.overrides == ["--training.lr=0.0005"]
+    # the swept value comes after the budget and the row's overrides, so it wins
+    assert run_overrides(plan, plan.rows[1], 2, [])[-2:] == ["--training.lr=1e-05", "--seed=2"]
+    # --rows accepts the sweep's name for all of its rows
+    to_train, _, resolved = validate(plan, ["phm2"], None, tmp_path / "out", [], False)
+    assert sorted({r.row.name for r in to_train}) == ["phm2_lr0.0005", "phm2_lr0.015", "phm2_lr1e-05"]
+    assert [resolved[n].training.lr for n in ("phm2_lr0.0005", "phm2_lr1e-05", "phm2_lr0.015")] == [5e-4, 1e-5, 0.015]
+
+
+@pytest.mark.parametrize("sweep,message", [({"key": "training.lr", "values": [0.001]}, "≥ 2 distinct"),
+                                           ({"key": "lr", "values": [0.1, 0.2]}, "dotted config key"),
+                                           ({"key": "training.lr"}, "mapping"),
+                                           ({"key": "training.lr", "values": [0.1, 0.1]}, "distinct")])
+def test_bad_sweeps_are_plan_errors(tmp_path, sweep, message, write_plan):
+    path = write_plan(tmp_path, rows=[{"name": "a", "config": "tiny.yaml", "sweep": sweep}])
+    with pytest.raises(PlanError, match=message):
+        load_plan(path)
+
+
+def test_plan_keys_are_checked_like_every_config(tmp_path):
+    """Unknown keys and wrong types are errors that name the plan file and the dotted key."""
+    import re
+
+    write_tiny_config(tmp_path)
+    path = tmp_path / "p.yaml"
+    row = {"name": "a", "config": "tiny.yaml"}
+    cases = [({"budjet": []}, "unknown config key 'budjet'; did you mean 'budget'?"),
+             ({"digits": "two"}, "digits: expected int, got str 'two'"),
+             ({"checkpoint": "first"}, "checkpoint: 'first' is not one of 'last', 'best'"),
+             ({"rows": [{**row, "heal": "no"}]}, "rows[0].heal: expected bool | null, got 'no'"),
+             ({"rows": [{**row, "sweep": {"key": "training.lr", "valus": [1, 2]}}]},
+              "unknown config key 'rows[0].sweep.valus'; did you mean 'values'?")]
+    for extra, message in cases:
+        path.write_text(yaml.safe_dump({"title": "t", "metrics": ["loss"], "rows": [row], **extra}))
+        with pytest.raises(PlanError, match=re.escape(f"{path}: {message}")):
+            load_plan(path)
+    path.write_text(yaml.safe_dump({"title": "t", "metrics": ["loss"], "rows": [row], "digits": 3}))
+    plan = load_plan(path)
+    assert (plan.name, plan.digits, plan.checkpoint, plan.rows[0].seeds, plan.rows[0].label) == ("p", 3, "last", [1], "a")
+
+
+def test_the_plan_reference_is_generated_from_the_schema():
+    from hyperplex.config import reference_markdown
+    from hyperplex.experiments.plan import PlanFile, RowSpec, SweepSpec
+
+    for schema, keys in ((PlanFile, ("title", "rows", "metrics", "budget", "checkpoint", "quality")),
+                         (RowSpec, ("name", "config", "model_of", "eval_split", "sweep", "match_params", "heal")),
+                         (SweepSpec, ("key", "values"))):
+        text = reference_markdown(schema)
+        assert all(f"| `{key}` |" in text for key in keys), schema

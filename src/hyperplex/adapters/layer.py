@@ -170,22 +170,42 @@ class PHMAdaptedLinear(nn.Module):
             out = out + self.adapters[self.active_adapter](x)
         return out
 
-    def _fold(self, sign: float) -> None:
-        """``W ← W ± s·ΔW`` for the active adapter, computed in at least float32."""
+    def folded_weight(self, sign: float = 1.0) -> Tensor:
+        """``W ± s·ΔW`` for the active adapter, computed in at least float32 and returned in the weight's
+        dtype (what a merge would write; shape of ``base_layer.weight``). The layer is not changed."""
         delta = self.adapters[self.active_adapter].delta_weight().detach()  # (k, d)
         weight = self.base_layer.weight
         if not isinstance(self.base_layer, nn.Linear):  # Conv1D: weight is (d, k), y = x W + b
             delta = delta.T
         compute = torch.promote_types(weight.dtype, torch.float32)
         with torch.no_grad():
-            weight.copy_((weight.to(compute) + sign * delta.to(compute)).to(weight.dtype))
+            return (weight.to(compute) + sign * delta.to(compute)).to(weight.dtype)
+
+    def check_foldable(self, where: str = "this layer") -> None:
+        """RuntimeError naming ``where`` when merging the active adapter would write a NaN or ±inf into the
+        frozen weight (a non-finite adapter, or a sum that overflows the weight's dtype, e.g. float16):
+        ``unmerge`` could not undo it."""
+        folded = self.folded_weight(+1.0)
+        if not bool(torch.isfinite(folded).all()):
+            bad = int((~torch.isfinite(folded)).sum())
+            raise RuntimeError(f"cannot merge adapter {self.active_adapter!r} into {where}: {bad} weight(s) would "
+                               f"become NaN or infinite in {self.base_layer.weight.dtype} (a non-finite adapter, or "
+                               f"an overflow); the weights are unchanged")
+
+    def _fold(self, sign: float) -> None:
+        """``W ← W ± s·ΔW`` for the active adapter (:meth:`folded_weight`)."""
+        folded = self.folded_weight(sign)
+        with torch.no_grad():
+            self.base_layer.weight.copy_(folded)
 
     def merge(self) -> None:
-        """Fold the active adapter into ``base_layer.weight``; forward then costs the base layer's."""
+        """Fold the active adapter into ``base_layer.weight``; forward then costs the base layer's.
+        Refused, with the weight unchanged, when the result would not be finite (:meth:`check_foldable`)."""
         if self.merged_adapter is not None:
             raise RuntimeError(f"adapter {self.merged_adapter!r} is already merged into this layer")
         if self.active_adapter is None:
             raise RuntimeError("no active adapter to merge")
+        self.check_foldable()
         self._fold(+1.0)
         self.merged_adapter = self.active_adapter
 

@@ -8,6 +8,7 @@ weights' state-dict keys gain a ``.base_layer`` segment until :func:`remove_adap
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterator
 from fnmatch import fnmatchcase
 from typing import NamedTuple
@@ -83,9 +84,17 @@ def _merged(model: nn.Module) -> str | None:
     return next((layer.merged_adapter for _, layer in adapted_layers(model) if layer.merged_adapter), None)
 
 
-def _check_name(name: str) -> None:
+#: Names an adapter may not have: attributes of the ``nn.ModuleDict`` that holds a layer's adapters.
+_RESERVED = frozenset(dir(nn.ModuleDict()))
+
+
+def _check_name(name: str, where: str = "adapter name") -> None:
+    """ValueError naming ``where`` unless ``name`` can key a layer's adapters (checked before the model changes)."""
     if not isinstance(name, str) or not name or "." in name:
-        raise ValueError(f"adapter name must be a non-empty string without '.', got {name!r}")
+        raise ValueError(f"{where} must be a non-empty string without '.', got {reprlib.repr(name)}")
+    if name in _RESERVED:
+        raise ValueError(f"{where} {name!r} is an attribute of nn.Module (like 'training' or 'forward'); choose "
+                         f"another name")
 
 
 def resolve_targets(model: nn.Module, targets, n: int = 1, key: str = "PHMAdapterConfig") -> list[str]:
@@ -249,12 +258,12 @@ def merge(model: nn.Module) -> int:
     if tied:
         where = "; ".join(f"{p} (weight also used as {', '.join(o)})" for p, o in tied.items())
         raise RuntimeError(f"cannot merge: the weight of {where} is tied to another module, which merging would change")
-    count = 0
-    for _, layer in adapted_layers(model):
-        if layer.active_adapter is not None:
-            layer.merge()
-            count += 1
-    return count
+    active = [(path, layer) for path, layer in adapted_layers(model) if layer.active_adapter is not None]
+    for path, layer in active:  # every layer checked before any weight is written
+        layer.check_foldable(f"layer {path!r}")
+    for _, layer in active:
+        layer.merge()
+    return len(active)
 
 
 def unmerge(model: nn.Module) -> int:

@@ -1,5 +1,5 @@
 """Command-line interface: ``hyperplex {demo,train,compress,score-encoder,corpus,evaluate,translate,params,average,
-experiment,bench}``.
+experiment,export,bench}``.
 
 Errors end with one line on stderr saying what is wrong and where, and exit code 1 (2 for
 usage errors); ``--debug`` shows the traceback instead.
@@ -87,6 +87,13 @@ def _average(args: argparse.Namespace) -> int:
     from hyperplex.cli import runner
 
     print(runner.average(args.inputs, args.output))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from hyperplex.cli.export import export
+
+    print(export(args.model, args.output, args.checkpoint, args.token_embeddings, args.opset, args.data_root))
     return 0
 
 
@@ -291,6 +298,24 @@ def build_parser() -> argparse.ArgumentParser:
         "training time, with the command, machines and dates. See experiments/README.md.")
     add_experiment_arguments(experiment)
     experiment.set_defaults(func=_experiment)
+
+    export = sub.add_parser(
+        "export", parents=[common], help="write a converted encoder or a Transformer classifier as ONNX",
+        description="Write MODEL as an ONNX graph holding the PHM / low-rank factors (not the dense H), with dynamic "
+        "batch and sequence axes, checked in onnxruntime against PyTorch before the file is put in place. MODEL: a "
+        "save_converted folder or a `hyperplex compress` model folder (a SentenceTransformer: input_ids, "
+        "attention_mask -> sentence_embedding), or a `hyperplex train` folder or checkpoint of a "
+        "TransformerClassifier (tokens, lengths -> logits). See docs/compress.md.")
+    export.add_argument("model", metavar="MODEL", help="model folder or checkpoint file")
+    export.add_argument("output", metavar="OUT.onnx", help="the ONNX file to write (replaced atomically)")
+    export.add_argument("--checkpoint", default="best",
+                        help="for a `hyperplex train` folder: best (default), last, or a checkpoint file")
+    export.add_argument("--token-embeddings", action="store_true",
+                        help="for a SentenceTransformer: export its transformer's last_hidden_state instead of the "
+                        "pooled sentence_embedding (the layout sentence-transformers' ONNX backend reads)")
+    export.add_argument("--opset", type=int, default=17, help="ONNX opset (default: 17)")
+    export.add_argument("--data-root", **data_root)
+    export.set_defaults(func=_export)
 
     bench = sub.add_parser("bench", parents=[common], help="run a benchmark script from benchmarks/",
                            description="Run benchmarks/bench_NAME.py (a source checkout) with the given arguments, "

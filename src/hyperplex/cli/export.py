@@ -1,0 +1,87 @@
+"""``hyperplex export MODEL OUT.onnx``: write a converted encoder or a hyperplex model as ONNX.
+
+MODEL is one of
+
+* a folder :func:`~hyperplex.convert.save_converted` wrote (``hyperplex_convert.json``), or a
+  ``hyperplex compress`` model folder (its ``student/``): a ``SentenceTransformer`` is written as
+  ``input_ids``, ``attention_mask`` → ``sentence_embedding`` (``--token-embeddings``: its transformer's
+  ``last_hidden_state``), a ``transformers`` model as ``input_ids``, ``attention_mask`` → its first output;
+* a ``hyperplex train`` model folder or checkpoint whose model is a ``TransformerClassifier``:
+  ``tokens`` ``(B, T)``, ``lengths`` ``(B,)`` → ``logits`` ``(B, C)``.
+
+Other hyperplex models (translators, whose output comes from a search loop; the LSTM and pair
+classifiers) are refused with a message naming the model; int8 folders (``save_quantized``) are
+refused naming the first int8 layer. Nothing is written on any error.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+#: hyperplex's own models that ``hyperplex export`` writes, with their example inputs' builder.
+SUPPORTED_MODELS = ("TransformerClassifier",)
+
+
+def _classifier_inputs(model) -> tuple[tuple[torch.Tensor, torch.Tensor], list[str], list[str]]:
+    """Example ``tokens`` (2, 8) and ``lengths`` (2,) for a ``TransformerClassifier``."""
+    embedding = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    generator = torch.Generator().manual_seed(0)
+    low = 1 if model.pad_index == 0 else 0
+    tokens = torch.randint(low, embedding.num_embeddings, (2, 8), generator=generator)
+    tokens[tokens == model.pad_index] = (model.pad_index + 1) % embedding.num_embeddings
+    lengths = torch.tensor([8, 5])
+    tokens[1, 5:] = model.pad_index
+    return (tokens, lengths), ["tokens", "lengths"], ["logits"]
+
+
+def _load(model_path: Path, checkpoint: str, data_root: str | None):
+    """(model, export keyword arguments) for MODEL."""
+    from hyperplex.convert.export import ExportError, unsupported_layers
+    from hyperplex.convert.quantize import QUANT_SPEC_NAME, load_quantized
+    from hyperplex.convert.serialize import SPEC_NAME, load_converted
+
+    folder = model_path
+    if folder.is_dir() and not (folder / SPEC_NAME).is_file() and (folder / "student" / SPEC_NAME).is_file():
+        folder = folder / "student"
+    if folder.is_dir() and (folder / QUANT_SPEC_NAME).is_file():
+        model = load_quantized(folder)  # checks the folder; then refused, naming its first int8 layer
+        name, reason = unsupported_layers(model)[0]
+        raise ExportError(f"cannot export {folder}: layer {name!r}: {reason} (the folder holds an int8 model; "
+                          f"export the float folder it was quantised from)")
+    if folder.is_dir() and (folder / SPEC_NAME).is_file():
+        return load_converted(folder), {}
+    from hyperplex.cli import runner
+
+    _, _, model = runner.load_model(model_path, checkpoint, data_root, read_data=False)
+    model = model.cpu().eval()
+    name = type(model).__name__
+    if name not in SUPPORTED_MODELS:
+        raise ExportError(f"{model_path}: hyperplex export writes {', '.join(SUPPORTED_MODELS)} among hyperplex's own "
+                          f"models; this model is a {name} (not supported)")
+    inputs, input_names, output_names = _classifier_inputs(model)
+    return model, {"example_inputs": inputs, "input_names": input_names, "output_names": output_names}
+
+
+def export(model: str, output: str, checkpoint: str = "best", token_embeddings: bool = False, opset: int = 17,
+           data_root: str | None = None) -> str:
+    """Export MODEL to OUTPUT (see the module notes); returns a one-line summary."""
+    from hyperplex.convert.export import ExportError, export_onnx
+    from hyperplex.convert.quantize import model_bytes
+
+    model_path = Path(model)
+    if not model_path.exists():
+        raise FileNotFoundError(f"model not found: {model}")
+    out = Path(output)
+    if out.suffix != ".onnx":
+        raise ExportError(f"{output}: the output file must end in .onnx")
+    if not out.parent.is_dir() and str(out.parent):
+        raise ExportError(f"{output}: folder {out.parent} does not exist")
+    loaded, kwargs = _load(model_path, checkpoint, data_root)
+    result = export_onnx(loaded, os.fspath(out), sentence_embedding=not token_embeddings, opset=opset, **kwargs)
+    diff = "not checked (onnxruntime missing)" if result.max_abs_diff is None else f"{result.max_abs_diff:.2g}"
+    return (f"wrote {result.path}: {result.bytes / 1e6:.2f} MB (tensors of the model: {model_bytes(loaded) / 1e6:.2f} MB); "
+            f"inputs {', '.join(result.input_names)} -> {', '.join(result.output_names)}; "
+            f"max |onnxruntime - PyTorch| = {diff}")

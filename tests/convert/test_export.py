@@ -1,0 +1,166 @@
+"""export_onnx and ``hyperplex export``: the graph holds the factors, onnxruntime agrees with PyTorch within
+ONNX_TOLERANCE at other batch and sequence sizes than traced, and every refusal writes nothing."""
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from hyperplex.cli import main  # noqa: E402
+from hyperplex.convert import convert_linears, model_bytes, quantize, save_converted, save_quantized  # noqa: E402
+from hyperplex.convert.export import ONNX_TOLERANCE, ExportError, export_onnx  # noqa: E402
+from hyperplex.layers import LowRankLinear, PHMLinear  # noqa: E402
+
+
+def run_onnx(path, feeds):
+    session = ort.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"])
+    return [torch.from_numpy(a) for a in session.run(None, {k: v.numpy() for k, v in feeds.items()})]
+
+
+def wide_bert(seed=0):
+    """A random BERT whose weights dominate the graph (hidden 128, FFN 512, 2 layers, vocab 40)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(vocab_size=40, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=512, max_position_embeddings=32)
+    return transformers.BertModel(config).eval()
+
+
+def test_plain_module_factors_in_graph_and_dynamic_batch(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(PHMLinear(64, 128, 4), nn.GELU(), LowRankLinear(128, 64, 8)).eval()
+    result = export_onnx(model, tmp_path / "m.onnx", example_inputs=torch.randn(3, 64), input_names=["x"],
+                         output_names=["y"])
+    assert result.max_abs_diff is not None and result.max_abs_diff < ONNX_TOLERANCE
+    x = torch.randn(11, 64)
+    (got,) = run_onnx(tmp_path / "m.onnx", {"x": x})
+    with torch.no_grad():
+        assert (got - model(x)).abs().max() < ONNX_TOLERANCE
+    import onnx
+    from onnx import numpy_helper
+    sizes = [numpy_helper.to_array(t).size for t in onnx.load(tmp_path / "m.onnx").graph.initializer]
+    assert max(sizes) < 64 * 128  # no dense H (128×64) anywhere; the largest tensor is a factor
+    assert sum(sizes) * 4 <= model_bytes(model)
+    assert model[0].forward_mode == "auto"  # restored after the export
+
+
+def test_transformers_model_file_is_about_the_factors(tmp_path):
+    teacher = wide_bert()
+    student = wide_bert()
+    convert_linears(student, "phm", n=4, include="*encoder.layer*")
+    result = export_onnx(student, tmp_path / "bert.onnx")
+    assert result.output_names == ["last_hidden_state"]
+    size = os.path.getsize(tmp_path / "bert.onnx")
+    # the graph (≈ 90 kB per layer of node descriptions) on top of the tensors; far below the dense teacher
+    assert model_bytes(student) * 0.9 < size < model_bytes(student) + 250_000
+    assert size < 0.5 * model_bytes(teacher)
+    ids = torch.randint(1, 40, (3, 13))
+    mask = torch.ones_like(ids)
+    mask[2, 7:] = 0
+    (got,) = run_onnx(tmp_path / "bert.onnx", {"input_ids": ids, "attention_mask": mask})
+    with torch.no_grad():
+        expected = student(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert got.shape == expected.shape and (got - expected).abs().max() < ONNX_TOLERANCE * max(1, expected.abs().max())
+
+
+def test_sentence_transformer_from_a_saved_folder(tmp_path, tiny_sentence_transformer, capsys):
+    model = tiny_sentence_transformer()
+    convert_linears(model, "lowrank", n=4, include="*encoder.layer*", min_features=8)
+    save_converted(model, tmp_path / "student")
+    assert main(["export", str(tmp_path / "student"), str(tmp_path / "st.onnx")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    sentences = ["the cat sat on the mat", "a big red dog runs fast", "blue"]
+    features = model.tokenize(sentences)
+    (got,) = run_onnx(tmp_path / "st.onnx", {"input_ids": features["input_ids"],
+                                             "attention_mask": features["attention_mask"]})
+    expected = model.encode(sentences, convert_to_tensor=True)
+    assert got.shape == expected.shape and (got - expected).abs().max() < ONNX_TOLERANCE
+    assert main(["export", str(tmp_path / "student"), str(tmp_path / "tok.onnx"), "--token-embeddings"]) == 0
+    session = ort.InferenceSession(os.fspath(tmp_path / "tok.onnx"))
+    assert [o.name for o in session.get_outputs()] == ["last_hidden_state"]
+
+
+def test_int8_model_is_refused_naming_the_layer(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = quantize(nn.Sequential(PHMLinear(16, 32, 4), nn.ReLU(), nn.Linear(32, 4)))
+    with pytest.raises(ExportError, match=r"layer '0': QuantizedPHMLinear is an int8 layer"):
+        export_onnx(model, tmp_path / "q.onnx", example_inputs=torch.randn(2, 16))
+    assert os.listdir(tmp_path) == []
+
+
+def test_int8_folder_is_refused_by_the_cli(tmp_path, tiny_bert_folder, capsys):
+    transformers = pytest.importorskip("transformers")
+    model = transformers.BertModel.from_pretrained(tiny_bert_folder).eval()
+    convert_linears(model, "phm", n=4, include="*encoder.layer*", min_features=8)
+    save_quantized(quantize(model), tmp_path / "int8")
+    before = sorted(os.listdir(tmp_path))
+    assert main(["export", str(tmp_path / "int8"), str(tmp_path / "q.onnx")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bars of the set-up above
+    assert err.startswith("hyperplex export: error: cannot export")
+    assert "layer 'encoder.layer.0.attention.self.query': QuantizedPHMLinear is an int8 layer" in err
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_refusals_leave_an_existing_file_unchanged(tmp_path):
+    target = tmp_path / "m.onnx"
+    target.write_bytes(b"old")
+    with pytest.raises(ExportError, match="pass example_inputs"):
+        export_onnx(nn.Sequential(nn.Linear(4, 4)), target)
+    with pytest.raises(ExportError, match="does not exist"):
+        export_onnx(nn.Sequential(nn.Linear(4, 4)), tmp_path / "missing" / "m.onnx", example_inputs=torch.randn(1, 4))
+
+    class Unexportable(nn.Module):
+        def forward(self, x):
+            return torch.from_numpy(x.numpy() * 2)  # leaves the graph: the tracer cannot follow it
+
+    with pytest.raises(ExportError):
+        export_onnx(Unexportable(), target, example_inputs=torch.randn(2, 4))
+    assert target.read_bytes() == b"old"
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx"]  # no temporary file left
+
+
+def test_transformer_classifier_from_a_train_folder(tmp_path, capsys):
+    from test_cli_robustness import DEV_TSV, TSV, cls_config, write_config
+
+    from hyperplex.cli import runner
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_text(TSV, encoding="utf-8")
+    (data / "dev.tsv").write_text(DEV_TSV, encoding="utf-8")
+    cfg = cls_config(data, training={"max_steps": 2})
+    cfg["model"]["linear"] = {"kind": "phm", "n": 4}
+    runner.train(str(write_config(tmp_path / "cls.yaml", cfg)), model_dir=str(tmp_path / "cls"))
+    assert main(["export", str(tmp_path / "cls"), str(tmp_path / "cls.onnx")]) == 0
+    capsys.readouterr()
+    _, _, model = runner.load_model(tmp_path / "cls", read_data=False)
+    assert any(isinstance(m, PHMLinear) for m in model.modules())
+    tokens = torch.randint(1, 10, (4, 9))
+    lengths = torch.tensor([9, 3, 6, 1])
+    for row, length in enumerate(lengths):
+        tokens[row, length:] = model.pad_index
+    (got,) = run_onnx(tmp_path / "cls.onnx", {"tokens": tokens, "lengths": lengths})
+    with torch.no_grad():
+        expected = model(tokens, lengths)
+    assert got.shape == expected.shape and (got - expected).abs().max() < ONNX_TOLERANCE
+
+
+def test_unsupported_hyperplex_model_is_refused(tmp_path, capsys):
+    from test_cli_robustness import DE, EN, mt_config, write_config
+
+    from hyperplex.cli import runner
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, lines in (("train.en", EN), ("train.de", DE), ("dev.en", EN[:4]), ("dev.de", DE[:4])):
+        (data / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    runner.train(str(write_config(tmp_path / "mt.yaml", mt_config(data, training={"max_steps": 1}))),
+                 model_dir=str(tmp_path / "mt"))
+    assert main(["export", str(tmp_path / "mt"), str(tmp_path / "mt.onnx")]) == 1
+    err = capsys.readouterr().err
+    assert "TransformerTranslator (not supported)" in err
+    assert not (tmp_path / "mt.onnx").exists()

@@ -74,11 +74,16 @@ def test_plan_keys_are_checked_like_every_config(tmp_path):
 
 
 def test_the_plan_reference_is_generated_from_the_schema():
+    """experiments/README.md lists the plan keys as the schema renders them (it cannot drift from the code)."""
+    from pathlib import Path
+
     from hyperplex.config import reference_markdown
     from hyperplex.experiments.plan import PlanFile, RowSpec, SweepSpec
 
+    readme = (Path(__file__).resolve().parents[2] / "experiments" / "README.md").read_text(encoding="utf-8")
     for schema, keys in ((PlanFile, ("title", "rows", "metrics", "budget", "checkpoint", "quality")),
                          (RowSpec, ("name", "config", "model_of", "eval_split", "sweep", "match_params", "heal")),
                          (SweepSpec, ("key", "values"))):
         text = reference_markdown(schema)
         assert all(f"| `{key}` |" in text for key in keys), schema
+        assert text in readme, f"experiments/README.md: the table of {schema.__name__} differs from the schema"

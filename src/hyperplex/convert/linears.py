@@ -157,6 +157,25 @@ def _plan(module: nn.Module, kind: str, n: int, rank: int | None, include: list[
     return rows, layers
 
 
+def _check_weights(layers: dict[str, nn.Module], sources: dict[str, str]) -> None:
+    """Every selected layer's weight and bias must hold finite values on a real device; checked for all of them
+    before any is replaced, so a bad layer leaves the model as it was (ValueError naming the layer)."""
+    for name, layer in layers.items():
+        view = _dense_view(layer, sources[name])
+        for what, tensor in (("weight", view.weight), ("bias", view.bias)):
+            if tensor is None:
+                continue
+            if tensor.device.type == "meta":
+                raise ValueError(f"layer {name!r}: its {what} is on the meta device (no values to convert); load the "
+                                 f"model's weights first")
+            finite = torch.isfinite(tensor.detach())
+            if not bool(finite.all()):
+                bad = tensor.detach()[~finite]
+                kinds = sorted({"NaN" if bool(v.isnan()) else ("+inf" if float(v) > 0 else "-inf") for v in bad[:1000]})
+                raise ValueError(f"layer {name!r}: its {what} holds {int((~finite).sum())} non-finite value(s) "
+                                 f"({', '.join(kinds)}); no layer was converted")
+
+
 def _build(view: _Dense, kind: str, n: int, rank: int | None, rule: RuleSpec, init: str) -> tuple[nn.Module, int | None]:
     """The replacement layer for one dense layer (same dtype and device), and its rank (low-rank)."""
     W = view.weight.detach()
@@ -242,7 +261,8 @@ def convert_linears(
     Raises:
         ValueError: bad ``kind``/``init``/``n``/``rank``; an include pattern that matches no layer
         (the message shows real layer names); an ``n`` that divides no selected layer; nothing
-        left to convert. Raised before the model is changed.
+        left to convert; a selected layer with NaN/inf values or on the meta device. Raised before the
+        model is changed.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; valid: {', '.join(repr(k) for k in KINDS)}")
@@ -263,6 +283,7 @@ def convert_linears(
         PHMLinear(n, n, n, rule=rule)  # validates the rule name against n before anything changes
     rows, layers = _plan(module, kind, n, rank, _patterns(include, "include"), _patterns(exclude, "exclude"),
                          min_features)
+    _check_weights(layers, {r.name: r.source for r in rows})
     before = _param_count(module)
     factors = None
     if calibrate is not None:  # inputs of the dense layers, before any is replaced

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import math
 import re
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -25,9 +26,64 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the file/key and what was expected."""
 
 
+#: Values shown in error messages are cut (a few items, a few levels, 80 characters of a string), so a
+#: huge value (a YAML alias bomb) gives a short message instead of building it whole.
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict, _REPR.maxlevel = 80, 80, 6, 6, 3
+#: The most nodes a config document may expand to with its aliases (``*name`` repeats ``&name``'s node).
+MAX_YAML_NODES = 100_000
+
+
+def _show(value: Any) -> str:
+    """``repr(value)``, shortened (:data:`_REPR`, then at most 200 characters)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _expanded_size(root) -> int:
+    """Nodes of a composed YAML document with every alias expanded, counted without expanding anything
+    (each node's size once, memoised); stops early past :data:`MAX_YAML_NODES`. ValueError on a cycle."""
+    sizes: dict[int, int] = {}
+    stack = [(root, False)]
+    visiting: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children = []
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if done:
+            visiting.discard(key)
+            sizes[key] = min(1 + sum(sizes[id(c)] for c in children), MAX_YAML_NODES + 1)
+            continue
+        if key in sizes:
+            continue
+        if key in visiting:
+            raise ValueError("an alias refers to a node that contains it")
+        visiting.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
+
+
 # ---------------------------------------------------------------------------- YAML
 class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last silently)
+    and a document whose aliases expand beyond :data:`MAX_YAML_NODES` nodes (a "billion laughs" file)."""
+
+    def get_single_data(self):
+        node = self.get_single_node()
+        if node is None:
+            return None
+        try:
+            size = _expanded_size(node)
+        except ValueError as err:
+            raise _TooLarge(str(err)) from None
+        if size > MAX_YAML_NODES:
+            raise _TooLarge(f"its aliases expand to more than {MAX_YAML_NODES:,} values")
+        return self.construct_document(node)
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
@@ -41,6 +97,10 @@ class _StrictLoader(yaml.SafeLoader):
                 raise _DuplicateKey(key, first, key_node.start_mark.line + 1)
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
+
+
+class _TooLarge(Exception):
+    """A document refused before it is built; the message says why."""
 
 
 class _DuplicateKey(Exception):
@@ -60,12 +120,16 @@ def load_yaml(path: str | Path) -> dict:
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 - a SafeLoader
     except _DuplicateKey as dup:
-        raise ConfigError(f"{path}:{dup.second_line}: key {dup.key!r} is given twice in the same section (first "
+        raise ConfigError(f"{path}:{dup.second_line}: key {_show(dup.key)} is given twice in the same section (first "
                           f"at line {dup.first_line}); remove one") from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         raise ConfigError(f"malformed YAML at {where}: {err.problem}") from None
+    except _TooLarge as err:
+        raise ConfigError(f"{path}: refused: {err} (YAML anchors and aliases, `&name` / `*name`)") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text (invalid byte at offset {err.start})") from None
     except yaml.YAMLError as err:
@@ -134,7 +198,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if value not in choices:
             close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(repr(c) for c in choices)}{hint}")
+            raise ConfigError(f"{key}: {_show(value)} is not one of {', '.join(repr(c) for c in choices)}{hint}")
         return value
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
@@ -151,13 +215,13 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
                 return _convert(value, arg, key)
             except ConfigError as err:
                 errors.append(err)
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_show(value)}")
     if origin is list:
         (item_type,) = typing.get_args(tp)
         if isinstance(value, tuple):
             value = list(value)
         if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {_show(value)}")
         return [_convert(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
@@ -166,29 +230,29 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         return from_dict(resolve(value, key) if resolve else tp, value, key)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected bool (true/false), got {value!r}")
+            raise ConfigError(f"{key}: expected bool (true/false), got {_show(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
                 return int(value)
-            raise ConfigError(f"{key}: expected int, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{key}: expected int, got {type(value).__name__} {_show(value)}")
         return value
     if tp is float:
         if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
             value = float(value)  # YAML 1.1 (PyYAML) reads `3e-4` (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected float, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{key}: expected float, got {type(value).__name__} {_show(value)}")
         if not math.isfinite(value):  # a NaN passes every `x <= 0` check and poisons training hours later
-            raise ConfigError(f"{key}: expected a finite float, got {value!r}")
+            raise ConfigError(f"{key}: expected a finite float, got {_show(value)}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected str, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{key}: expected str, got {type(value).__name__} {_show(value)}")
         return value
     if tp is dict or typing.get_origin(tp) is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping, got {_show(value)}")
         return value
     raise TypeError(f"unsupported config annotation {tp!r} for {key}")
 
@@ -204,7 +268,7 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{section}: expected a mapping, got {type(data).__name__} {data!r}")
+        raise ConfigError(f"{section}: expected a mapping, got {type(data).__name__} {_show(data)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
@@ -213,14 +277,14 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"
-            raise ConfigError(f"unknown config key {dotted!r}{hint}")
+            raise ConfigError(f"unknown config key {_show(dotted)}{hint}")
         kwargs[key] = _convert(value, hints[key], dotted)
         choices = fields[key].metadata.get("choices")  # a registry-backed choice: the live table decides
         if choices is not None and kwargs[key] not in choices():
             valid = choices()
             close = difflib.get_close_matches(str(value), [str(c) for c in valid], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{dotted}: {value!r} is not one of {', '.join(repr(c) for c in valid)}{hint}")
+            raise ConfigError(f"{dotted}: {_show(value)} is not one of {', '.join(repr(c) for c in valid)}{hint}")
     try:
         return cls(**kwargs)
     except ConfigError:

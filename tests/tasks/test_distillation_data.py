@@ -123,3 +123,15 @@ def test_an_all_held_out_corpus_and_a_missing_exclude_file(tmp_path, teacher_fol
     task = task_for(tmp_path, teacher_folder, ["a dog runs"], ["red mat"], exclude=["missing.jsonl"])
     with pytest.raises(DataError, match=r"data\.exclude\[0\]: file not found: missing\.jsonl"):
         task.prepare(fresh=True)
+
+
+def test_compress_refuses_a_leaking_corpus_before_training(tmp_path, teacher_folder, capsys):
+    from hyperplex.cli.main import main
+
+    task_for(tmp_path, teacher_folder, ["a good film", "Red  MAT", "the dog is fast"], ["red mat"],
+             leak_check="error")
+    assert main(["compress", str(tmp_path / "c.yaml")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.txt.gz, line 2: 'Red  MAT' is an evaluation sentence" in err[0]
+    written = sorted(p.name for p in (tmp_path / "m").iterdir()) if (tmp_path / "m").exists() else []
+    assert not {"config.yaml", "last.safetensors", "student", "metrics.csv"} & set(written)  # at most the log

@@ -129,7 +129,9 @@ def test_bad_arguments_change_nothing():
 
 
 def test_missing_engine_is_a_clear_error(monkeypatch, tmp_path):
-    import hyperplex.convert.quantize as qmod
+    import importlib
+
+    qmod = importlib.import_module("hyperplex.convert.quantize")  # the attribute of hyperplex.convert is the function
 
     m = quantize(plain_model())
     save_quantized(m, tmp_path / "q")

@@ -137,3 +137,13 @@ def test_recorded_vocabulary_names_outside_the_folder_are_refused(trained, tmp_p
     err = capsys.readouterr().err
     assert f"header key extra.task.files.{source}.vocabulary" in err and name in err
     assert snapshot(folder) == before
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_checkpoint_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    from hyperplex.train.checkpoint import CheckpointError, checkpoint_info, load_checkpoint
+
+    os.mkfifo(tmp_path / "fifo.safetensors")
+    for read in (load_checkpoint, checkpoint_info):
+        with pytest.raises(CheckpointError, match="fifo.safetensors: not a regular file"):
+            read(tmp_path / "fifo.safetensors")

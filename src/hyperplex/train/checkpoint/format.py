@@ -215,6 +215,8 @@ def _read_header(path) -> tuple[str, dict]:
         raise CheckpointError(f"{path}: no such checkpoint file")
     if os.path.isdir(path):
         raise CheckpointError(f"{path}: is a directory, expected a .safetensors checkpoint file")
+    if not os.path.isfile(path):  # a FIFO or device file would block or never end
+        raise CheckpointError(f"{path}: not a regular file (a FIFO or device?), expected a .safetensors checkpoint file")
     try:
         with safe_open(path, framework="pt", device="cpu") as f:
             metadata = f.metadata() or {}
@@ -231,6 +233,10 @@ def _read_header(path) -> tuple[str, dict]:
         payload = json.loads(text)
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: corrupted checkpoint metadata ({e})") from e
+    except RecursionError:
+        raise CheckpointError(f"{path}: checkpoint metadata nested too deeply; not written by hyperplex") from None
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"{path}: checkpoint metadata is not a JSON object; not written by hyperplex")
     if payload.get("format_version", 0) > FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format version {payload.get('format_version')} is newer than "
                               f"this hyperplex supports ({FORMAT_VERSION}); upgrade hyperplex")

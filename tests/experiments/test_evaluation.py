@@ -61,3 +61,36 @@ def test_evaluate_each_fills_the_caches_the_report_reads(tmp_path, monkeypatch, 
     # a second lane pass over the finished model keeps its caches (no re-evaluation either)
     assert main([str(plan), "--out", str(out), "--no-report", "--evaluate-each"]) == 0
     assert calls == []
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_old_one(done, tmp_path, monkeypatch):
+    """The evaluation cache is replaced whole or not at all (hyperplex.fileio): a failed write keeps the
+    old file and leaves no temporary file behind."""
+    import os
+    import shutil
+
+    from hyperplex.experiments.plan import load_plan
+    from hyperplex.experiments.runs import Run, run_overrides
+    from hyperplex.fileio import TMP_PATTERN, WriteError
+
+    plan_path, out, _, _ = done
+    folder = tmp_path / "seed1"
+    shutil.copytree(out / "dense" / "seed1", folder)
+    plan = load_plan(plan_path)
+    row = next(r for r in plan.rows if r.name == "dense")
+    run = Run(row, 1, folder, run_overrides(plan, row, 1, []), "finished")
+    cache = folder / "evaluation-dense.json"
+    stale = json.loads(cache.read_text())
+    stale["key"]["mtime_ns"] = 0  # another checkpoint: the evaluation is made again
+    cache.write_text(json.dumps(stale))
+    before = cache.read_bytes()
+    monkeypatch.setattr(evaluation, "evaluate_model", lambda *a, **k: {"metrics": {"loss": 0.5}})
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(WriteError, match="evaluation-dense.json"):
+        evaluation.cached_evaluation(run, row, "last", None)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert cache.read_bytes() == before
+    assert not [p.name for p in folder.iterdir() if TMP_PATTERN.match(p.name)]  # no temporary folder left
+    assert evaluation.cached_evaluation(run, row, "last", None) == {"metrics": {"loss": 0.5}}
+    assert json.loads(cache.read_text())["result"] == {"metrics": {"loss": 0.5}}

@@ -88,26 +88,8 @@ def sweep_figure(results: dict, key: str | None = None, metric: str | None = Non
         ax, ax_spikes = fig.add_subplot(), None
     bottom = blended_transform_factory(ax.transData, ax.transAxes)  # x in data, y in axes fraction
     for i, (model, data) in enumerate(series.items()):
-        color = f"C{i}"
         points = [(position[v], data["points"][v]) for v in values if v in data["points"]]
-        scored = [(x, p["values"]) for x, p in points if p["values"]]
-        xs = [x for x, _ in scored]
-        ax.plot(xs, [sum(v) / len(v) for _, v in scored], marker="o", color=color, label=data["label"],
-                gid=f"mean:{model}")
-        ax.fill_between(xs, [min(v) for _, v in scored], [max(v) for _, v in scored], color=color, alpha=0.18,
-                        linewidth=0, gid=f"spread:{model}")
-        crosses = []  # one per diverged seed, side by side around the swept value, one height per model
-        for x, p in points:
-            k = p["diverged"]
-            offsets = [(j - (k - 1) / 2) * 0.06 for j in range(k)]
-            crosses += [x * 10 ** o if log_x else x + o for o in offsets]
-        if crosses:  # (an empty unclipped line would upset the constrained layout)
-            ax.plot(crosses, [0.04 + 0.05 * i] * len(crosses), linestyle="none", marker="x", markersize=7,
-                    markeredgewidth=2, color=color, transform=bottom, clip_on=False, gid=f"diverged:{model}")
-        if ax_spikes is not None:
-            counted = [(x, p["spikes"]) for x, p in points if p["spikes"] is not None]
-            ax_spikes.plot([x for x, _ in counted], [s for _, s in counted], marker="s", color=color,
-                           gid=f"spikes:{model}")
+        _draw_model(ax, ax_spikes, bottom, i, model, data["label"], points, log_x)
     ax.plot([], [], linestyle="none", marker="x", color="0.3", markeredgewidth=2, label="diverged seed")
     scores = [v for m in series.values() for p in m["points"].values() for v in p["values"]]
     diverged = any(p["diverged"] for m in series.values() for p in m["points"].values())
@@ -133,6 +115,29 @@ def sweep_figure(results: dict, key: str | None = None, metric: str | None = Non
         ax_spikes.grid(alpha=0.3)
         ax_spikes.set_ylim(bottom=-0.5)
     return fig
+
+
+def _draw_model(ax, ax_spikes, bottom, index: int, model: str, label: str, points: list, log_x: bool) -> None:
+    """One model's line of seed means, its min–max band, a cross per diverged seed (at height ``index`` of the
+    strip below the data, ``bottom``: x in data, y in axes fraction) and its spike counts on ``ax_spikes``."""
+    color = f"C{index}"
+    scored = [(x, p["values"]) for x, p in points if p["values"]]
+    xs = [x for x, _ in scored]
+    ax.plot(xs, [sum(v) / len(v) for _, v in scored], marker="o", color=color, label=label, gid=f"mean:{model}")
+    ax.fill_between(xs, [min(v) for _, v in scored], [max(v) for _, v in scored], color=color, alpha=0.18,
+                    linewidth=0, gid=f"spread:{model}")
+    crosses = []  # one per diverged seed, side by side around the swept value, one height per model
+    for x, p in points:
+        k = p["diverged"]
+        offsets = [(j - (k - 1) / 2) * 0.06 for j in range(k)]
+        crosses += [x * 10 ** o if log_x else x + o for o in offsets]
+    if crosses:  # (an empty unclipped line would upset the constrained layout)
+        ax.plot(crosses, [0.04 + 0.05 * index] * len(crosses), linestyle="none", marker="x", markersize=7,
+                markeredgewidth=2, color=color, transform=bottom, clip_on=False, gid=f"diverged:{model}")
+    if ax_spikes is not None:
+        counted = [(x, p["spikes"]) for x, p in points if p["spikes"] is not None]
+        ax_spikes.plot([x for x, _ in counted], [s for _, s in counted], marker="s", color=color,
+                       gid=f"spikes:{model}")
 
 
 def save_sweep_figure(results: dict, out_png: str | Path, key: str | None = None, metric: str | None = None,

@@ -20,7 +20,7 @@ full), from its overrides, else its config file.
   teacher (whose agreement with itself is 1 by definition), and a healed student has no dense counterpart.
 
 Rows that score a trained row's models elsewhere (``model_of`` with ``eval_split``/``eval_overrides``)
-are compared the same way, in their own group. Sweep rows are left to ``plot_sweep.py``.
+are compared the same way, in their own group. Sweep rows are left to the sweep figure (:mod:`hyperplex.experiments.plot`).
 
 Verdict: "PHM ahead" / "low-rank ahead" / "dense ahead" when the two 95% t-intervals of the means
 (:func:`hyperplex.experiments.intervals.summarize`) do not overlap, else "within the spread"; a side with fewer than two finished

@@ -1,0 +1,41 @@
+"""``hyperplex experiment PLAN``: the verb takes the flags of the experiments/run.py script, records itself as the
+command of the report, and the script (a shim kept for earlier reports) records its own name."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from hyperplex.cli.main import main as hyperplex_main
+
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "run.py"
+
+
+def test_the_verb_validates_and_lists_the_runs(tmp_path, capsys, write_plan):
+    plan = write_plan(tmp_path)
+    assert hyperplex_main(["experiment", str(plan), "--dry-run", "--out", str(tmp_path / "out"),
+                           "--override=--training.max_steps=2", "--rows", "dense", "--seeds", "1"]) == 0
+    output = capsys.readouterr().out
+    assert "1 model(s) selected" in output and "--training.max_steps=2 --seed=1" in output
+    assert not (tmp_path / "out").exists()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(plan.read_text().replace("title:", "titel:"))
+    assert hyperplex_main(["experiment", str(bad), "--dry-run"]) == 1
+    assert f"{bad}: unknown config key 'titel'; did you mean 'title'?" in capsys.readouterr().err
+
+
+def test_the_report_records_the_command_that_was_typed(done, tmp_path):
+    plan, out, _, _ = done
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    (copy / "results.json").unlink()  # a fresh report, not the saved one repeated
+    assert hyperplex_main(["experiment", str(plan), "--out", str(copy), "--report-only"]) == 0
+    command = json.loads((copy / "results.json").read_text())["command"]
+    assert command == f"hyperplex experiment {plan} --out {copy} --report-only"
+    (copy / "results.json").unlink()
+    done_script = subprocess.run([sys.executable, str(SCRIPT), str(plan), "--out", str(copy), "--report-only"],
+                                 capture_output=True, text=True, cwd=tmp_path)
+    assert done_script.returncode == 0, done_script.stderr
+    command = json.loads((copy / "results.json").read_text())["command"]
+    assert command == f"python {SCRIPT} {plan} --out {copy} --report-only"

@@ -354,3 +354,17 @@ def test_hostile_folders_are_refused_and_nothing_outside_them_changes(setup, com
     assert main(["evaluate", os.fspath(compressed), "--split", os.fspath(data / "dev.txt"),
                  "--data-root", os.fspath(data)]) == 1
     assert "--split" in capsys.readouterr().err and snapshot(compressed) == before
+
+
+def test_compress_refuses_a_converted_teacher_before_creating_its_folder(setup, tmp_path, capsys):
+    teacher, data, folders = setup
+    config = tmp_path / "distill.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "converted_teacher", "seed": 1, "model_dir": os.fspath(tmp_path / "model"),
+        "data": {"task": "distillation", "train": "train.txt", "dev": "dev.txt"},
+        "model": {"architecture": "pretrained_student", "path": os.fspath(folders["phm2"]), "kind": "phm", "n": 2},
+        "training": {"max_steps": 1, "device": "cpu", "progress_bar": False, "plots": False}}))
+    assert main(["compress", os.fspath(config), "--data-root", os.fspath(data)]) == 1
+    err = capsys.readouterr().err
+    assert "model.path: " in err and "is a converted model" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "model").exists()

@@ -74,6 +74,11 @@ def compress(config: str, overrides: list[str] | None = None, model_dir: str | N
     if cfg.data.task != "distillation":
         raise ValueError(f"{config}: compress needs a config with data.task: distillation (this one has "
                          f"{cfg.data.task!r}); use `hyperplex train` for it")
+    path = getattr(cfg.model, "path", None)
+    if isinstance(path, str):  # the teacher folder, checked before the model folder is created
+        from hyperplex.pretrained import resolve_model_path
+
+        resolve_model_path(path, "model.path")
     with own_model_dir(cfg.model_dir, "compress"):  # held from training to the student's last file
         metrics = train(config, overrides, model_dir, data_root, resume)
         _, _, model = load_model(cfg.model_dir, "best", data_root, read_data=False)

@@ -172,3 +172,15 @@ def test_cli_writes_the_corpus_and_report_and_refuses_too_few(data_root, tmp_pat
     assert set(lines) == KEPT
     assert json.loads((tmp_path / "corpus.report.json").read_text())["seed"] == 3
     assert listing(tmp_path) == ["corpus.report.json", "corpus.txt.gz", "data"]
+
+
+@pytest.mark.slow
+def test_the_real_corpus_is_large_distinct_and_free_of_evaluation_sentences(shared_data):
+    # about a minute and 0.6 GB: every source of ../shared/data
+    sentences, report = build_corpus(shared_data)
+    assert report.sentences == len(sentences) >= 500_000 and len(set(sentences)) == len(sentences)
+    assert sum(s.kept for s in report.sources) == len(sentences)
+    letters = {"".join(c for c in t.lower() if c.isalnum()) for path in ("tatoeba_en_fr/dev.en.gz",
+               "wikiqa/dev.jsonl.gz", "multi30k_en_de/val.en.gz", "sst2/train.tsv.gz")
+               for t in evaluation_sentences(f"{shared_data}/{path}")}
+    assert not any("".join(c for c in s.lower() if c.isalnum()) in letters for s in sentences)

@@ -368,3 +368,15 @@ def test_compress_refuses_a_converted_teacher_before_creating_its_folder(setup, 
     err = capsys.readouterr().err
     assert "model.path: " in err and "is a converted model" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "model").exists()
+
+
+def test_params_of_a_student_reports_the_teachers_vocabulary(setup, tmp_path, capsys):
+    teacher, _, _ = setup
+    config = tmp_path / "distill.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "student", "data": {"task": "distillation", "train": "train.txt", "dev": "dev.txt", "vocab_size": 8000},
+        "model": {"architecture": "pretrained_student", "path": os.fspath(teacher), "kind": "phm", "n": 2,
+                  "min_features": 8}, "training": {"max_steps": 1}}))
+    assert main(["params", os.fspath(config)]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "vocabulary 8000" not in header and f"(vocabulary {len(WORDS) + 5})" in header  # 5 special tokens

@@ -366,6 +366,9 @@ def params_report(config: str, overrides: list[str] | None = None, vocab_size: i
     # builds its layers without that fit, as it does before loading a checkpoint
     extra = {"structure_only": True} if "structure_only" in inspect.signature(model_class).parameters else {}
     model = model_class(cfg.model, v, outputs, **extra)
+    teacher_tokenizer = getattr(getattr(model, "encoder", None), "tokenizer", None)
+    if vocab_size is None and not callable(own_tokenizer) and teacher_tokenizer is not None:
+        v = len(teacher_tokenizer)  # a pretrained student tokenises as its teacher: data.vocab_size is unused
     header = f"{cfg.name}: {cfg.model.architecture} (vocabulary {v}"
     header += f", target vocabulary {v if tgt_vocab_size is None else tgt_vocab_size})" \
         if arch.family == "seq2seq" else ")"

@@ -371,6 +371,9 @@ def build_corpus(data_root: str | os.PathLike, excludes: Sequence[str | os.PathL
             DataError(f"files not found: {', '.join(map(str, missing))} (data root {root})")
     say = progress or (lambda _message: None)
     report = CorpusReport(seed=seed, min_sentences=min_sentences)
+    if any(Path(p).parts[-2:] == ("sst2", "train.tsv.gz") for p in exclude_paths):
+        report.notes.append("SST-2 is an exclusion file, not a source: the SST-2 probe draws its sentences from "
+                            "sst2/train.tsv.gz and every other row is a phrase cut from one of them")
     held_out: set[bytes] = set()
     for path in exclude_paths:
         keys = {normalize_text(t) for t in evaluation_sentences(path)} - {""}

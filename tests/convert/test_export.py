@@ -45,7 +45,24 @@ def test_plain_module_factors_in_graph_and_dynamic_batch(tmp_path):
     sizes = [numpy_helper.to_array(t).size for t in onnx.load(tmp_path / "m.onnx").graph.initializer]
     assert max(sizes) < 64 * 128  # no dense H (128×64) anywhere; the largest tensor is a factor
     assert sum(sizes) * 4 <= model_bytes(model)
-    assert model[0].forward_mode == "auto"  # restored after the export
+    assert "forward" not in vars(model[0]) and model[0].forward_mode == "auto"  # restored after the export
+
+
+def test_materialized_phm_keeps_the_factors_in_the_file(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(PHMLinear(128, 256, 4), nn.GELU(), PHMLinear(256, 128, 4, rule="quaternion")).eval()
+    result = export_onnx(model, tmp_path / "m.onnx", example_inputs=torch.randn(3, 128), phm="materialized")
+    assert result.max_abs_diff < ONNX_TOLERANCE
+    import onnx
+    from onnx import numpy_helper
+    sizes = [numpy_helper.to_array(t).size for t in onnx.load(tmp_path / "m.onnx").graph.initializer]
+    assert max(sizes) < 128 * 256 and os.path.getsize(tmp_path / "m.onnx") < 1.2 * model_bytes(model)
+    x = torch.randn(5, 128)
+    (got,) = run_onnx(tmp_path / "m.onnx", {"input_0": x})
+    with torch.no_grad():
+        assert (got - model(x)).abs().max() < ONNX_TOLERANCE
+    with pytest.raises(ExportError, match="unknown phm mode"):
+        export_onnx(model, tmp_path / "n.onnx", example_inputs=torch.randn(3, 128), phm="dense")
 
 
 def test_transformers_model_file_is_about_the_factors(tmp_path):

@@ -66,7 +66,7 @@ def _load(model_path: Path, checkpoint: str, data_root: str | None):
 
 
 def export(model: str, output: str, checkpoint: str = "best", token_embeddings: bool = False, opset: int = 17,
-           data_root: str | None = None) -> str:
+           data_root: str | None = None, phm: str = "structured") -> str:
     """Export MODEL to OUTPUT (see the module notes); returns a one-line summary."""
     from hyperplex.convert.export import ExportError, export_onnx
     from hyperplex.convert.quantize import model_bytes
@@ -80,7 +80,8 @@ def export(model: str, output: str, checkpoint: str = "best", token_embeddings: 
     if not out.parent.is_dir() and str(out.parent):
         raise ExportError(f"{output}: folder {out.parent} does not exist")
     loaded, kwargs = _load(model_path, checkpoint, data_root)
-    result = export_onnx(loaded, os.fspath(out), sentence_embedding=not token_embeddings, opset=opset, **kwargs)
+    result = export_onnx(loaded, os.fspath(out), sentence_embedding=not token_embeddings, phm=phm, opset=opset,
+                         **kwargs)
     diff = "not checked (onnxruntime missing)" if result.max_abs_diff is None else f"{result.max_abs_diff:.2g}"
     return (f"wrote {result.path}: {result.bytes / 1e6:.2f} MB (tensors of the model: {model_bytes(loaded) / 1e6:.2f} MB); "
             f"inputs {', '.join(result.input_names)} -> {', '.join(result.output_names)}; "

@@ -93,7 +93,7 @@ def _average(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from hyperplex.cli.export import export
 
-    print(export(args.model, args.output, args.checkpoint, args.token_embeddings, args.opset, args.data_root))
+    print(export(args.model, args.output, args.checkpoint, args.token_embeddings, args.opset, args.data_root, args.phm))
     return 0
 
 
@@ -313,6 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--token-embeddings", action="store_true",
                         help="for a SentenceTransformer: export its transformer's last_hidden_state instead of the "
                         "pooled sentence_embedding (the layout sentence-transformers' ONNX backend reads)")
+    export.add_argument("--phm", choices=("structured", "materialized"), default="structured",
+                        help="structured (default): the graph applies S_i to the input blocks and mixes by A_i, H never "
+                        "exists; materialized: the graph forms H from the factors, which onnxruntime folds once when it "
+                        "opens the file (the dense model's speed and memory). The file holds the factors either way")
     export.add_argument("--opset", type=int, default=17, help="ONNX opset (default: 17)")
     export.add_argument("--data-root", **data_root)
     export.set_defaults(func=_export)

@@ -2,8 +2,8 @@
 
 :func:`export_onnx` traces the model with PyTorch's TorchScript-based exporter
 (``torch.onnx.export(..., dynamo=False)``) with dynamic batch and sequence axes. Every
-:class:`~hyperplex.layers.PHMLinear` is traced on its structured path (``forward_mode="structured"``
-for the export, restored afterwards), so the graph stores the ``Sᵢ`` and ``Aᵢ`` and computes
+:class:`~hyperplex.layers.PHMLinear` is traced on its structured path
+(:func:`~hyperplex.layers.phm_linear_structured`, whatever the layer's forward mode or cache), so the graph stores the ``Sᵢ`` and ``Aᵢ`` and computes
 ``Σᵢ Aᵢ ⊗ Sᵢ`` applied to the input blocks, never ``H``; a
 :class:`~hyperplex.layers.LowRankLinear` is stored as its ``U`` and ``V``. The file is therefore about
 the factors' bytes (:func:`~hyperplex.convert.model_bytes` of the float model plus the graph).
@@ -27,11 +27,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hyperplex.layers.functional import materialize_weight, phm_linear_structured
 from hyperplex.layers.phm import PHMLinear
 
-__all__ = ["export_onnx", "ExportError", "ExportResult", "ONNX_TOLERANCE", "unsupported_layers"]
+__all__ = ["export_onnx", "ExportError", "ExportResult", "ONNX_TOLERANCE", "PHM_MODES", "unsupported_layers"]
 
 #: onnxruntime's outputs must equal PyTorch's within ``ONNX_TOLERANCE × max(1, max |PyTorch output|)``
 #: (max abs difference). Both run float32; they differ only by the order of additions in the matmuls
@@ -71,18 +73,33 @@ def unsupported_layers(model: nn.Module) -> list[tuple[str, str]]:
     return [(n, r) for n, r in found if not any(n.startswith(f"{o}.") for o in outer if o != n)]
 
 
+#: How a PHM layer is written: ``"structured"`` (the graph applies ``Sᵢ`` to the input blocks and mixes by
+#: ``Aᵢ``) or ``"materialized"`` (the graph forms ``H`` from ``Aᵢ``, ``Sᵢ`` with a matmul and a transpose, then
+#: one dense matmul; the file still holds only the factors, and onnxruntime folds ``H`` once when it opens
+#: the session: dense speed, dense memory while running).
+PHM_MODES = ("structured", "materialized")
+
+
 @contextlib.contextmanager
-def _structured(model: nn.Module) -> Iterator[None]:
-    """Every PHM layer on its structured path (the graph holds ``Aᵢ``, ``Sᵢ``), restored on exit."""
-    layers = [m for m in model.modules() if isinstance(m, PHMLinear)]
-    saved = [m.forward_mode for m in layers]
+def _phm_forward(model: nn.Module, mode: str) -> Iterator[None]:
+    """Every PHM layer (``n > 1``) traced as ``mode`` (:data:`PHM_MODES`), whatever its own forward mode or
+    cache; restored on exit."""
+    layers = [m for m in model.modules() if isinstance(m, PHMLinear) and m.n > 1]
+
+    def structured(layer: PHMLinear):
+        return lambda x: phm_linear_structured(x, layer.phm_rule, layer.phm_weight, layer.bias)
+
+    def materialized(layer: PHMLinear):
+        return lambda x: F.linear(x, materialize_weight(layer.phm_rule, layer.phm_weight), layer.bias)
+
+    build = structured if mode == "structured" else materialized
     try:
         for m in layers:
-            m.forward_mode = "structured"
+            m.forward = build(m)  # an instance attribute: nn.Module.__call__ takes it over the class's forward
         yield
     finally:
-        for m, mode in zip(layers, saved):
-            m.forward_mode = mode
+        for m in layers:
+            m.__dict__.pop("forward", None)
 
 
 def _is_sentence_transformer(model: nn.Module) -> bool:
@@ -187,8 +204,8 @@ def _run_onnxruntime(path: str, input_names: list[str], inputs: Sequence[Tensor]
 
 def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding: bool = True,
                 example_inputs: Tensor | Sequence[Tensor] | None = None, input_names: Sequence[str] | None = None,
-                output_names: Sequence[str] | None = None, opset: int = 17, dynamo: bool = False,
-                verify: bool = True) -> ExportResult:
+                output_names: Sequence[str] | None = None, phm: str = "structured", opset: int = 17,
+                dynamo: bool = False, verify: bool = True) -> ExportResult:
     """Write ``model`` as an ONNX graph to ``path``; return an :class:`ExportResult`.
 
     Args:
@@ -208,6 +225,10 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding
               ``TransformerClassifier``: ``tokens`` ``(B, T)``, ``lengths`` ``(B,)`` → ``logits`` ``(B, C)``).
         path: the ``.onnx`` file; its folder must exist. Replaced atomically if it exists.
         sentence_embedding: see ``model``.
+        phm: how PHM layers are written (:data:`PHM_MODES`); both keep only ``Aᵢ``, ``Sᵢ`` in the file.
+            ``"structured"`` (default): ``H`` never exists, also not in onnxruntime's memory.
+            ``"materialized"``: the graph forms ``H``; onnxruntime folds it into a constant when the session
+            opens, so it runs at the dense model's speed and holds the dense weights while running.
         opset: ONNX opset (default 17).
         dynamo: use the dynamo-based exporter instead of the TorchScript one (slower, larger files).
         verify: run the file in onnxruntime (when installed) on the example inputs and require
@@ -219,6 +240,8 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding
             PyTorch's. Nothing is written then.
     """
     path = os.fspath(path)
+    if phm not in PHM_MODES:
+        raise ExportError(f"unknown phm mode {phm!r}; valid: {', '.join(PHM_MODES)}")
     bad = unsupported_layers(model)
     if bad:
         name, reason = bad[0]
@@ -236,7 +259,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding
     was_training = model.training
     model.eval()
     try:
-        with _structured(model), torch.no_grad():
+        with _phm_forward(model, phm), torch.no_grad():
             module, inputs, names, outputs_names, sequence_output = _prepare(
                 model, sentence_embedding, example_inputs, input_names, output_names)
             reference = module(*inputs)
@@ -248,7 +271,8 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding
                     warnings.simplefilter("ignore")  # tracer warnings about Python-side shape checks
                     try:
                         torch.onnx.export(module, tuple(inputs), tmp, input_names=names, output_names=outputs_names,
-                                          opset_version=opset, dynamo=dynamo, do_constant_folding=True,
+                                          opset_version=opset, dynamo=dynamo,
+                                          do_constant_folding=phm == "structured",  # folding would store H
                                           dynamic_axes=axes)
                     except Exception as err:  # noqa: BLE001 - the exporter raises many types
                         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

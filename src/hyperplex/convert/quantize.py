@@ -304,8 +304,11 @@ def quantize(model: nn.Module, dtype: torch.dtype = torch.qint8, *, phm_path: st
         dtype: ``torch.qint8`` (the only one supported).
         phm_path: ``"int8"`` (default) or ``"dequantized"``, see :class:`QuantizedPHMLinear`.
 
-    Outputs: within about 1–3% (relative Frobenius error) of the float model's on typical inputs
-    (tested: below 5% on random layers, below 10% on the last hidden state of a 2-layer random BERT).
+    Outputs: what PyTorch's dynamic int8 gives. One layer on Gaussian inputs: 1–2% relative error
+    (tested below 5%); a 2-layer random BERT's last hidden state: tested below 10%. A trained model
+    can lose more: MiniLM's sentence embeddings keep a mean cosine of 0.947 to the float model's on 64
+    Tatoeba sentences, the same to every digit as ``torch.ao.quantization.quantize_dynamic`` with
+    ``per_channel_dynamic_qconfig`` (per-tensor weights: 0.885); measure on your task.
 
     Raises:
         QuantizationError: ``model`` is already quantised; no quantised engine; no layer to quantise.

@@ -295,18 +295,19 @@ def test_auto_dispatch_by_rows_weight_size_and_grad_mode():
     assert (PHMLinear.STRUCTURED_ROW_LIMIT_TRAINING_LARGE, PHMLinear.LARGE_WEIGHT) == (2048, 2**24)
     assert (PHMLinear.WEIGHT_PER_ROW_INFERENCE, PHMLinear.WEIGHT_PER_ROW_TRAINING) == (2**17, 2**13)
     assert PHMLinear.CACHE_RESIDENT_WEIGHT == 2**19
+    assert PHMLinear.WEIGHT_PER_ROW_UNCACHED == 2**14
     # Shapes only (the layer is never called), so large sizes cost nothing but the allocation.
-    huge = PHMLinear(4096, 4096, 8)  # k·d = 2^24: the row budget is rows·n ≤ 256 in inference
+    huge = PHMLinear(4096, 4096, 8, cache_dense=True)  # k·d = 2^24: the row budget is rows·n ≤ 256 in inference
     with torch.no_grad():
         assert huge.choose_mode(32) == "structured" and huge.choose_mode(33) == "cached"
     assert huge.choose_mode(256) == "structured" and huge.choose_mode(257) == "materialized"  # 257·8 > 2048
     assert PHMLinear(4096, 4096, 16).choose_mode(128) == "structured"  # the measured point
     assert PHMLinear(4096, 4096, 16).choose_mode(129) == "materialized"
-    huge2 = PHMLinear(4096, 4096, 2)
+    huge2 = PHMLinear(4096, 4096, 2, cache_dense=True)
     with torch.no_grad():  # rows·n ≤ 256 would allow 128 rows; the weight budget 2^24 / 2^17 also gives 128
         assert huge2.choose_mode(128) == "structured" and huge2.choose_mode(129) == "cached"
     del huge, huge2
-    big = PHMLinear(1024, 1024, 4)  # k·d = 2^20
+    big = PHMLinear(1024, 1024, 4, cache_dense=True)  # k·d = 2^20
     assert big.choose_mode(1) == "structured"
     assert big.choose_mode(128) == "structured"  # 128 · 2^13 ≤ 2^20 and 128 · 4 ≤ 1024
     assert big.choose_mode(129) == "materialized"  # weight budget: 129 rows > 2^20 / 2^13
@@ -318,7 +319,7 @@ def test_auto_dispatch_by_rows_weight_size_and_grad_mode():
         assert big.choose_mode(8) == "structured"  # 8 · 2^17 ≤ 2^20
         assert big.choose_mode(9) == "cached"
         assert big.choose_mode(4096) == "cached"
-    small = PHMLinear(512, 512, 4)  # k·d = 2^18: cache-resident, H is cheap to read
+    small = PHMLinear(512, 512, 4, cache_dense=True)  # k·d = 2^18: cache-resident, H is cheap to read
     assert small.choose_mode(32) == "structured" and small.choose_mode(33) == "materialized"
     with torch.no_grad():
         assert small.choose_mode(1) == "cached"
@@ -330,9 +331,66 @@ def test_auto_dispatch_by_rows_weight_size_and_grad_mode():
     assert PHMLinear(8, 8, 1).choose_mode(1) == "dense"
 
 
+def test_inference_without_cache_dispatch_never_caches():
+    # The default: no dense copy is kept. Inference then compares the structured path with forming
+    # H for the call: rows ≤ k·d / 2^14 and rows·n ≤ 256.
+    minilm = PHMLinear(384, 1536, 4)  # k·d = 589,824 → 36 rows
+    square = PHMLinear(384, 384, 4)  # 147,456 → 9 rows
+    with torch.no_grad():
+        assert minilm.choose_mode(36) == "structured" and minilm.choose_mode(37) == "materialized"
+        assert square.choose_mode(9) == "structured" and square.choose_mode(10) == "materialized"
+        assert PHMLinear(4096, 4096, 4).choose_mode(64) == "structured"  # 64·4 ≤ 256
+        assert PHMLinear(4096, 4096, 4).choose_mode(65) == "materialized"
+    # with the cache, the 384² weight is cache-resident and the cached H wins at any rows
+    square.cache_dense = True
+    with torch.no_grad():
+        assert square.choose_mode(1) == "cached"
+
+
+@pytest.mark.parametrize("rows", [1, 200])  # the structured and the materialised path
+def test_default_inference_holds_no_dense_copy(rows):
+    torch.manual_seed(0)
+    layer = PHMLinear(384, 384, 4).eval()
+    x = torch.randn(rows, 384)
+    with torch.inference_mode():
+        y = layer(x)
+        y2 = layer(x)
+    assert layer._cache is None and layer.cached_bytes == 0
+    torch.testing.assert_close(y, phm_linear_reference(x, layer.phm_rule, layer.phm_weight, layer.bias), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(y, y2)
+
+
+def test_cache_dense_weights_respects_the_byte_budget_and_releases():
+    from hyperplex.layers import cache_dense_weights, cached_bytes, release_dense_caches
+
+    torch.manual_seed(0)
+    model = nn.Sequential(PHMLinear(64, 32, 4), nn.ReLU(), PHMLinear(32, 64, 2), PHMLinear(64, 64, 1)).eval()
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        expected = model(x)
+    one = 64 * 32 * 4  # bytes of the first H in fp32
+    assert cache_dense_weights(model, max_bytes=one + 10) == one  # the second H (2,048 × 4 bytes) does not fit
+    assert model[0].cache_dense and not model[2].cache_dense and not model[3].cache_dense  # n = 1 holds no H
+    for layer in (model[0], model[2]):
+        layer.forward_mode = "materialized"
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected)
+    assert cached_bytes(model) == one and model[2].cached_bytes == 0
+    assert cache_dense_weights(model) == one + 32 * 64 * 4  # no budget: every PHM layer with n > 1
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected)
+    assert cached_bytes(model) == one + 32 * 64 * 4
+    assert release_dense_caches(model) == one + 32 * 64 * 4
+    assert cached_bytes(model) == 0 and not model[0].cache_dense
+    with pytest.raises(ValueError, match="max_bytes"):
+        cache_dense_weights(model, max_bytes=-1)
+    with pytest.raises(TypeError, match="cache_dense"):
+        model[0].cache_dense = 1
+
+
 def test_cache_is_reused_and_never_stale():
     torch.manual_seed(0)
-    layer = PHMLinear(32, 16, 4, forward_mode="materialized").eval()
+    layer = PHMLinear(32, 16, 4, forward_mode="materialized", cache_dense=True).eval()
     x = torch.randn(5, 32)
     with torch.no_grad():
         y1 = layer(x)
@@ -363,7 +421,7 @@ def test_cache_is_reused_and_never_stale():
 
 
 def test_frozen_layer_uses_cache_and_passes_input_gradients():
-    layer = PHMLinear(32, 16, 4, forward_mode="materialized").requires_grad_(False)
+    layer = PHMLinear(32, 16, 4, forward_mode="materialized", cache_dense=True).requires_grad_(False)
     x = torch.randn(5, 32, requires_grad=True)
     assert layer.choose_mode(5) == "cached"
     layer(x).sum().backward()
@@ -413,7 +471,7 @@ def test_shared_weights_equals_per_call_paths_with_gradients(mode):
 def test_shared_weights_inference_reuses_cache_and_nests():
     from hyperplex.layers import shared_weights
 
-    layer = PHMLinear(8, 8, 2).eval()
+    layer = PHMLinear(8, 8, 2, cache_dense=True).eval()
     dense = nn.Linear(8, 8)  # ignored: only PHM layers with n > 1 take part
     with torch.no_grad(), shared_weights([layer, None, dense], 10_000):
         outer = layer._shared_weight

@@ -4,10 +4,12 @@ from hyperplex.layers.diffusion import DiffusionPHMLinear
 from hyperplex.layers.functional import materialize_weight, phm_linear, phm_linear_reference, phm_linear_structured
 from hyperplex.layers.lowrank import LowRankLinear, lowrank_parameter_count, matching_rank
 from hyperplex.layers.conversion import kronecker_decompose
-from hyperplex.layers.phm import FORWARD_MODES, PHMLinear, phm_parameter_count, shared_weights
+from hyperplex.layers.phm import (
+    FORWARD_MODES, PHMLinear, cache_dense_weights, cached_bytes, phm_parameter_count, release_dense_caches, shared_weights,
+)
 
 __all__ = [
     "PHMLinear", "DiffusionPHMLinear", "LowRankLinear", "FORWARD_MODES",
-    "shared_weights", "phm_parameter_count", "lowrank_parameter_count", "matching_rank", "kronecker_decompose",
+    "shared_weights", "cache_dense_weights", "cached_bytes", "release_dense_caches", "phm_parameter_count", "lowrank_parameter_count", "matching_rank", "kronecker_decompose",
     "materialize_weight", "phm_linear", "phm_linear_reference", "phm_linear_structured",
 ]

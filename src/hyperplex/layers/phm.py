@@ -18,7 +18,8 @@ from torch import Tensor, nn
 from hyperplex.algebra import ALGEBRAS, algebra_rule
 from hyperplex.layers.functional import materialize_weight, phm_linear_structured, signed_permutation
 
-__all__ = ["PHMLinear", "phm_parameter_count", "shared_weights", "FORWARD_MODES"]
+__all__ = ["PHMLinear", "phm_parameter_count", "shared_weights", "FORWARD_MODES", "cache_dense_weights",
+           "cached_bytes", "release_dense_caches"]
 
 FORWARD_MODES = ("auto", "structured", "materialized")
 RuleSpec = str | Tensor
@@ -75,8 +76,12 @@ class PHMLinear(nn.Module):
             feed-forward layer of Tay et al. eq. 3), or an ``(n, n, n)`` tensor; fixed rules are
             stored as the buffer ``phm_rule``.
         forward_mode: ``"auto"`` (choose per call by shape and grad mode), ``"structured"``
-            (never form ``H``) or ``"materialized"`` (form ``H``, then one dense matmul; reuse it
-            while no parameter changes when no gradient is needed). All are exact.
+            (never form ``H``) or ``"materialized"`` (form ``H``, then one dense matmul). All are exact.
+        cache_dense: keep the formed ``H`` between calls that need no weight gradient (inference,
+            frozen layers) and reuse it while no parameter changes. Off by default: the cache is a
+            dense copy of the weight (``k·d`` numbers, ``n×`` the layer's own weights), the very
+            memory PHM exists to save. Turn it on where speed at many rows matters more than memory,
+            per layer or for a whole model under a byte budget with :func:`cache_dense_weights`.
 
     Attributes:
         phm_rule: ``(n, n, n)``; ``phm_rule[i]`` is ``Aᵢ``. Parameter if learned, else buffer.
@@ -106,6 +111,7 @@ class PHMLinear(nn.Module):
         device=None,
         dtype=None,
         forward_mode: Literal["auto", "structured", "materialized"] = "auto",
+        cache_dense: bool = False,
     ) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
@@ -113,6 +119,7 @@ class PHMLinear(nn.Module):
         self.in_features, self.out_features, self.n = in_features, out_features, n
         self.rule_name = rule if isinstance(rule, str) else "custom"
         self.forward_mode = forward_mode
+        self.cache_dense = cache_dense
         if fixed is None and n > 1:
             self.phm_rule = nn.Parameter(torch.empty(n, n, n, **factory))
         else:  # fixed algebra, custom tensor, or n = 1 where the 1×1 rule is redundant (PHM §3.4)
@@ -135,6 +142,18 @@ class PHMLinear(nn.Module):
         if mode not in FORWARD_MODES:
             raise ValueError(f"unknown forward_mode {mode!r}; valid: {', '.join(FORWARD_MODES)}")
         self._forward_mode = mode
+
+    @property
+    def cache_dense(self) -> bool:
+        return self._cache_dense
+
+    @cache_dense.setter
+    def cache_dense(self, enabled: bool) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"cache_dense must be True or False, got {enabled!r}")
+        self._cache_dense = enabled
+        if not enabled:
+            self.invalidate_cache()
 
     @property
     def rule_is_learned(self) -> bool:
@@ -188,6 +207,11 @@ class PHMLinear(nn.Module):
         which bypasses the version counters the cache checks."""
         self._cache = None
 
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes held by the cached ``H`` (0 when nothing is cached)."""
+        return 0 if self._cache is None else self._cache[1].numel() * self._cache[1].element_size()
+
     def _cached_dense_weight(self) -> Tensor:
         key = (
             self.phm_rule.data_ptr(), self.phm_rule._version, self.phm_weight.data_ptr(), self.phm_weight._version,
@@ -232,16 +256,23 @@ class PHMLinear(nn.Module):
     #: and the points where the two regimes disagree.
     WEIGHT_PER_ROW_TRAINING = 2 ** 13
     WEIGHT_PER_ROW_INFERENCE = 2 ** 17
-    #: In inference, an ``H`` of at most this many elements (2 MiB in fp32, a per-core L2) is read
-    #: from cache at little cost, so the cached path wins even for one row.
+    #: In inference with ``cache_dense``, an ``H`` of at most this many elements (2 MiB in fp32, a
+    #: per-core L2) is read from cache at little cost, so the cached path wins even for one row.
     CACHE_RESIDENT_WEIGHT = 2 ** 19
+    #: In inference without the cache, the materialised path forms ``H`` on every call (as in
+    #: training, without the backward pass), so the structured path keeps more rows: ``rows ≤
+    #: k·d / WEIGHT_PER_ROW_UNCACHED`` (384² → 9 rows, 384×1536 → 36, 1024² → 64). Measured on a
+    #: stack of MiniLM's 36 layer shapes (/proc-cold, one thread): at 12 rows the structured path
+    #: was 0.65–0.85× the per-call materialised one for n = 4, 8; at 48 rows and more it was slower.
+    WEIGHT_PER_ROW_UNCACHED = 2 ** 14
 
     def choose_mode(self, rows: int) -> str:
         """The path ``forward`` takes for an input with ``rows`` rows: ``"structured"``,
         ``"materialized"``, ``"cached"`` (materialized, reusing ``H``) or ``"dense"`` (``n = 1``)."""
         if self.n == 1:
             return "dense"
-        cacheable = not self._needs_weight_grad() and not torch.compiler.is_compiling()
+        inference = not self._needs_weight_grad() and not torch.compiler.is_compiling()
+        cacheable = inference and self.cache_dense
         mode = self.forward_mode
         if mode == "auto":
             # Few rows on a large weight: reading k·d/n weights instead of k·d wins (memory-bound).
@@ -251,6 +282,8 @@ class PHMLinear(nn.Module):
             weight = self.in_features * self.out_features
             if cacheable:
                 limit, per_row = self.STRUCTURED_ROW_LIMIT_INFERENCE, self.WEIGHT_PER_ROW_INFERENCE
+            elif inference:
+                limit, per_row = self.STRUCTURED_ROW_LIMIT_INFERENCE, self.WEIGHT_PER_ROW_UNCACHED
             else:
                 limit, per_row = self.STRUCTURED_ROW_LIMIT_TRAINING, self.WEIGHT_PER_ROW_TRAINING
                 if weight >= self.LARGE_WEIGHT:
@@ -276,7 +309,8 @@ class PHMLinear(nn.Module):
         return F.linear(input, self._weight_for(mode), self.bias)
 
     def _weight_for(self, mode: str) -> Tensor:
-        """``H`` for a ``"materialized"`` (differentiable) or ``"cached"`` (reused) forward."""
+        """``H`` for a ``"materialized"`` (differentiable, formed for this call) or ``"cached"``
+        (kept and reused) forward."""
         return self._cached_dense_weight() if mode == "cached" else self.dense_weight()
 
     # ------------------------------------------------------------------ conversion
@@ -307,8 +341,9 @@ def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int) -
     Inside the context every :class:`PHMLinear` in ``modules`` (one module or several; ``None``
     entries are skipped) with ``n > 1`` whose
     :meth:`~PHMLinear.choose_mode` for ``rows`` (the total rows over all the calls) is not
-    ``"structured"`` computes with that one ``H``: ``dense_weight()`` (differentiable) when weight
-    gradients are needed, the cached ``H`` otherwise. Results equal the per-call paths up to
+    ``"structured"`` computes with that one ``H``: ``dense_weight()`` (differentiable when weight
+    gradients are needed), or the kept ``H`` of a layer with ``cache_dense``. Without
+    ``cache_dense`` the ``H`` lives only as long as the context. Results equal the per-call paths up to
     rounding. Do not change the parameters inside the context (an optimizer step): ``H`` would
     be stale. Contexts nest; the outer ``H`` is restored on exit.
     """
@@ -326,3 +361,42 @@ def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int) -
     finally:
         for m, weight in zip(layers, saved):
             m._shared_weight = weight
+
+
+def _phm_layers(model: nn.Module) -> list[PHMLinear]:
+    return [m for m in model.modules() if isinstance(m, PHMLinear) and m.n > 1]
+
+
+def cache_dense_weights(model: nn.Module, max_bytes: int | None = None) -> int:
+    """Let PHM layers of ``model`` keep their formed ``H`` in inference, within a byte budget.
+
+    Layers are taken in module order while the total dense size (``k·d`` elements × the
+    weight's element size) stays within ``max_bytes`` (``None``: every layer); the others, and
+    layers past the budget, have ``cache_dense`` turned off (dropping any ``H`` they held).
+    Returns the bytes the chosen layers will hold once each has run. The trade-off: a cached
+    layer runs the dense matmul (the fastest path at many rows) but holds ``n×`` its own
+    weights; without the cache it reads only ``k·d/n`` weights per call and forms ``H``
+    transiently when many rows make that faster.
+    """
+    if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0):
+        raise ValueError(f"max_bytes must be a non-negative integer or None, got {max_bytes!r}")
+    total = 0
+    for layer in _phm_layers(model):
+        size = layer.in_features * layer.out_features * layer.phm_weight.element_size()
+        fits = max_bytes is None or total + size <= max_bytes
+        layer.cache_dense = fits
+        total += size if fits else 0
+    return total
+
+
+def cached_bytes(model: nn.Module) -> int:
+    """Bytes of ``H`` that the PHM layers of ``model`` hold right now."""
+    return sum(layer.cached_bytes for layer in _phm_layers(model))
+
+
+def release_dense_caches(model: nn.Module) -> int:
+    """Turn ``cache_dense`` off on every PHM layer of ``model`` and free what they held; returns the bytes freed."""
+    freed = cached_bytes(model)
+    for layer in _phm_layers(model):
+        layer.cache_dense = False
+    return freed

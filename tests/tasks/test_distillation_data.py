@@ -135,3 +135,12 @@ def test_compress_refuses_a_leaking_corpus_before_training(tmp_path, teacher_fol
     assert len(err) == 1 and "train.txt.gz, line 2: 'Red  MAT' is an evaluation sentence" in err[0]
     written = sorted(p.name for p in (tmp_path / "m").iterdir()) if (tmp_path / "m").exists() else []
     assert not {"config.yaml", "last.safetensors", "student", "metrics.csv"} & set(written)  # at most the log
+
+
+def test_max_train_examples_is_a_seeded_subset_in_file_order(tmp_path, teacher_folder):
+    train = sentences(40, 7)
+    task = task_for(tmp_path, teacher_folder, train, ["red mat"], max_train_examples=10)
+    task.prepare(fresh=True)
+    kept = list(task.train_set)
+    chosen = sorted(random.Random(3 + 7919).sample(range(40), 10))  # tasks.common.subset with seed 3
+    assert kept == [train[i] for i in chosen] and len(task.train_batches(1)) == 3

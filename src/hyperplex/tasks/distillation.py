@@ -28,7 +28,7 @@ from hyperplex.data.corpus import HeldOut, evaluation_sentences
 from hyperplex.data.datasets import Batch
 from hyperplex.data.lines import LazyBatches, LineIndex
 from hyperplex.data.readers import DataError, read_lines
-from hyperplex.tasks.common import carve_seed, data_file, split_off
+from hyperplex.tasks.common import carve_seed, data_file, split_off, subset
 from hyperplex.train.task import Task
 
 __all__ = ["DistillationTask", "attention_loss", "distill_loss", "hidden_state_loss"]
@@ -119,6 +119,9 @@ class DistillationTask(Task):
         positions = self._drop_held_out(lines, positions, held, carved, strict=data.leak_check == "error")
         if not len(positions):
             raise DataError(f"data.train: every sentence of {train_path} is a dev or evaluation sentence")
+        if data.max_train_examples and data.max_train_examples < len(positions):
+            positions = np.asarray(subset(positions.tolist(), data.max_train_examples, self.cfg.seed))
+            self.log.info(f"using a seeded subset of {len(positions)} training sentences (data.max_train_examples)")
         self.train_set, self.dev_set = lines.select(positions), dev
         self.load_vocabularies()
         self.log.info(f"distillation: {len(self.train_set)} training sentences (streamed from {train_path}) and "

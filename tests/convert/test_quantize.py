@@ -5,8 +5,10 @@ Tolerances. Weights are int8 per output row (symmetric, 255 levels over ±max|w|
 rounding error is step/√12 against an rms of max/√3, 0.5% relative. Inputs are quantised per call
 over [min, max] with 7 bits on x86/fbgemm (reduce_range): for Gaussian inputs of a few hundred values
 the range is about 6σ, so the error is (6σ/127)/√12 ≈ 1.4% of σ. Together about 1.5% on a layer's
-output; the tests allow 5% per layer (measured: 0.9–1.6%) and 10% on the last hidden state of a
-2-layer random BERT, where the errors of 14 quantised matrices add up (measured: 2–4%).
+output; the tests allow 5% per layer (measured: 0.4–2.0% over the layers below). The tiny random BERT
+is allowed 1% on its last hidden state (measured: 0.02%): its weights (std 0.02) leave the residual
+stream dominated by the embeddings, so that test checks the wiring; the error on a trained model
+(MiniLM) is measured by benchmarks/check_deploy.py and given in docs/compress.md.
 """
 
 import json
@@ -24,7 +26,7 @@ from hyperplex.convert.quantize import (
 from hyperplex.layers import LowRankLinear, PHMLinear
 
 LAYER_TOLERANCE = 0.05
-MODEL_TOLERANCE = 0.10
+MODEL_TOLERANCE = 0.01
 
 
 def plain_model():

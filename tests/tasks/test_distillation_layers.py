@@ -142,3 +142,20 @@ def test_compress_with_dropped_layers_layer_losses_and_blockwise_fitting(tmp_pat
         expected = model(**batch.tensors)
         got = torch.nn.functional.normalize(student(dict(batch.tensors))["sentence_embedding"], dim=-1)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"model.keep_layers": [0, 1], "model.layer_map": [0, 2], "model.distill_hidden": 1.0},
+     r"model\.layer_map: the teacher has 2 transformer layers \(indices 0–1\); \[2\] out of range"),
+    ({"model.layer_map": [1], "model.distill_hidden": 1.0}, r"model\.layer_map: the student has 2 transformer layers"),
+    ({"model.keep_layers": [0, 2]}, r"model\.keep_layers: the teacher has 2 transformer layers"),
+])
+def test_a_layer_map_or_keep_list_that_does_not_fit_is_one_error_and_writes_nothing(tmp_path, teacher_folder, capsys,
+                                                                                     extra, message):
+    import re
+
+    path = write_config(tmp_path, teacher_folder, extra=extra)
+    assert main(["compress", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+    assert not (tmp_path / "m").exists()

@@ -79,6 +79,10 @@ def compress(config: str, overrides: list[str] | None = None, model_dir: str | N
         from hyperplex.pretrained import resolve_model_path
 
         resolve_model_path(path, "model.path")
+    from hyperplex.convert.student import PretrainedStudentConfig, check_layer_indices
+
+    if isinstance(cfg.model, PretrainedStudentConfig):  # keep_layers / layer_map against the teacher's depth
+        check_layer_indices(cfg.model)
     with own_model_dir(cfg.model_dir, "compress"):  # held from training to the student's last file
         metrics = train(config, overrides, model_dir, data_root, resume)
         _, _, model = load_model(cfg.model_dir, "best", data_root, read_data=False)

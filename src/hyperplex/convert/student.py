@@ -21,7 +21,8 @@ from torch import Tensor, nn
 from hyperplex.config.registry import ModelConfig
 from hyperplex.pretrained import MINILM, PRETRAINED_EXTRA, resolve_model_path
 
-__all__ = ["PretrainedStudent", "PretrainedStudentConfig", "balance_factor_scales", "capture_block_io", "embed",
+__all__ = ["PretrainedStudent", "PretrainedStudentConfig", "balance_factor_scales", "capture_block_io",
+           "check_layer_indices", "embed",
            "fit_blocks", "keep_transformer_layers", "load_sentence_transformer", "record_internals",
            "resolve_layer_map", "resolve_model_path", "tokenize", "transformer_layers"]
 
@@ -153,6 +154,24 @@ def resolve_layer_map(config: PretrainedStudentConfig, teacher_layers: int, stud
                          f"{student_layers} teacher layer indices, got {len(mapping)}: {mapping}")
     _check_indices("model.layer_map", mapping, teacher_layers)
     return mapping
+
+
+def check_layer_indices(config: PretrainedStudentConfig) -> None:
+    """Check ``keep_layers`` and ``layer_map`` against the teacher's layer count read from its folder's
+    ``config.json`` (``num_hidden_layers``; nothing is loaded), so a command can refuse a bad list before it
+    writes anything. ValueError naming the key, as :func:`resolve_layer_map`; silent when the count cannot
+    be read (the model build checks again)."""
+    import json
+
+    if not (config.keep_layers or config.layer_map):
+        return
+    try:
+        folder = resolve_model_path(config.path)
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            teacher_layers = int(json.load(f)["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError, ImportError):
+        return
+    resolve_layer_map(config, teacher_layers, len(config.keep_layers) or teacher_layers)
 
 
 def _check_indices(key: str, indices: list[int], teacher_layers: int) -> None:

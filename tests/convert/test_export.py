@@ -166,6 +166,26 @@ def test_transformer_classifier_from_a_train_folder(tmp_path, capsys):
     assert got.shape == expected.shape and (got - expected).abs().max() < ONNX_TOLERANCE
 
 
+def test_a_size_fixed_at_trace_time_is_refused(tmp_path):
+    from hyperplex.models.transformer import TransformerClassifier, TransformerConfig
+    from hyperplex.nn.linear import LinearSpec
+
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=32, num_heads=2, d_ff=64, encoder_layers=1, dropout=0.0,
+                               linear=LinearSpec(kind="quaternion"), attention_type="hamilton")
+    model = TransformerClassifier(config, 30, 3).eval()
+    tokens, lengths = torch.randint(1, 30, (2, 8)), torch.tensor([8, 5])
+    other = (torch.randint(1, 30, (3, 11)), torch.tensor([11, 4, 7]))
+    with pytest.raises(ExportError, match=r"does not run on inputs of \(3, 11\).*encoder/layers.0/self_attn"):
+        export_onnx(model, tmp_path / "q.onnx", example_inputs=(tokens, lengths), check_inputs=other)
+    assert os.listdir(tmp_path) == []
+    config = TransformerConfig(d_model=32, num_heads=2, d_ff=64, encoder_layers=1, dropout=0.0,
+                               linear=LinearSpec(kind="quaternion"), attention_type="dot")
+    model = TransformerClassifier(config, 30, 3).eval()  # quaternion projections with dot attention: fine
+    result = export_onnx(model, tmp_path / "d.onnx", example_inputs=(tokens, lengths), check_inputs=other)
+    assert result.max_abs_diff < ONNX_TOLERANCE
+
+
 def test_unsupported_hyperplex_model_is_refused(tmp_path, capsys):
     from test_cli_robustness import DE, EN, mt_config, write_config
 

@@ -25,16 +25,17 @@ import torch
 SUPPORTED_MODELS = ("TransformerClassifier",)
 
 
-def _classifier_inputs(model) -> tuple[tuple[torch.Tensor, torch.Tensor], list[str], list[str]]:
-    """Example ``tokens`` (2, 8) and ``lengths`` (2,) for a ``TransformerClassifier``."""
+def _classifier_inputs(model, rows: int = 2, length: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Example ``tokens`` ``(rows, length)`` and ``lengths`` ``(rows,)`` for a ``TransformerClassifier``
+    (the last row padded after ``length − 3`` tokens)."""
     embedding = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding))
-    generator = torch.Generator().manual_seed(0)
-    low = 1 if model.pad_index == 0 else 0
-    tokens = torch.randint(low, embedding.num_embeddings, (2, 8), generator=generator)
+    generator = torch.Generator().manual_seed(rows)
+    tokens = torch.randint(0, embedding.num_embeddings, (rows, length), generator=generator)
     tokens[tokens == model.pad_index] = (model.pad_index + 1) % embedding.num_embeddings
-    lengths = torch.tensor([8, 5])
-    tokens[1, 5:] = model.pad_index
-    return (tokens, lengths), ["tokens", "lengths"], ["logits"]
+    lengths = torch.full((rows,), length)
+    lengths[-1] = length - 3
+    tokens[-1, length - 3:] = model.pad_index
+    return tokens, lengths
 
 
 def _load(model_path: Path, checkpoint: str, data_root: str | None):
@@ -61,8 +62,8 @@ def _load(model_path: Path, checkpoint: str, data_root: str | None):
     if name not in SUPPORTED_MODELS:
         raise ExportError(f"{model_path}: hyperplex export writes {', '.join(SUPPORTED_MODELS)} among hyperplex's own "
                           f"models; this model is a {name} (not supported)")
-    inputs, input_names, output_names = _classifier_inputs(model)
-    return model, {"example_inputs": inputs, "input_names": input_names, "output_names": output_names}
+    return model, {"example_inputs": _classifier_inputs(model), "check_inputs": _classifier_inputs(model, 3, 11),
+                   "input_names": ["tokens", "lengths"], "output_names": ["logits"]}
 
 
 def export(model: str, output: str, checkpoint: str = "best", token_embeddings: bool = False, opset: int = 17,

@@ -135,29 +135,31 @@ class _TokenEncoder(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask)[0]
 
 
-def _token_inputs(vocab_size: int) -> tuple[Tensor, Tensor]:
-    """Two rows of 8 token ids in ``[1, vocab_size)`` (fixed seed), the second padded after 5 tokens."""
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, max(2, vocab_size), (2, 8), generator=generator)
+def _token_inputs(vocab_size: int, rows: int = 2, length: int = 8) -> tuple[Tensor, Tensor]:
+    """``rows`` rows of ``length`` token ids in ``[1, vocab_size)`` (fixed seed), the last one padded after
+    ``length − 3`` tokens."""
+    generator = torch.Generator().manual_seed(rows)
+    ids = torch.randint(1, max(2, vocab_size), (rows, length), generator=generator)
     mask = torch.ones_like(ids)
-    mask[1, 5:] = 0
+    mask[-1, length - 3:] = 0
     return ids, mask
 
 
-def _prepare(model: nn.Module, sentence_embedding: bool, example_inputs, input_names, output_names):
-    """(module to trace, example inputs, input names, output names, dynamic axes)."""
+def _prepare(model: nn.Module, sentence_embedding: bool, example_inputs, check_inputs, input_names, output_names):
+    """(module to trace, example inputs, inputs of other sizes to check or None, input names, output names,
+    whether the outputs are per token)."""
+    token_names = ["input_ids", "attention_mask"]
     if _is_sentence_transformer(model):
-        transformer = model[0]
-        config = transformer.auto_model.config
-        inputs = _token_inputs(config.vocab_size)
+        auto_model = model[0].auto_model
+        inputs, other = _token_inputs(auto_model.config.vocab_size), _token_inputs(auto_model.config.vocab_size, 3, 11)
         if sentence_embedding:
-            return _SentenceEncoder(model), inputs, ["input_ids", "attention_mask"], ["sentence_embedding"], False
-        return _TokenEncoder(transformer.auto_model), inputs, ["input_ids", "attention_mask"], ["last_hidden_state"], True
+            return _SentenceEncoder(model), inputs, other, token_names, ["sentence_embedding"], False
+        return _TokenEncoder(auto_model), inputs, other, token_names, ["last_hidden_state"], True
     if _is_transformers_model(model):
-        inputs = _token_inputs(model.config.vocab_size)
+        inputs, other = _token_inputs(model.config.vocab_size), _token_inputs(model.config.vocab_size, 3, 11)
         with torch.no_grad():
             first = next(iter(model(input_ids=inputs[0], attention_mask=inputs[1]).keys()))
-        return _TokenEncoder(model), inputs, ["input_ids", "attention_mask"], [first], first != "pooler_output"
+        return _TokenEncoder(model), inputs, other, token_names, [first], first != "pooler_output"
     if example_inputs is None:
         raise ExportError(f"{type(model).__name__} is not a SentenceTransformer or transformers model: pass "
                           f"example_inputs=(tensor, ...) (and input_names/output_names) to export it")
@@ -165,7 +167,11 @@ def _prepare(model: nn.Module, sentence_embedding: bool, example_inputs, input_n
     names = list(input_names or [f"input_{i}" for i in range(len(inputs))])
     if len(names) != len(inputs):
         raise ExportError(f"input_names has {len(names)} names for {len(inputs)} example inputs")
-    return model, inputs, names, list(output_names or ["output"]), None
+    if check_inputs is not None:
+        check_inputs = tuple(check_inputs) if isinstance(check_inputs, (tuple, list)) else (check_inputs,)
+        if len(check_inputs) != len(inputs):
+            raise ExportError(f"check_inputs has {len(check_inputs)} tensors for {len(inputs)} example inputs")
+    return model, inputs, check_inputs, names, list(output_names or ["output"]), None
 
 
 def _dynamic_axes(inputs: Sequence[Tensor], input_names: list[str], output_names: list[str], outputs,
@@ -189,6 +195,7 @@ def _run_onnxruntime(path: str, input_names: list[str], inputs: Sequence[Tensor]
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = max(1, torch.get_num_threads())
+    options.log_severity_level = 4  # failures come back as exceptions, reworded by the caller
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     graph_inputs = [i.name for i in session.get_inputs()]
     lost = [name for name in input_names if name not in graph_inputs]
@@ -203,7 +210,8 @@ def _run_onnxruntime(path: str, input_names: list[str], inputs: Sequence[Tensor]
 
 
 def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding: bool = True,
-                example_inputs: Tensor | Sequence[Tensor] | None = None, input_names: Sequence[str] | None = None,
+                example_inputs: Tensor | Sequence[Tensor] | None = None,
+                check_inputs: Tensor | Sequence[Tensor] | None = None, input_names: Sequence[str] | None = None,
                 output_names: Sequence[str] | None = None, phm: str = "structured", opset: int = 17,
                 dynamo: bool = False, verify: bool = True) -> ExportResult:
     """Write ``model`` as an ONNX graph to ``path``; return an :class:`ExportResult`.
@@ -225,6 +233,9 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding
               ``TransformerClassifier``: ``tokens`` ``(B, T)``, ``lengths`` ``(B,)`` → ``logits`` ``(B, C)``).
         path: the ``.onnx`` file; its folder must exist. Replaced atomically if it exists.
         sentence_embedding: see ``model``.
+        check_inputs: for a module with ``example_inputs``: inputs of other batch and sequence sizes that the
+            file must also run on (a size fixed at trace time fails there). For sentence-transformers and
+            ``transformers`` models, 3 × 11 token ids are used.
         phm: how PHM layers are written (:data:`PHM_MODES`); both keep only ``Aᵢ``, ``Sᵢ`` in the file.
             ``"structured"`` (default): ``H`` never exists, also not in onnxruntime's memory.
             ``"materialized"``: the graph forms ``H``; onnxruntime folds it into a constant when the session
@@ -260,9 +271,10 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding
     model.eval()
     try:
         with _phm_forward(model, phm), torch.no_grad():
-            module, inputs, names, outputs_names, sequence_output = _prepare(
-                model, sentence_embedding, example_inputs, input_names, output_names)
+            module, inputs, other, names, outputs_names, sequence_output = _prepare(
+                model, sentence_embedding, example_inputs, check_inputs, input_names, output_names)
             reference = module(*inputs)
+            checks = [(inputs, reference)] + ([] if other is None else [(other, module(*other))])
             axes = _dynamic_axes(inputs, names, outputs_names, reference, sequence_output)
             handle, tmp = tempfile.mkstemp(dir=folder, prefix=".export-", suffix=".onnx")
             os.close(handle)
@@ -279,18 +291,25 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding
                         raise ExportError(f"cannot export {type(model).__name__} to ONNX: the exporter failed "
                                           f"({type(err).__name__}: {first})") from err
                 diff = None
-                if verify:
+                for i, (feed, expected) in enumerate(checks if verify else []):
+                    sizes = " and ".join(str(tuple(t.shape)) for t in feed)
                     try:
-                        got = _run_onnxruntime(tmp, names, inputs)
+                        got = _run_onnxruntime(tmp, names, feed)
                     except ImportError:
-                        got = None
-                    if got is not None:
-                        refs = reference if isinstance(reference, (tuple, list)) else (reference,)
-                        diff = max(float((torch.from_numpy(g) - r.float()).abs().max()) for g, r in zip(got, refs))
-                        scale = max(1.0, max(float(r.abs().max()) for r in refs))
-                        if diff > ONNX_TOLERANCE * scale:
-                            raise ExportError(f"{path}: onnxruntime's output differs from PyTorch's by {diff:.3g} "
-                                              f"(allowed {ONNX_TOLERANCE * scale:.3g}); the file was not written")
+                        break
+                    except ExportError as err:
+                        if i == 0:
+                            raise
+                        raise ExportError(f"cannot export {type(model).__name__} to ONNX: the graph traced at one size "
+                                          f"does not run on inputs of {sizes} (a size was fixed at trace time): "
+                                          f"{err}") from None
+                    refs = expected if isinstance(expected, (tuple, list)) else (expected,)
+                    error = max(float((torch.from_numpy(g) - r.float()).abs().max()) for g, r in zip(got, refs))
+                    scale = max(1.0, max(float(r.abs().max()) for r in refs))
+                    if error > ONNX_TOLERANCE * scale:
+                        raise ExportError(f"{path}: onnxruntime's output differs from PyTorch's by {error:.3g} on inputs "
+                                          f"of {sizes} (allowed {ONNX_TOLERANCE * scale:.3g}); the file was not written")
+                    diff = error if diff is None else max(diff, error)
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):

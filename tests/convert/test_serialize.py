@@ -29,7 +29,7 @@ def test_plain_module_round_trip_needs_the_architecture(tmp_path):
     save_converted(m, tmp_path)
     assert sorted(os.listdir(tmp_path)) == sorted([WEIGHTS_NAME, SPEC_NAME])
     spec = json.loads((tmp_path / SPEC_NAME).read_text())
-    assert spec["format"] == "hyperplex-converted" and spec["version"] == 1
+    assert spec["format"] == "hyperplex-converted" and spec["version"] == 2
     assert spec["layers"] == [
         {"name": "0", "kind": "phm", "n": 4, "rule": "quaternion", "rank": None, "in_features": 16, "out_features": 32,
          "bias": True, "from_conv1d": False},

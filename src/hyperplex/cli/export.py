@@ -67,7 +67,7 @@ def _load(model_path: Path, checkpoint: str, data_root: str | None):
 
 
 def export(model: str, output: str, checkpoint: str = "best", token_embeddings: bool = False, opset: int = 17,
-           data_root: str | None = None, phm: str = "structured") -> str:
+           data_root: str | None = None, phm: str = "premixed") -> str:
     """Export MODEL to OUTPUT (see the module notes); returns a one-line summary."""
     from hyperplex.convert.export import ExportError, export_onnx
     from hyperplex.convert.quantize import model_bytes

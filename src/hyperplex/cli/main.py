@@ -313,10 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--token-embeddings", action="store_true",
                         help="for a SentenceTransformer: export its transformer's last_hidden_state instead of the "
                         "pooled sentence_embedding (the layout sentence-transformers' ONNX backend reads)")
-    export.add_argument("--phm", choices=("structured", "materialized"), default="structured",
-                        help="structured (default): the graph applies S_i to the input blocks and mixes by A_i, H never "
-                        "exists; materialized: the graph forms H from the factors, which onnxruntime folds once when it "
-                        "opens the file (the dense model's speed and memory). The file holds the factors either way")
+    export.add_argument("--phm", choices=("premixed", "structured", "materialized"), default="premixed",
+                        help="how PHM layers are written; the file holds the factors A_i, S_i in every mode. premixed "
+                        "(default): input blocks mixed by the rule, then one GEMM against the S_i side by side; "
+                        "structured: one GEMM over the input blocks, then the n^2 partial products mixed; both never "
+                        "form H. materialized: the graph forms H, which onnxruntime folds once when it opens the file "
+                        "(the dense model's speed and memory)")
     export.add_argument("--opset", type=int, default=17, help="ONNX opset (default: 17)")
     export.add_argument("--data-root", **data_root)
     export.set_defaults(func=_export)

@@ -2,9 +2,9 @@
 
 :func:`export_onnx` traces the model with PyTorch's TorchScript-based exporter
 (``torch.onnx.export(..., dynamo=False)``) with dynamic batch and sequence axes. Every
-:class:`~hyperplex.layers.PHMLinear` is traced on its structured path
-(:func:`~hyperplex.layers.phm_linear_structured`, whatever the layer's forward mode or cache), so the graph stores the ``Sᵢ`` and ``Aᵢ`` and computes
-``Σᵢ Aᵢ ⊗ Sᵢ`` applied to the input blocks, never ``H``; a
+:class:`~hyperplex.layers.PHMLinear` is traced through a kernel that never forms ``H``
+(:func:`phm_linear_premixed` by default, see :data:`PHM_MODES`), whatever the layer's own forward mode
+or cache, so the graph stores the ``Sᵢ`` and ``Aᵢ``, never ``H``; a
 :class:`~hyperplex.layers.LowRankLinear` is stored as its ``U`` and ``V``. The file is therefore about
 the factors' bytes (:func:`~hyperplex.convert.model_bytes` of the float model plus the graph).
 
@@ -33,7 +33,8 @@ from torch import Tensor, nn
 from hyperplex.layers.functional import materialize_weight, phm_linear_structured
 from hyperplex.layers.phm import PHMLinear
 
-__all__ = ["export_onnx", "ExportError", "ExportResult", "ONNX_TOLERANCE", "PHM_MODES", "unsupported_layers"]
+__all__ = ["export_onnx", "ExportError", "ExportResult", "ONNX_TOLERANCE", "PHM_MODES", "phm_linear_premixed",
+           "unsupported_layers"]
 
 #: onnxruntime's outputs must equal PyTorch's within ``ONNX_TOLERANCE × max(1, max |PyTorch output|)``
 #: (max abs difference). Both run float32; they differ only by the order of additions in the matmuls
@@ -73,11 +74,35 @@ def unsupported_layers(model: nn.Module) -> list[tuple[str, str]]:
     return [(n, r) for n, r in found if not any(n.startswith(f"{o}.") for o in outer if o != n)]
 
 
-#: How a PHM layer is written: ``"structured"`` (the graph applies ``Sᵢ`` to the input blocks and mixes by
-#: ``Aᵢ``) or ``"materialized"`` (the graph forms ``H`` from ``Aᵢ``, ``Sᵢ`` with a matmul and a transpose, then
-#: one dense matmul; the file still holds only the factors, and onnxruntime folds ``H`` once when it opens
-#: the session: dense speed, dense memory while running).
-PHM_MODES = ("structured", "materialized")
+#: How a PHM layer is written; the file holds only ``Aᵢ`` and ``Sᵢ`` in every mode.
+#: ``"premixed"`` (default): :func:`phm_linear_premixed`, input blocks mixed by the rule, then one GEMM
+#: against the ``Sᵢ`` side by side. ``"structured"``: :func:`~hyperplex.layers.phm_linear_structured`, one
+#: GEMM over the input blocks, then the ``n²`` partial products mixed by the rule. ``"materialized"``: the
+#: graph forms ``H`` with a matmul and a transpose, then one dense matmul; onnxruntime folds ``H`` into a
+#: constant when it opens the session (dense speed, dense memory while running). In onnxruntime on MiniLM
+#: (n = 4, one thread) premixed ran 1.08× / 0.77× the dense teacher's sentences/s at batch 1 / 32,
+#: structured 0.66× / 0.28×, materialized 1.01× / 0.93× (benchmarks/check_deploy.py, docs/compress.md).
+PHM_MODES = ("premixed", "structured", "materialized")
+
+
+def phm_linear_premixed(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x Hᵀ + b`` without forming ``H``, as one GEMM against the ``Sᵢ`` side by side. ``x``: ``(..., d)`` →
+    ``(..., k)``; ``rule`` ``(n, n, n)``, ``weight`` ``(n, k/n, d/n)``.
+
+    ``y_a = Σ_c Σᵢ Aᵢ[a, c] Sᵢ x_c = Σᵢ Sᵢ z_{a,i}`` with ``z_{a,i} = Σ_c Aᵢ[a, c] x_c``: the input blocks are
+    mixed by the rule first (``n²·d`` multiply-adds per row), then ``[z_{a,1} … z_{a,n}]`` ``(rows·n, d)``
+    meets ``[S₁ … S_n]`` ``(k/n, d)`` in one GEMM of the dense layer's multiply-adds that reads ``k·d/n``
+    weights. Exact up to rounding (same sums, other order).
+    """
+    n, k_n, d_n = weight.shape
+    lead = x.shape[:-1]
+    blocks = x.reshape(-1, n, d_n)  # (B, c, j)
+    mix = rule.permute(2, 1, 0).reshape(n, n * n).to(x.dtype)  # [c, (a, i)] = rule[i, a, c]
+    z = torch.matmul(blocks.transpose(1, 2), mix)  # (B, j, (a, i))
+    z = z.reshape(-1, d_n, n, n).permute(0, 2, 3, 1).reshape(-1, n * d_n)  # (B·a, (i, j))
+    side_by_side = weight.permute(1, 0, 2).reshape(k_n, n * d_n)  # [q, (i, j)]
+    out = F.linear(z, side_by_side).reshape(*lead, n * k_n)  # (B, a, q) → (..., k)
+    return out if bias is None else out + bias
 
 
 @contextlib.contextmanager
@@ -92,7 +117,10 @@ def _phm_forward(model: nn.Module, mode: str) -> Iterator[None]:
     def materialized(layer: PHMLinear):
         return lambda x: F.linear(x, materialize_weight(layer.phm_rule, layer.phm_weight), layer.bias)
 
-    build = structured if mode == "structured" else materialized
+    def premixed(layer: PHMLinear):
+        return lambda x: phm_linear_premixed(x, layer.phm_rule, layer.phm_weight, layer.bias)
+
+    build = {"premixed": premixed, "structured": structured, "materialized": materialized}[mode]
     try:
         for m in layers:
             m.forward = build(m)  # an instance attribute: nn.Module.__call__ takes it over the class's forward
@@ -212,7 +240,7 @@ def _run_onnxruntime(path: str, input_names: list[str], inputs: Sequence[Tensor]
 def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding: bool = True,
                 example_inputs: Tensor | Sequence[Tensor] | None = None,
                 check_inputs: Tensor | Sequence[Tensor] | None = None, input_names: Sequence[str] | None = None,
-                output_names: Sequence[str] | None = None, phm: str = "structured", opset: int = 17,
+                output_names: Sequence[str] | None = None, phm: str = "premixed", opset: int = 17,
                 dynamo: bool = False, verify: bool = True) -> ExportResult:
     """Write ``model`` as an ONNX graph to ``path``; return an :class:`ExportResult`.
 
@@ -236,10 +264,10 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding
         check_inputs: for a module with ``example_inputs``: inputs of other batch and sequence sizes that the
             file must also run on (a size fixed at trace time fails there). For sentence-transformers and
             ``transformers`` models, 3 × 11 token ids are used.
-        phm: how PHM layers are written (:data:`PHM_MODES`); both keep only ``Aᵢ``, ``Sᵢ`` in the file.
-            ``"structured"`` (default): ``H`` never exists, also not in onnxruntime's memory.
-            ``"materialized"``: the graph forms ``H``; onnxruntime folds it into a constant when the session
-            opens, so it runs at the dense model's speed and holds the dense weights while running.
+        phm: how PHM layers are written (:data:`PHM_MODES`); every mode keeps only ``Aᵢ``, ``Sᵢ`` in the file.
+            ``"premixed"`` (default) and ``"structured"``: ``H`` never exists, also not in onnxruntime's
+            memory. ``"materialized"``: the graph forms ``H``; onnxruntime folds it into a constant when the
+            session opens, so it runs at the dense model's speed and holds the dense weights while running.
         opset: ONNX opset (default 17).
         dynamo: use the dynamo-based exporter instead of the TorchScript one (slower, larger files).
         verify: run the file in onnxruntime (when installed) on the example inputs and require
@@ -284,7 +312,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding
                     try:
                         torch.onnx.export(module, tuple(inputs), tmp, input_names=names, output_names=outputs_names,
                                           opset_version=opset, dynamo=dynamo,
-                                          do_constant_folding=phm == "structured",  # folding would store H
+                                          do_constant_folding=phm != "materialized",  # folding would store H
                                           dynamic_axes=axes)
                     except Exception as err:  # noqa: BLE001 - the exporter raises many types
                         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

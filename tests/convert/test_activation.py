@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from hyperplex.convert import convert_linears
-from hyperplex.convert.activation import capture_inputs, refine, relative_output_error
+from hyperplex.convert.activation import RIDGE, capture_inputs, refine, relative_output_error
 from hyperplex.layers import PHMLinear
 
 
@@ -85,9 +85,26 @@ def test_whitened_inits_need_calibration_and_change_nothing_without_it(init):
     with pytest.raises(ValueError, match="als_sweeps must be a non-negative integer"):
         convert_linears(m, "phm", n=2, min_features=1, init=init, calibrate=lambda model: model(torch.randn(4, 16)),
                         als_sweeps=-1)
+    with pytest.raises(ValueError, match="ridge must be ≥ 0"):
+        convert_linears(m, "phm", n=2, min_features=1, init=init, calibrate=lambda model: model(torch.randn(4, 16)),
+                        ridge=-1.0)
     assert isinstance(m[0], nn.Linear)
     for k, v in m.state_dict().items():
         torch.testing.assert_close(v, before[k])
+
+
+@pytest.mark.parametrize("kind", ["phm", "lowrank"])
+def test_whitened_ridge_defaults_per_kind_and_changes_the_fit(kind):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 16))
+    X = torch.randn(64, 16) @ (torch.randn(16, 16) * torch.logspace(0, -3, 16)[:, None])
+    run = lambda model: model(X)  # noqa: E731
+    default, explicit, other = _copy(m), _copy(m), _copy(m)
+    convert_linears(default, kind, n=2, min_features=1, init="whitened_als", calibrate=run)
+    convert_linears(explicit, kind, n=2, min_features=1, init="whitened_als", calibrate=run, ridge=RIDGE[kind])
+    convert_linears(other, kind, n=2, min_features=1, init="whitened_als", calibrate=run, ridge=10.0)
+    torch.testing.assert_close(default[0].dense_weight(), explicit[0].dense_weight())
+    assert not torch.allclose(default[0].dense_weight(), other[0].dense_weight())
 
 
 def _copy(m):

@@ -220,6 +220,7 @@ def convert_linears(
     calibrate: Callable[[nn.Module], object] | None = None,
     refine_steps: int = 200,
     als_sweeps: int = 4,
+    ridge: float | None = None,
 ) -> ConversionReport:
     """Replace ``module``'s dense layers by PHM or low-rank layers, in place.
 
@@ -249,6 +250,8 @@ def convert_linears(
             layer's relative output error on those inputs.
         refine_steps: Adam steps per layer for ``init="activation"``.
         als_sweeps: alternating-least-squares sweeps per layer for ``init="whitened_als"``.
+        ridge: the ``whitened*`` inits fit to ``Xᵀ X + λ (tr(Xᵀ X) / d) I``; ``None`` = the default λ of
+            the kind, :data:`hyperplex.convert.activation.RIDGE` (0.1 for PHM, 1e-6 for low-rank).
 
     Layers left dense, with the reason, are listed in the report: not matched by ``include``,
     excluded, too small, sizes ``n`` does not divide, weights tied to another module (GPT-2's
@@ -279,6 +282,8 @@ def convert_linears(
         raise ValueError(f"init={init!r} needs calibrate=, a callable that runs the model on calibration inputs")
     if not isinstance(als_sweeps, int) or isinstance(als_sweeps, bool) or als_sweeps < 0:
         raise ValueError(f"als_sweeps must be a non-negative integer, got {als_sweeps!r}")
+    if ridge is not None and not ridge >= 0:
+        raise ValueError(f"ridge must be ≥ 0, got {ridge!r}")
     if kind == "phm" and rule != "learned":
         PHMLinear(n, n, n, rule=rule)  # validates the rule name against n before anything changes
     rows, layers = _plan(module, kind, n, rank, _patterns(include, "include"), _patterns(exclude, "exclude"),
@@ -300,7 +305,7 @@ def convert_linears(
             if init in ("whitened", "whitened_als"):  # the same structure, fitted in closed form
                 row.output_error_svd = relative_output_error(view.weight, new.dense_weight(), factors[name])
                 new = whitened_layer(view, kind, n, used_rank, rule, factors[name],
-                                     als_sweeps=als_sweeps if init == "whitened_als" else 0)
+                                     als_sweeps=als_sweeps if init == "whitened_als" else 0, ridge=ridge)
             if init == "activation":
                 row.output_error_svd, row.output_error = refine(new, view.weight.detach(), factors[name],
                                                                 steps=refine_steps)

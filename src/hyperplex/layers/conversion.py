@@ -370,11 +370,11 @@ def phm_from_linear_whitened(linear: nn.Module, n: int, gram: Tensor, rule: Rule
     """:func:`phm_from_linear` fitted to the output error on inputs of Gram ``gram`` ``(d, d)``.
 
     A learned rule gets whichever of :func:`kronecker_decompose_whitened` and the plain
-    :func:`kronecker_decompose` has the lower output error on ``gram`` (the Kronecker-factored
+    :func:`kronecker_decompose` has the lower output error on ``gram`` without the ridge (the Kronecker-factored
     whitening is optimal only when ``G`` is a Kronecker product, and can lose to the plain fit when ``G``
     is far from one); with ``als_sweeps > 0``, :func:`kronecker_als` then runs that many sweeps on the
-    exact (ridged) objective from there. So the output error is never above the plain fit's, and
-    ALS never above the whitened start's. A fixed rule keeps its
+    exact (ridged) objective from there. So the output error on ``gram`` is never above the plain
+    fit's, and with ``ridge = 0`` ALS never ends above the whitened start. A fixed rule keeps its
     ``Aᵢ`` and takes the ``Sᵢ`` minimising the output error (one ``S``-step, exact). ``n = 1`` copies
     ``W``. Returns ``(layer, relative output error on the ridged Gram)``; the bias is copied.
     """
@@ -390,10 +390,12 @@ def phm_from_linear_whitened(linear: nn.Module, n: int, gram: Tensor, rule: Rule
         elif layer.rule_is_learned:
             rule_t, blocks, error = kronecker_decompose_whitened(W, G, n, ridge=0.0)
             svd_rule, svd_blocks, _ = kronecker_decompose(W, n)
-            svd_error = _relative(_output_loss(W.double() - _kronecker_sum(svd_rule, svd_blocks), G),
-                                  _output_loss(W.double(), G))
-            if svd_error < error:  # G far from a Kronecker product: the plain start can fit better
-                rule_t, blocks, error = svd_rule, svd_blocks, svd_error
+            raw = _ridged_gram(gram, 0.0, layer.in_features)  # the choice is made on the calibration error itself
+            errors = [_relative(_output_loss(W.double() - _kronecker_sum(r, b), raw), _output_loss(W.double(), raw))
+                      for r, b in ((rule_t, blocks), (svd_rule, svd_blocks))]
+            if errors[1] < errors[0]:  # G far from a Kronecker product: the plain start can fit better
+                rule_t, blocks = svd_rule, svd_blocks
+            error = _relative(_output_loss(W.double() - _kronecker_sum(rule_t, blocks), G), _output_loss(W.double(), G))
             if als_sweeps > 0:
                 rule_t, blocks, history = kronecker_als(W, G, rule_t, blocks, als_sweeps)
                 error = min(history)

@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""How much each conversion start keeps of all-MiniLM-L6-v2 before any healing: ``init`` ∈ {svd, activation,
+whitened, whitened_als} × {PHM n, low-rank at PHM n's parameters}, on the same calibration data.
+
+Usage (from the repository root; needs ``pip install "hyperplex[pretrained]"``)::
+
+    PYTHONPATH=src python benchmarks/compare_inits.py --quick          # n = 4 only, 256 eval captions
+    PYTHONPATH=src python benchmarks/compare_inits.py                  # n = 2, 4, 8, every init
+    PYTHONPATH=src python benchmarks/compare_inits.py --n 8 --inits svd whitened
+
+Data (``--data``, default ``../shared/data``): the Multi30k English training captions, blank lines and
+captions that also occur in the val file removed (as ``hyperplex compress`` does); the first 64 are the
+calibration sentences (what ``init: activation`` is fitted to in ``configs/minilm_compress.yaml``), the
+next 256 are held out for the per-layer error; the 1,014 val captions score the whole model.
+
+Per row: the layers matching ``*encoder.layer*`` (36 of them) are converted with
+:func:`hyperplex.convert.convert_linears` (``refine_steps`` 200 for ``activation``, ``als_sweeps``
+``--als-sweeps`` for ``whitened_als``); *layer error* is the mean over layers of the relative output error
+``‖(W − H) Xᵀ‖_F / ‖W Xᵀ‖_F`` on the held-out captions' inputs to that layer in the dense teacher;
+*cosine* is the mean cosine between the converted model's and the teacher's normalised sentence embeddings
+of the val captions (no healing); *fit s* is the conversion's wall time (calibration pass included) on
+one thread. Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from hyperplex.convert import convert_linears  # noqa: E402
+from hyperplex.convert.activation import capture_inputs, relative_output_error  # noqa: E402
+from hyperplex.convert.student import embed, load_sentence_transformer, tokenize  # noqa: E402
+from hyperplex.data.readers import read_lines  # noqa: E402
+
+INITS = ("svd", "activation", "whitened", "whitened_als")
+INCLUDE = "*encoder.layer*"
+CALIBRATION, HELD_OUT = 64, 256
+
+
+def captions(data: Path) -> tuple[list[str], list[str], list[str]]:
+    """Calibration, held-out (both from train, val captions removed) and val captions."""
+    val = [s for s in read_lines(data / "multi30k_en_de" / "val.en.gz") if s]
+    held = set(val)
+    train = [s for s in read_lines(data / "multi30k_en_de" / "train.en.gz") if s and s not in held]
+    return train[:CALIBRATION], train[CALIBRATION:CALIBRATION + HELD_OUT], val
+
+
+def encode(model: nn.Module, sentences: list[str], batch: int = 64) -> torch.Tensor:
+    """``(N, E)`` normalised sentence embeddings."""
+    with torch.inference_mode():
+        return torch.cat([embed(model, tokenize(model, sentences[i:i + batch])) for i in range(0, len(sentences), batch)])
+
+
+def runner(model: nn.Module, sentences: list[str]):
+    """A ``calibrate`` callable: one forward pass over ``sentences`` (one padded batch)."""
+    features = tokenize(model, sentences)
+    return lambda module: module(dict(features))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--n", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--kinds", nargs="+", default=["phm", "lowrank"], choices=["phm", "lowrank"])
+    parser.add_argument("--inits", nargs="+", default=list(INITS), choices=INITS)
+    parser.add_argument("--als-sweeps", type=int, default=4)
+    parser.add_argument("--ridge", type=float, default=None, help="λ of the whitened inits (default: the library's)")
+    parser.add_argument("--eval", type=int, default=0, help="score on the first N val captions (0 = all)")
+    parser.add_argument("--quick", action="store_true", help="n = 4 only and 256 val captions")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.n, args.eval = [4], args.eval or 256
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    teacher = load_sentence_transformer(args.model)
+    calibration, held_out, val = captions(Path(args.data))
+    if args.eval:
+        val = val[:args.eval]
+    layers = {name: m for name, m in teacher.named_modules() if isinstance(m, nn.Linear) and "encoder.layer." in name}
+    held_factors = capture_inputs(teacher, layers, runner(teacher, held_out))
+    weights = {name: m.weight.detach().clone() for name, m in layers.items()}
+    reference = encode(teacher, val)
+
+    rows = []
+    for n in args.n:
+        for kind in args.kinds:
+            for init in args.inits:
+                student = copy.deepcopy(teacher)
+                start = time.perf_counter()
+                report = convert_linears(student, kind, n, include=INCLUDE, init=init,
+                                         calibrate=runner(student, calibration), als_sweeps=args.als_sweeps,
+                                         ridge=args.ridge)
+                seconds = time.perf_counter() - start
+                converted = dict(student.named_modules())
+                errors = [relative_output_error(weights[name], converted[name].dense_weight(), held_factors[name])
+                          for name in weights]
+                cosine = float((encode(student, val) * reference).sum(-1).mean())
+                rows.append((n, kind, init, report.converted[0].rank, sum(errors) / len(errors),
+                             report.mean_output_error, cosine, seconds))
+                print(f"# n={n} {kind} {init}: held-out layer error {rows[-1][4]:.4f}, cosine {cosine:.4f}, "
+                      f"{seconds:.1f} s", file=sys.stderr, flush=True)
+                del student
+
+    print(f"all-MiniLM-L6-v2, {len(layers)} layers ({INCLUDE}) converted, no healing; calibration: the first "
+          f"{len(calibration)} Multi30k train captions; layer error on the next {len(held_out)}; cosine on "
+          f"{len(val)} val captions. {platform.processor() or platform.machine()}, torch "
+          f"{torch.__version__}, 1 thread, {datetime.date.today()}\n")
+    print("| n | kind | init | rank | layer error (held-out) | layer error (calibration) | cosine to teacher | fit s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, kind, init, rank, held, calib, cosine, seconds in rows:
+        print(f"| {n} | {kind} | {init} | {rank or ''} | {held:.4f} | {calib:.4f} | {cosine:.4f} | {seconds:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -98,7 +98,7 @@ class PretrainedTokenizer:
         from transformers import AutoTokenizer
 
         self.folder, self.max_length = folder, max_length
-        self.hf = AutoTokenizer.from_pretrained(folder)
+        self.hf = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
         self.pad_index = self.hf.pad_token_id if self.hf.pad_token_id is not None else 0
         # BERT-like tokenizers give segment ids; others (RoBERTa, MPNet) tell pairs apart by separators only
         self.token_types = "token_type_ids" in self.hf.model_input_names
@@ -141,9 +141,10 @@ def _load_encoder(folder: str) -> nn.Module:
     hf_logging.disable_progress_bar()
     try:
         try:  # BERT-like: no pooler (unused by mean/cls pooling; it would only take adapter targets)
-            return transformers.AutoModel.from_pretrained(folder, add_pooling_layer=False, dtype=torch.float32)
+            return transformers.AutoModel.from_pretrained(folder, add_pooling_layer=False, dtype=torch.float32,
+                                                          trust_remote_code=False)
         except TypeError:
-            return transformers.AutoModel.from_pretrained(folder, dtype=torch.float32)
+            return transformers.AutoModel.from_pretrained(folder, dtype=torch.float32, trust_remote_code=False)
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:

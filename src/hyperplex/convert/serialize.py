@@ -17,7 +17,7 @@ holds only regular files (no FIFO, device or link out of it), the ``modules.json
 and the SHA-256 the spec records for the weights file. The skeleton is then built on the ``meta`` device
 (no dense weight of a converted layer is ever allocated), the spec applied, and every tensor assigned
 from the file strictly, so outputs are bit-identical and the peak memory of a load is about the
-converted model's size. No code from the folder is imported (``trust_remote_code`` is never passed).
+converted model's size. No code from the folder is imported (``trust_remote_code`` is always off).
 The folder is meant for :func:`load_converted`; ``from_pretrained`` on it would not find the dense weights.
 """
 

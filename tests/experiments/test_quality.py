@@ -284,3 +284,34 @@ def test_bench_compress_counts_match_the_models(setup, capsys):
     assert rows[1]["params"] == total - dense + phm2 and rows[1]["selected_params"] == phm2
     assert all(4 * r["params"] <= r["file_bytes"] <= 4 * r["params"] + 32_000 for r in rows)
     assert "| dense |" in capsys.readouterr().out
+
+
+def test_int8_rows_score_the_quantized_form_with_its_bytes(setup, tmp_path):
+    """``model_of`` rows with ``--testing.quantize=int8`` score the same models in int8: agreement close to the
+    float model's, fewer bytes held and written; a compress run with testing.quantize int8 writes an int8 student."""
+    from hyperplex.cli import runner
+    from hyperplex.convert.quantize import is_quantized, load_quantized
+
+    _, data, config = setup
+    rows = [{"name": "teacher", "config": str(config), "overrides": ["--model.kind=none"], "heal": False, "seeds": [1]},
+            {"name": "teacher_int8", "model_of": "teacher", "eval_overrides": ["--testing.quantize=int8"]},
+            {"name": "phm2_converted", "config": str(config), "heal": False, "seeds": [1]},
+            {"name": "phm2_int8", "model_of": "phm2_converted", "eval_overrides": ["--testing.quantize=int8"]}]
+    plan = write_plan(tmp_path, config, rows=rows)
+    out = tmp_path / "out"
+    assert main([str(plan), "--out", str(out), "--data-root", str(data)]) == 0
+    got = {name: row["runs"][0] for name, row in by_name(json.loads((out / "results.json").read_text())).items()}
+    for float_row, int8_row in (("teacher", "teacher_int8"), ("phm2_converted", "phm2_int8")):
+        f, q = got[float_row], got[int8_row]
+        assert "quantized" not in f["size"] and q["size"]["quantized"] == "int8"
+        assert q["size"]["held_bytes"] < f["size"]["held_bytes"] and q["size"]["file_bytes"] < f["size"]["file_bytes"]
+        assert abs(q["metrics"]["agreement"] - f["metrics"]["agreement"]) < 0.05
+    assert got["teacher"]["metrics"]["agreement"] == pytest.approx(1.0)
+    assert got["teacher_int8"]["metrics"]["agreement"] < 1.0  # int8 changes the function a little
+    assert "weights in memory" in (out / "results.md").read_text()
+    # compress with testing.quantize: int8 writes the student in int8
+    model_dir = tmp_path / "compress"
+    runner.compress(str(config), ["--training.max_steps=2", "--training.validation_every=2", "--testing.quantize=int8"],
+                    str(model_dir), str(data))
+    student = load_quantized(model_dir / "student")
+    assert is_quantized(student)

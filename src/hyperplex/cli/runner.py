@@ -67,7 +67,9 @@ def compress(config: str, overrides: list[str] | None = None, model_dir: str | N
              data_root: str | None = None, resume: bool = False) -> dict:
     """``hyperplex compress``: :func:`train` for a ``data.task: distillation`` config, then the best
     checkpoint's student written with :func:`hyperplex.convert.save_converted` into ``MODEL_DIR/student``
-    (reloaded by :func:`hyperplex.convert.load_converted`). Other tasks are refused before anything is written."""
+    (reloaded by :func:`hyperplex.convert.load_converted`), or, with ``testing.quantize: int8``, quantised and
+    written with ``save_quantized`` (reloaded by ``load_quantized``). Other tasks are refused before anything
+    is written."""
     from hyperplex.convert import save_converted
 
     cfg = load_experiment(config, overrides, model_dir)
@@ -86,7 +88,12 @@ def compress(config: str, overrides: list[str] | None = None, model_dir: str | N
     with own_model_dir(cfg.model_dir, "compress"):  # held from training to the student's last file
         metrics = train(config, overrides, model_dir, data_root, resume)
         _, _, model = load_model(cfg.model_dir, "best", data_root, read_data=False)
-        save_converted(model.encoder, Path(cfg.model_dir) / "student")
+        if cfg.testing.quantize == "int8":
+            from hyperplex.convert.quantize import save_quantized
+
+            save_quantized(model.encoder, Path(cfg.model_dir) / "student")
+        else:
+            save_converted(model.encoder, Path(cfg.model_dir) / "student")
     return metrics
 
 
@@ -190,7 +197,18 @@ def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str |
         _check_model_section(cfg, source, path, stored)
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.training.device != "cpu" else "cpu")
     model.to(device).eval()
-    return cfg, task, model
+    return cfg, task, inference_form(cfg, model)
+
+
+def inference_form(cfg: ExperimentConfig, model):
+    """``model`` in the form ``testing.quantize`` names: unchanged for ``none``; for ``int8``, its dense,
+    low-rank and PHM layers quantised in place by :func:`hyperplex.convert.quantize` (a model already
+    quantised is returned as it is)."""
+    if cfg.testing.quantize == "none":
+        return model
+    from hyperplex.convert.quantize import is_quantized, quantize
+
+    return model if is_quantized(model) else quantize(model)
 
 
 def _check_recorded_files(record, model_dir: Path, path: Path) -> None:

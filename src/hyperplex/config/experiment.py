@@ -181,6 +181,10 @@ class TestingConfig:
                                                        "source token (thesis §3.6)"})
     unk_dictionary: str = field(default="", metadata={"help": "optional `source<TAB>target` dictionary used by "
                                                       "replace_unk"})
+    quantize: Literal["none", "int8"] = field(default="none", metadata={
+        "help": "the form a trained model is evaluated and served in: int8 = PyTorch's dynamic int8 quantisation "
+                "of its dense, low-rank and PHM layers (hyperplex.convert.quantize), applied after loading, no "
+                "training; `hyperplex compress` then writes student/ in int8 (load_quantized)"})
 
     def __post_init__(self) -> None:
         check_beam_size(self.beam_size, "beam_size")

@@ -35,6 +35,7 @@ __all__ = [
     "carve_split",
     "embed_batched",
     "layer_parameters",
+    "saved_quantized_file_bytes",
     "lookup_embedder",
     "mean_cosine",
     "read_sentences",
@@ -272,6 +273,18 @@ def saved_file_bytes(model) -> int:
     with tempfile.TemporaryDirectory(prefix="hyperplex-size-") as folder:
         save_converted(model, folder)
         return os.path.getsize(os.path.join(folder, WEIGHTS_NAME))
+
+
+def saved_quantized_file_bytes(model) -> int:
+    """Bytes of the weight files (``*.safetensors``) that :func:`hyperplex.convert.quantize.save_quantized`
+    writes for an int8 ``model`` (written to a scratch folder and removed)."""
+    from pathlib import Path
+
+    from hyperplex.convert.quantize import save_quantized
+
+    with tempfile.TemporaryDirectory(prefix="hyperplex-size-") as folder:
+        save_quantized(model, os.path.join(folder, "model"))
+        return sum(path.stat().st_size for path in Path(folder).rglob("*.safetensors"))
 
 
 def layer_parameters(model: torch.nn.Module, names: Sequence[str]) -> int:

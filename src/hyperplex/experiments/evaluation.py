@@ -38,6 +38,7 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
     if eval_overrides:
         testing = parse_overrides(eval_overrides)["testing"]
         cfg.testing = from_dict(TestingConfig, merge(to_dict(cfg.testing), testing), "testing.")
+        model = runner.inference_form(cfg, model)  # e.g. --testing.quantize=int8 scores the int8 form
     if eval_split:  # relative paths are read from the data root, as `hyperplex evaluate --split FILE`
         task.use_evaluation_file(eval_split)
     metrics = runner.score(cfg, task, model)

@@ -156,12 +156,24 @@ def model_size(model) -> dict:
     """Sizes of a loaded ``pretrained_student``: ``converted_layers`` (layers replaced by PHM / low-rank),
     ``selected_params`` (parameters of the layers its conversion selects, bias included: after conversion,
     or, for ``kind: none``, the dense count of the layers a conversion with the same include/exclude/
-    min_features would replace), ``selected_params_dense`` (the same layers dense), and ``file_bytes``
-    (the ``model.safetensors`` that :func:`hyperplex.convert.save_converted` writes for ``model.encoder``)."""
+    min_features would replace), ``selected_params_dense`` (the same layers dense), ``file_bytes`` (the
+    ``model.safetensors`` that :func:`hyperplex.convert.save_converted` writes for ``model.encoder``; for an int8
+    model, the weight files of ``save_quantized``) and ``held_bytes`` (parameters, buffers and packed int8
+    weights held in memory: :func:`hyperplex.convert.quantize.model_bytes`)."""
     from hyperplex.convert import convert_linears
     from hyperplex.convert.quality import saved_file_bytes
+    from hyperplex.convert.quantize import is_quantized, model_bytes
 
     report = model.report
+    if is_quantized(model.encoder):  # testing.quantize: int8 — what save_quantized writes, what it holds
+        from hyperplex.convert.quality import saved_quantized_file_bytes
+
+        dense = report.converted_params_before if report is not None else None
+        return {"converted_layers": len(report.converted) if report is not None else 0,
+                "selected_layers": len(report.converted) if report is not None else 0,
+                "selected_params": report.converted_params_after if report is not None else None,
+                "selected_params_dense": dense, "file_bytes": saved_quantized_file_bytes(model.encoder),
+                "held_bytes": model_bytes(model.encoder), "quantized": "int8"}
     if report is None:  # the dense teacher copy: what a conversion would select (n = 1 divides every size)
         cfg = model.config
         report = convert_linears(copy.deepcopy(model.encoder), "phm", 1, include=cfg.include or None,
@@ -171,4 +183,5 @@ def model_size(model) -> dict:
         converted, selected = len(report.converted), report.converted_params_after
     file_bytes = saved_file_bytes(model.encoder)
     return {"converted_layers": converted, "selected_layers": len(report.converted), "selected_params": selected,
-            "selected_params_dense": report.converted_params_before, "file_bytes": file_bytes}
+            "selected_params_dense": report.converted_params_before, "file_bytes": file_bytes,
+            "held_bytes": model_bytes(model.encoder)}

@@ -120,8 +120,10 @@ def _table_lines(results: dict) -> tuple[list[str], list[str]]:
     """(the results table, one note per seed missing from it). Plans with ``quality:`` add three size columns."""
     metrics, digits = results["plan"]["metrics"], results["plan"].get("digits", 2)
     sized = any(r.get("size") for row in results["rows"] for r in row["runs"])
+    held = any("held_bytes" in r.get("size", {}) for row in results["rows"] for r in row["runs"])
     header = ["row", "n"] + metrics + ["params", "params w/o emb."] + \
-        (["converted layers", "params of those layers", "file size"] if sized else []) + ["training time"]
+        (["converted layers", "params of those layers", "file size"] if sized else []) + \
+        (["weights in memory"] if held else []) + ["training time"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * (len(header) - 1)]
     notes: list[str] = []
     for row in results["rows"]:
@@ -132,6 +134,8 @@ def _table_lines(results: dict) -> tuple[list[str], list[str]]:
         cells.append(_range_cell([r["params"]["total_without_embeddings"] for r in done if r.get("params")]))
         if sized:
             cells += _size_cells([r["size"] for r in done if r.get("size")])
+        if held:
+            cells.append(_bytes_cell([r["size"]["held_bytes"] for r in done if "held_bytes" in r.get("size", {})]))
         cells.append(_time_cell(done))
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         for r in row["runs"]:
@@ -140,13 +144,18 @@ def _table_lines(results: dict) -> tuple[list[str], list[str]]:
     return lines, notes
 
 
+def _bytes_cell(values: list[int]) -> str:
+    """A byte count, or the range over seeds."""
+    if not values:
+        return "–"
+    return format_bytes(min(values)) if min(values) == max(values) else \
+        f"{format_bytes(min(values))}–{format_bytes(max(values))}"
+
+
 def _size_cells(sizes: list[dict]) -> list[str]:
     """Converted layers, their parameters and the file size of a row's models (ranges over seeds)."""
-    files = [s["file_bytes"] for s in sizes]
-    file_cell = "–" if not files else format_bytes(min(files)) if min(files) == max(files) else \
-        f"{format_bytes(min(files))}–{format_bytes(max(files))}"
     return [_range_cell([s["converted_layers"] for s in sizes]), _range_cell([s["selected_params"] for s in sizes]),
-            file_cell]
+            _bytes_cell([s["file_bytes"] for s in sizes])]
 
 
 def _time_cell(done: list[dict]) -> str:

@@ -70,7 +70,7 @@ class PretrainedStudentConfig(ModelConfig):
         "help": "before healing, fit each student transformer layer alone to its teacher layer's outputs on the "
                 "teacher's hidden states of the calibration sentences (the first training sentences): this many "
                 "full-batch Adam steps per layer, on that layer's parameters only; 0 = off"})
-    blockwise_lr: float = field(default=1.0e-4, metadata={"help": "Adam learning rate of `blockwise_steps`"})
+    blockwise_lr: float = field(default=1.0e-3, metadata={"help": "Adam learning rate of `blockwise_steps`"})
 
     def __post_init__(self) -> None:
         if self.n < 1:

@@ -42,20 +42,23 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, engine {torch.backends.quantized.engine}, threads {args.threads}, n={args.n}")
-    print("| shape (k x d) | rows | float dense ms | float PHM structured | int8 dense | int8 PHM (int8 GEMM) | int8 PHM (dequantised) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| shape (k x d) | rows | float dense ms | float PHM structured | int8 dense | int8 PHM (int8 GEMM) | "
+          "int8 PHM (dequantised) | int8 PHM (premixed) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for k, d in ((384, 384), (1536, 384), (384, 1536)):
         dense = [nn.Linear(d, k) for _ in range(args.layers)]
         phm = [PHMLinear(d, k, args.n).eval() for _ in range(args.layers)]
         q_dense = [QuantizedLinear.from_weight(layer.weight, layer.bias) for layer in dense]
         q_int8 = [QuantizedPHMLinear.from_float(layer, "int8").eval() for layer in phm]
         q_deq = [QuantizedPHMLinear.from_float(layer, "dequantized").eval() for layer in phm]
+        q_pre = [QuantizedPHMLinear.from_float(layer, "premixed").eval() for layer in phm]
         variants = {
             "dense": lambda x: [F.linear(x, m.weight, m.bias) for m in dense],
             "phm": lambda x: [phm_linear_structured(x, m.phm_rule, m.phm_weight, m.bias) for m in phm],
             "q_dense": lambda x: [m(x) for m in q_dense],
             "q_int8": lambda x: [m(x) for m in q_int8],
             "q_deq": lambda x: [m(x) for m in q_deq],
+            "q_pre": lambda x: [m(x) for m in q_pre],
         }
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, d)
@@ -70,7 +73,7 @@ def main() -> None:
             med = {name: statistics.median(t) for name, t in times.items()}
             ratio = {name: med[name] / med["dense"] for name in med}
             print(f"| {k}x{d} | {rows} | {med['dense'] * 1e3:.3f} | {ratio['phm']:.2f} | {ratio['q_dense']:.2f} | "
-                  f"{ratio['q_int8']:.2f} | {ratio['q_deq']:.2f} |")
+                  f"{ratio['q_int8']:.2f} | {ratio['q_deq']:.2f} | {ratio['q_pre']:.2f} |")
 
 
 if __name__ == "__main__":

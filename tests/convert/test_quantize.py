@@ -34,7 +34,7 @@ def plain_model():
     return nn.Sequential(PHMLinear(64, 128, 4), nn.GELU(), LowRankLinear(128, 64, 8), nn.GELU(), nn.Linear(64, 16))
 
 
-@pytest.mark.parametrize("path", ["int8", "dequantized"])
+@pytest.mark.parametrize("path", ["int8", "premixed", "dequantized", "auto"])
 @pytest.mark.parametrize("n, rule", [(2, "learned"), (4, "learned"), (4, "quaternion"), (8, "learned"), (1, "learned")])
 def test_phm_layer_matches_float(n, rule, path):
     torch.manual_seed(n)
@@ -47,14 +47,20 @@ def test_phm_layer_matches_float(n, rule, path):
     assert got.shape == expected.shape == (5, 7, 96) and got.dtype == torch.float32
     assert relative_error(expected, got) < LAYER_TOLERANCE
     assert q.blocks.weight().dtype == torch.qint8
-    assert q.blocks.weight().q_per_channel_scales().shape == (96,)  # one scale per output row of each Sᵢ
+    if q.path != "premixed":
+        assert q.blocks.weight().q_per_channel_scales().shape == (96,)  # one scale per output row of each Sᵢ
+    else:
+        assert q.blocks.weight().shape == (96 // n, 64)  # [S₁ … S_n] side by side
+    assert torch.allclose(q.dequantized_phm_weight(), layer.phm_weight, atol=float(layer.phm_weight.detach().abs().max()) / 127)
+    assert q.path == (("premixed" if 64 <= 96 else "int8") if path == "auto" else path)
 
 
 def test_phm_paths_agree_with_dequantized_structure():
     torch.manual_seed(1)
-    layer = PHMLinear(32, 48, 4).eval()
-    a, b = QuantizedPHMLinear.from_float(layer, "int8").eval(), QuantizedPHMLinear.from_float(layer, "dequantized").eval()
-    x = torch.randn(9, 32)
+    layer = PHMLinear(48, 32, 4).eval()
+    a, b = QuantizedPHMLinear.from_float(layer, "auto").eval(), QuantizedPHMLinear.from_float(layer, "dequantized").eval()
+    assert a.path == "int8"  # d > k
+    x = torch.randn(9, 48)
     # same int8 weights; the paths differ only by the int8 path's activation quantisation
     assert torch.equal(a.blocks.weight().int_repr(), b.blocks.weight().int_repr())
     assert relative_error(b(x), a(x)) < LAYER_TOLERANCE
@@ -82,8 +88,10 @@ def test_quantize_replaces_every_kind_and_counts_bytes():
     assert quantize(m) is m and not m.training
     assert [type(m[i]) for i in (0, 2, 4)] == [QuantizedPHMLinear, QuantizedLowRankLinear, QuantizedLinear]
     assert relative_error(expected, m(x)) < LAYER_TOLERANCE * 2
-    # PHM: S int8 (128·64/4) + scales/zero points (128 × 16 bytes) + float rule (4³) and bias (128)
-    phm = 128 * 16 + 128 * 16 + (64 + 128) * 4
+    # PHM (d ≤ k: premixed, [S₁ … S₄] is 32 × 64): int8 S (128·64/4) + scales and zero points (32 rows ×
+    # 16 bytes) + float rule (4³) and bias (128)
+    assert m[0].path == "premixed"
+    phm = 128 * 16 + 32 * 16 + (64 + 128) * 4
     # low-rank: V 8×128 and U 64×8 int8, one scale + zero point per row, float bias (64)
     low = 8 * 128 + 8 * 16 + 64 * 8 + 64 * 16 + 64 * 4
     dense = 16 * 64 + 16 * 16 + 16 * 4

@@ -80,8 +80,8 @@ def unsupported_layers(model: nn.Module) -> list[tuple[str, str]]:
 #: GEMM over the input blocks, then the ``n²`` partial products mixed by the rule. ``"materialized"``: the
 #: graph forms ``H`` with a matmul and a transpose, then one dense matmul; onnxruntime folds ``H`` into a
 #: constant when it opens the session (dense speed, dense memory while running). In onnxruntime on MiniLM
-#: (n = 4, one thread) premixed ran 1.08× / 0.77× the dense teacher's sentences/s at batch 1 / 32,
-#: structured 0.66× / 0.28×, materialized 1.01× / 0.93× (benchmarks/check_deploy.py, docs/compress.md).
+#: (n = 4, one thread) premixed ran 1.25× / 0.71× the dense teacher's sentences/s at batch 1 / 32,
+#: structured 0.69× / 0.34×, materialized 0.96× / 1.19× (benchmarks/check_deploy.py, docs/compress.md).
 PHM_MODES = ("premixed", "structured", "materialized")
 
 
@@ -95,14 +95,25 @@ def phm_linear_premixed(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | 
     weights. Exact up to rounding (same sums, other order).
     """
     n, k_n, d_n = weight.shape
-    lead = x.shape[:-1]
+    out = F.linear(premix_inputs(x, rule), side_by_side(weight)).reshape(*x.shape[:-1], n * k_n)  # (B, a, q) → (..., k)
+    return out if bias is None else out + bias
+
+
+def premix_inputs(x: Tensor, rule: Tensor) -> Tensor:
+    """``z`` of :func:`phm_linear_premixed`: ``x`` ``(..., d)`` → ``(rows·n, d)``, row ``(b, a)`` holding
+    ``[z_{a,1} … z_{a,n}]`` with ``z_{a,i} = Σ_c rule[i, a, c] x_c`` (``x_c``: the ``c``-th of ``n`` blocks)."""
+    n = rule.shape[0]
+    d_n = x.shape[-1] // n
     blocks = x.reshape(-1, n, d_n)  # (B, c, j)
     mix = rule.permute(2, 1, 0).reshape(n, n * n).to(x.dtype)  # [c, (a, i)] = rule[i, a, c]
     z = torch.matmul(blocks.transpose(1, 2), mix)  # (B, j, (a, i))
-    z = z.reshape(-1, d_n, n, n).permute(0, 2, 3, 1).reshape(-1, n * d_n)  # (B·a, (i, j))
-    side_by_side = weight.permute(1, 0, 2).reshape(k_n, n * d_n)  # [q, (i, j)]
-    out = F.linear(z, side_by_side).reshape(*lead, n * k_n)  # (B, a, q) → (..., k)
-    return out if bias is None else out + bias
+    return z.reshape(-1, d_n, n, n).permute(0, 2, 3, 1).reshape(-1, n * d_n)  # (B·a, (i, j))
+
+
+def side_by_side(weight: Tensor) -> Tensor:
+    """``[S₁ … S_n]`` ``(k/n, d)`` from ``weight`` ``(n, k/n, d/n)``: row ``q`` is every ``Sᵢ``'s row ``q``."""
+    n, k_n, d_n = weight.shape
+    return weight.permute(1, 0, 2).reshape(k_n, n * d_n)  # [q, (i, j)]
 
 
 @contextlib.contextmanager

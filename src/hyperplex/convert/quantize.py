@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as _TorchDynamicLinear
 
+from hyperplex.convert.export import premix_inputs, side_by_side
 from hyperplex.layers.functional import phm_linear_structured
 from hyperplex.layers.lowrank import LowRankLinear
 from hyperplex.layers.phm import PHMLinear
@@ -42,8 +43,10 @@ __all__ = [
 
 #: How :class:`QuantizedPHMLinear` computes: ``"int8"`` (the input blocks against the stacked int8
 #: ``Sᵢ`` on one dynamic-quantised GEMM, then the rule mixing in float) or ``"dequantized"`` (the
-#: ``Sᵢ`` dequantised to float for the call, then :func:`phm_linear_structured`).
-PHM_PATHS = ("int8", "dequantized")
+#: ``Sᵢ`` dequantised to float for the call, then :func:`phm_linear_structured`) or ``"premixed"`` (the
+#: input blocks mixed by the rule in float, then one int8 GEMM against ``[S₁ … S_n]``); see
+#: :class:`QuantizedPHMLinear`.
+PHM_PATHS = ("int8", "premixed", "dequantized")
 #: Quantised engines that run ``torch.ops.quantized.linear_dynamic`` on this CPU kind.
 ENGINES = ("x86", "fbgemm", "onednn", "qnnpack")
 #: Attribute every quantised module carries: its dotted name in the model (for error messages).
@@ -198,23 +201,27 @@ class QuantizedLowRankLinear(nn.Module):
 class QuantizedPHMLinear(nn.Module):
     r"""int8 form of :class:`~hyperplex.layers.PHMLinear`: ``y = x Hᵀ + b``, ``H = Σᵢ Aᵢ ⊗ Sᵢ``.
 
-    Holds the ``Sᵢ`` as one :class:`QuantizedLinear` ``blocks`` whose weight is the stack
-    ``(k, d/n)`` (rows ordered ``(i, q)``: ``Sᵢ``'s row ``q`` is row ``i·k/n + q``), so each output row
-    of each ``Sᵢ`` has its own scale; the rule ``phm_rule`` ``(n, n, n)`` and ``bias`` ``(k,)`` stay
-    float (buffers). ``H`` is never formed.
+    Holds the ``Sᵢ`` in one :class:`QuantizedLinear` ``blocks`` (int8, one scale per row of its weight);
+    the rule ``phm_rule`` ``(n, n, n)`` and ``bias`` ``(k,)`` stay float (buffers). ``H`` is never formed.
+    ``path`` (:data:`PHM_PATHS`) picks the kernel and the layout of ``blocks``:
 
-    ``path`` (:data:`PHM_PATHS`) picks the kernel; both compute the structure of
-    :func:`~hyperplex.layers.phm_linear_structured`:
-
-    * ``"int8"``: the input cut into ``n`` blocks ``(rows·n, d/n)`` goes through one dynamic int8 GEMM
-      against the stacked ``Sᵢ`` (``(rows·n, k)`` partial products), then the ``n²`` partials are mixed
-      by the rule in float;
-    * ``"dequantized"``: the ``Sᵢ`` are dequantised to float for the call (``k·d/n`` floats, freed
+    * ``"int8"`` — the structure of :func:`~hyperplex.layers.phm_linear_structured`: ``blocks`` holds the
+      stack ``(k, d/n)`` (``Sᵢ``'s row ``q`` is row ``i·k/n + q``: one scale per output row of each
+      ``Sᵢ``); the input cut into ``n`` blocks ``(rows·n, d/n)`` goes through one dynamic int8 GEMM
+      (``(rows·n, k)`` partial products), then the ``n²`` partials are mixed by the rule in float;
+    * ``"premixed"`` — ``blocks`` holds ``[S₁ … S_n]`` side by side ``(k/n, d)`` (one scale per row ``q``,
+      shared by the ``n`` blocks); the input blocks are mixed by the rule in float first
+      (:func:`~hyperplex.convert.export.premix_inputs`, ``n²·d`` multiply-adds per row), then one int8 GEMM
+      ``(rows·n, d) × (d, k/n)`` gives the output directly;
+    * ``"dequantized"`` — the ``int8`` layout, dequantised to float for each call (``k·d/n`` floats, freed
       after), then the float structured product.
 
-    Default ``"int8"``: at MiniLM's shapes (384×384 and 1536×384, n = 4, one thread) it measured
-    1.4–3.5× faster than ``"dequantized"`` for 12–800 rows (``benchmarks/check_quantize.py``; the
-    dequantised path pays a float GEMM of the dense layer's multiply-adds plus the dequantisation).
+    The mixing costs scale with ``k`` (``int8``, after the GEMM) or ``d`` (``premixed``, before it), so
+    :func:`quantize` takes ``"premixed"`` when ``d ≤ k`` and ``"int8"`` otherwise. Measured at MiniLM's
+    shapes (n = 4; 12, 128, 800 rows; one thread; ``benchmarks/check_quantize.py``), as a ratio to the
+    float dense layer: 384×384 premixed 1.5–2.0 vs int8 2.0–2.4; 1536×384 (k×d) premixed 0.46–0.80 vs
+    int8 1.0–2.7; 384×1536 int8 0.59–1.3 vs premixed 1.1–1.9; ``"dequantized"`` was the slowest
+    everywhere (1.8–4.8). PyTorch's int8 dense layer ran 0.29–0.77 there.
 
     Shape: input ``(*, d)``, output ``(*, k)``.
     """
@@ -231,19 +238,35 @@ class QuantizedPHMLinear(nn.Module):
         self.register_buffer("phm_rule", torch.zeros(n, n, n))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         with _quiet():
-            self.blocks = QuantizedLinear(in_features // n, out_features, bias_=False, dtype=torch.qint8).eval()
+            if path == "premixed":
+                self.blocks = QuantizedLinear(in_features, out_features // n, bias_=False, dtype=torch.qint8).eval()
+            else:
+                self.blocks = QuantizedLinear(in_features // n, out_features, bias_=False, dtype=torch.qint8).eval()
 
     @classmethod
-    def from_float(cls, layer: PHMLinear, path: str = "int8") -> "QuantizedPHMLinear":
-        """Quantise ``layer``'s ``Sᵢ`` (one scale per output row of each); rule and bias are copied in float."""
+    def from_float(cls, layer: PHMLinear, path: str = "auto") -> "QuantizedPHMLinear":
+        """Quantise ``layer``'s ``Sᵢ``; rule and bias are copied in float. ``path``: one of :data:`PHM_PATHS`,
+        or ``"auto"``: ``"premixed"`` when ``in_features ≤ out_features``, else ``"int8"``."""
         n, k, d = layer.n, layer.out_features, layer.in_features
+        if path == "auto":
+            path = "premixed" if d <= k else "int8"
         new = cls(d, k, n, bias=layer.bias is not None, rule_name=layer.rule_name, path=path)
         with torch.no_grad():
             new.phm_rule.copy_(layer.phm_rule.detach().float())
             if layer.bias is not None:
                 new.bias.copy_(layer.bias.detach().float())
-        new.blocks = QuantizedLinear.from_weight(layer.phm_weight.detach().reshape(k, d // n), None)
+        weight = layer.phm_weight.detach()
+        stored = side_by_side(weight) if path == "premixed" else weight.reshape(k, d // n)
+        new.blocks = QuantizedLinear.from_weight(stored, None)
         return new.eval()
+
+    def dequantized_phm_weight(self) -> Tensor:
+        """The ``Sᵢ`` as float, ``(n, k/n, d/n)``, whatever the stored layout."""
+        n, k_n, d_n = self.n, self.out_features // self.n, self.in_features // self.n
+        stored = self.blocks.dequantized_weight()
+        if self.path == "premixed":
+            return stored.view(k_n, n, d_n).permute(1, 0, 2).contiguous()
+        return stored.view(n, k_n, d_n)
 
     def forward(self, input: Tensor) -> Tensor:
         if self.training:
@@ -252,9 +275,11 @@ class QuantizedPHMLinear(nn.Module):
             raise ValueError(f"expected input with last dimension {self.in_features}, got shape {tuple(input.shape)}")
         n, k_n, d_n = self.n, self.out_features // self.n, self.in_features // self.n
         if self.path == "dequantized":
-            weight = self.blocks.dequantized_weight().view(n, k_n, d_n)
-            return phm_linear_structured(input, self.phm_rule, weight, self.bias).to(input.dtype)
+            return phm_linear_structured(input, self.phm_rule, self.dequantized_phm_weight(), self.bias).to(input.dtype)
         lead = input.shape[:-1]
+        if self.path == "premixed":
+            out = self.blocks(premix_inputs(input.float(), self.phm_rule)).reshape(*lead, n * k_n)  # (B, a, q)
+            return (out if self.bias is None else out + self.bias).to(input.dtype)
         blocks = input.reshape(-1, d_n).float()  # (B·n_c, d/n), rows ordered (b, c)
         rows = blocks.shape[0] // n
         partial = self.blocks(blocks)  # (B·n_c, n_i·k/n): X_c Sᵢᵀ for every c and i
@@ -291,7 +316,7 @@ def _targets(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             yield name, layer
 
 
-def quantize(model: nn.Module, dtype: torch.dtype = torch.qint8, *, phm_path: str = "int8") -> nn.Module:
+def quantize(model: nn.Module, dtype: torch.dtype = torch.qint8, *, phm_path: str = "auto") -> nn.Module:
     """Quantise ``model``'s dense, low-rank and PHM layers to int8 in place; return ``model`` in eval mode.
 
     Args:
@@ -302,7 +327,8 @@ def quantize(model: nn.Module, dtype: torch.dtype = torch.qint8, *, phm_path: st
             :class:`QuantizedPHMLinear`. Everything else (embeddings, layer norms, GPT-2's ``Conv1D``)
             stays float.
         dtype: ``torch.qint8`` (the only one supported).
-        phm_path: ``"int8"`` (default) or ``"dequantized"``, see :class:`QuantizedPHMLinear`.
+        phm_path: ``"auto"`` (default: per layer, ``"premixed"`` when ``d ≤ k``, else ``"int8"``),
+            ``"int8"``, ``"premixed"`` or ``"dequantized"``, see :class:`QuantizedPHMLinear`.
 
     Outputs: what PyTorch's dynamic int8 gives. One layer on Gaussian inputs: 1–2% relative error
     (tested below 5%); a 2-layer random BERT's last hidden state: tested below 1%. A trained model
@@ -317,8 +343,8 @@ def quantize(model: nn.Module, dtype: torch.dtype = torch.qint8, *, phm_path: st
     """
     if dtype != torch.qint8:
         raise ValueError(f"dtype must be torch.qint8 (int8 weights), got {dtype}")
-    if phm_path not in PHM_PATHS:
-        raise ValueError(f"unknown phm_path {phm_path!r}; valid: {', '.join(PHM_PATHS)}")
+    if phm_path not in ("auto", *PHM_PATHS):
+        raise ValueError(f"unknown phm_path {phm_path!r}; valid: auto, {', '.join(PHM_PATHS)}")
     already = next((name or type(m).__name__ for name, m in model.named_modules()
                     if isinstance(m, _QUANTIZED_TYPES) or type(m).__module__.startswith("torch.ao.nn.quantized")), None)
     if already is not None:
@@ -411,20 +437,23 @@ def _layer_kind(module: nn.Module) -> str:
 def _layer_entry(name: str, module: nn.Module) -> dict:
     """The JSON description of one int8 layer (what :func:`_empty_layer` rebuilds)."""
     if isinstance(module, QuantizedPHMLinear):
-        bias, extra = module.bias is not None, {"n": module.n, "rule": module.rule_name, "rank": None}
+        bias, extra = module.bias is not None, {"n": module.n, "rule": module.rule_name, "rank": None,
+                                                "path": module.path}
     elif isinstance(module, QuantizedLowRankLinear):
-        bias, extra = module.left._weight_bias()[1] is not None, {"n": None, "rule": None, "rank": module.rank}
+        bias = module.left._weight_bias()[1] is not None
+        extra = {"n": None, "rule": None, "rank": module.rank, "path": None}
     else:
-        bias, extra = module._weight_bias()[1] is not None, {"n": None, "rule": None, "rank": None}
+        bias, extra = module._weight_bias()[1] is not None, {"n": None, "rule": None, "rank": None, "path": None}
     return {"name": name, "kind": _layer_kind(module), "in_features": module.in_features,
             "out_features": module.out_features, "bias": bias, **extra}
 
 
-def _empty_layer(entry: dict, phm_path: str) -> nn.Module:
+def _empty_layer(entry: dict) -> nn.Module:
     """An int8 layer of the spec entry's kind and sizes, with placeholder values to be loaded."""
     d, k, bias = entry["in_features"], entry["out_features"], entry["bias"]
     if entry["kind"] == "phm":
-        return QuantizedPHMLinear(d, k, entry["n"], bias=bias, rule_name=entry["rule"], path=phm_path).eval()
+        return QuantizedPHMLinear(d, k, entry["n"], bias=bias, rule_name=entry["rule"],
+                                  path=entry["path"]).eval()
     if entry["kind"] == "lowrank":
         return QuantizedLowRankLinear(d, k, entry["rank"], bias=bias).eval()
     with _quiet():
@@ -482,7 +511,7 @@ def _float_twin(module: nn.Module) -> nn.Module:
         with torch.no_grad():
             if twin.rule_is_learned or module.n == 1:
                 twin.phm_rule.copy_(module.phm_rule)
-            twin.phm_weight.copy_(module.blocks.dequantized_weight().view_as(twin.phm_weight))
+            twin.phm_weight.copy_(module.dequantized_phm_weight())
     elif isinstance(module, QuantizedLowRankLinear):
         twin = LowRankLinear(module.in_features, module.out_features, module.rank,
                              bias=module.left._weight_bias()[1] is not None)
@@ -532,11 +561,10 @@ def save_quantized(model: nn.Module, folder, tokenizer=None) -> str:
     for name in layers:
         parent_name, _, child = name.rpartition(".")
         setattr(twin.get_submodule(parent_name), child, _float_twin(twin.get_submodule(name)))
-    phm_paths = sorted({m.path for m in layers.values() if isinstance(m, QuantizedPHMLinear)})
     spec = {
         "format": QUANT_FORMAT, "version": QUANT_FORMAT_VERSION, "weights": QUANT_WEIGHTS_NAME,
         "weight_dtype": "qint8", "scheme": "per-output-channel symmetric int8 weights, dynamic int8 activations",
-        "phm_path": phm_paths[0] if phm_paths else "int8", "aliases": aliases,
+        "aliases": aliases,
         "layers": [_layer_entry(name, m) for name, m in layers.items()],
     }
     os.makedirs(folder, exist_ok=True)
@@ -578,9 +606,16 @@ def _read_quant_spec(folder: str) -> dict:
     if spec.get("version") != QUANT_FORMAT_VERSION:
         raise LoadError(f"{path}: format version {spec.get('version')!r}; this hyperplex reads version "
                         f"{QUANT_FORMAT_VERSION}")
-    for key in ("weights", "layers", "phm_path"):
+    for key in ("weights", "layers"):
         if key not in spec:
             raise LoadError(f"{path}: missing key {key!r}")
+    required = ("name", "kind", "in_features", "out_features", "bias", "n", "rule", "rank", "path")
+    for i, entry in enumerate(spec["layers"] if isinstance(spec["layers"], list) else [None]):
+        missing = [k for k in required if not isinstance(entry, dict) or k not in entry]
+        if missing:
+            raise LoadError(f"{path}: layers[{i}] misses key {missing[0]!r}; expected {list(required)}")
+        if entry["kind"] == "phm" and entry["path"] not in PHM_PATHS:
+            raise LoadError(f"{path}: layers[{i}] key 'path' is {entry['path']!r}; valid: {', '.join(PHM_PATHS)}")
     return spec
 
 
@@ -625,8 +660,6 @@ def load_quantized(folder, model: nn.Module | None = None) -> nn.Module:
     folder = os.fspath(folder)
     spec = _read_quant_spec(folder)
     spec_path = os.path.join(folder, QUANT_SPEC_NAME)
-    if spec["phm_path"] not in PHM_PATHS:
-        raise serialize.LoadError(f"{spec_path}: key 'phm_path' is {spec['phm_path']!r}; valid: {', '.join(PHM_PATHS)}")
     weights_path = os.path.join(folder, os.path.basename(str(spec["weights"])))
     if not os.path.isfile(weights_path):
         raise serialize.LoadError(f"{folder}: {spec_path} names the weights file {spec['weights']!r}, which is missing")
@@ -658,7 +691,7 @@ def load_quantized(folder, model: nn.Module | None = None) -> nn.Module:
             found = "missing" if layer is None else f"a {type(layer).__name__}"
             raise serialize.LoadError(f"{spec_path}: int8 layer {name!r} (layers[{i}]: {entry}) is {found} in the "
                                       f"rebuilt {type(model).__name__}; a model folder of another architecture?")
-        replacements[name] = _empty_layer(entry, spec["phm_path"])
+        replacements[name] = _empty_layer(entry)
     for name, new in replacements.items():
         for sub_name, sub in new.named_modules():
             setattr(sub, QUANTIZED_NAME, f"{name}.{sub_name}" if sub_name else name)

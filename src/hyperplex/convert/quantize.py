@@ -8,9 +8,9 @@
   plus a guard against training;
 * each :class:`~hyperplex.layers.LowRankLinear` by :class:`QuantizedLowRankLinear`: ``V`` and ``U``
   each an int8 :class:`QuantizedLinear` (per output channel), two int8 GEMMs;
-* each :class:`~hyperplex.layers.PHMLinear` by :class:`QuantizedPHMLinear`: the ``Sᵢ`` stacked as one
-  ``(k, d/n)`` int8 matrix (one scale per output row of each ``Sᵢ``), the rule ``Aᵢ`` and the bias
-  in float.
+* each :class:`~hyperplex.layers.PHMLinear` by :class:`QuantizedPHMLinear`: the ``Sᵢ`` in int8 (stacked
+  ``(k, d/n)``, one scale per output row of each ``Sᵢ``, or side by side ``(k/n, d)``, by the layer's
+  path), the rule ``Aᵢ`` and the bias in float; ``H`` is never formed.
 
 "Dynamic" means the weights are int8 at rest and each input is quantised per call (per tensor, from
 its min/max); the matmul runs on int8 with int32 accumulation and the output is float. So a

@@ -310,3 +310,11 @@ def test_a_version_1_folder_without_stored_buffers_still_loads_bit_identically(s
     loaded = load_converted(folder)
     assert torch.equal(loaded.encode(SENTENCES, convert_to_tensor=True), st.encode(SENTENCES, convert_to_tensor=True))
     assert torch.equal(loaded[0].model.embeddings.position_ids, st[0].model.embeddings.position_ids)
+
+
+def test_a_version_2_spec_without_the_checksum_is_refused(saved_plain):
+    _, folder = saved_plain
+    spec = json.loads((folder / SPEC_NAME).read_text())
+    del spec["sha256"]
+    (folder / SPEC_NAME).write_text(json.dumps(spec))
+    refused_unchanged(folder, plain_model, r"key 'sha256' records no checksum for the weights file 'model.safetensors'")

@@ -338,6 +338,9 @@ def _read_spec(folder: str) -> dict:
         value = spec.get(key, {})
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise LoadError(f"{path}: key {key!r} is {_short(value)}, expected an object of names to strings")
+    if spec["version"] >= 2 and not isinstance(spec.get("sha256", {}).get(spec["weights"]), str):
+        raise LoadError(f"{path}: key 'sha256' records no checksum for the weights file {spec['weights']!r}; "
+                        f"save_converted always writes one")
     buffers = spec.get("buffers", [])
     if not isinstance(buffers, list) or not all(isinstance(b, str) for b in buffers):
         raise LoadError(f"{path}: key 'buffers' is {_short(buffers)}, expected a list of tensor names")

@@ -134,6 +134,7 @@ def test_compress_with_dropped_layers_layer_losses_and_blockwise_fitting(tmp_pat
     assert main(["compress", str(path)]) == 0
     log = (tmp_path / "m" / "train.log").read_text()
     assert "blockwise: layer 0 fitted to teacher layer 1" in log
+    assert "+ 2.0 × hidden-state MSE + 0.5 × attention KL; student layer ↔ teacher layer: 0↔1" in log
     student = load_converted(tmp_path / "m" / "student")
     assert len(transformer_layers(student)) == 1
     _, task, model = runner.load_model(tmp_path / "m", "best", read_data=False)

@@ -179,6 +179,11 @@ class DistillationTask(Task):
         # without training sentences (a saved student being loaded) the weights come from the checkpoint
         calibration = getattr(self, "train_set", [])[:CALIBRATION_SENTENCES]
         model = PretrainedStudent(self.cfg.model, calibration=calibration, structure_only=not calibration)
+        cfg = self.cfg.model
+        if cfg.distill_hidden or cfg.distill_attention:
+            pairs = ", ".join(f"{j}↔{t}" for j, t in enumerate(model.layer_map))
+            self.log.info(f"loss per sentence: {cfg.distill_loss} on the embeddings + {cfg.distill_hidden} × hidden-state "
+                          f"MSE + {cfg.distill_attention} × attention KL; student layer ↔ teacher layer: {pairs}")
         for layer, before, after in model.blockwise:
             self.log.info(f"blockwise: layer {layer} fitted to teacher layer {model.layer_map[layer]}: relative output "
                           f"error on {len(calibration)} calibration sentences {before:.4f} → {after:.4f}")

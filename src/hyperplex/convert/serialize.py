@@ -338,9 +338,6 @@ def _read_spec(folder: str) -> dict:
         value = spec.get(key, {})
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise LoadError(f"{path}: key {key!r} is {_short(value)}, expected an object of names to strings")
-    if spec["version"] >= 2 and not isinstance(spec.get("sha256", {}).get(spec["weights"]), str):
-        raise LoadError(f"{path}: key 'sha256' records no checksum for the weights file {spec['weights']!r}; "
-                        f"save_converted always writes one")
     buffers = spec.get("buffers", [])
     if not isinstance(buffers, list) or not all(isinstance(b, str) for b in buffers):
         raise LoadError(f"{path}: key 'buffers' is {_short(buffers)}, expected a list of tensor names")
@@ -468,6 +465,9 @@ def load_converted(folder: str | os.PathLike, model: nn.Module | None = None) ->
     if not os.path.isfile(weights_path):
         raise LoadError(f"{folder}: {spec_path} names the weights file {spec['weights']!r}, which is missing")
     expected_sha = spec.get("sha256", {}).get(spec["weights"])
+    if expected_sha is None and spec["version"] >= 2:
+        raise LoadError(f"{spec_path}: key 'sha256' records no checksum for the weights file {spec['weights']!r}; "
+                        f"save_converted always writes one")
     if expected_sha is not None and sha256_file(weights_path) != expected_sha:
         raise LoadError(f"{weights_path}: SHA-256 does not match the one {SPEC_NAME} records (key 'sha256'); the "
                         f"file is damaged or was changed after saving")

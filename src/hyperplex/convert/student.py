@@ -40,9 +40,11 @@ class PretrainedStudentConfig(ModelConfig):
         "help": "glob patterns on layer names to convert (e.g. `*encoder.layer*`); empty = every layer"})
     exclude: list[str] = field(default_factory=list, metadata={"help": "glob patterns of layers kept dense"})
     min_features: int = field(default=32, metadata={"help": "layers with min(in, out) below this stay dense"})
-    init: Literal["svd", "random", "activation"] = field(default="svd", metadata={
+    init: Literal["svd", "random", "activation", "whitened", "whitened_als"] = field(default="svd", metadata={
         "help": "svd: best Kronecker-sum / truncated-SVD fit of each dense weight; random: fresh layers; "
-                "activation: svd refined on the first training sentences' layer inputs"})
+                "activation: svd refined on the first training sentences' layer inputs; whitened: closed-form "
+                "fit to those inputs (whitened SVD; PHM: Kronecker-factored whitening); whitened_als: whitened "
+                "plus alternating least squares (PHM)"})
     distill_loss: Literal["cosine", "mse"] = field(default="cosine", metadata={
         "help": "distillation loss per sentence on the normalised embeddings: cosine = 1 − cos(student, teacher); "
                 "mse = squared distance summed over dimensions"})
@@ -379,11 +381,11 @@ class PretrainedStudent(nn.Module):
             from hyperplex.convert.linears import convert_linears
 
             calibrate, init = None, config.init
-            if init == "activation" and structure_only:
+            if init in ("activation", "whitened", "whitened_als") and structure_only:
                 init = "svd"
-            elif init == "activation":
+            elif init in ("activation", "whitened", "whitened_als"):
                 if not calibration:
-                    raise ValueError("model.init activation needs calibration sentences (the distillation task "
+                    raise ValueError(f"model.init {init} needs calibration sentences (the distillation task "
                                      "passes its first training sentences)")
                 features = tokenize(self.encoder, calibration)
 

@@ -24,7 +24,7 @@ import os
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -49,15 +49,14 @@ class ExportError(ValueError):
 @dataclass
 class ExportResult:
     """What :func:`export_onnx` wrote: ``path``, its size in ``bytes``, the graph's ``input_names`` and
-    ``output_names``, and ``max_abs_diff`` between onnxruntime's and PyTorch's outputs on the example
-    inputs (``None`` when onnxruntime is not installed)."""
+    ``output_names``, and ``max_abs_diff``, the largest difference between onnxruntime's and PyTorch's
+    outputs over the checked inputs (``None`` when onnxruntime is not installed or ``verify=False``)."""
 
     path: str
     bytes: int
     input_names: list[str]
     output_names: list[str]
     max_abs_diff: float | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def unsupported_layers(model: nn.Module) -> list[tuple[str, str]]:

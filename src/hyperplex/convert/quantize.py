@@ -38,7 +38,7 @@ from hyperplex.layers.phm import PHMLinear
 
 __all__ = [
     "quantize", "model_bytes", "is_quantized", "quantized_engine", "QuantizedLinear", "QuantizedLowRankLinear",
-    "QuantizedPHMLinear", "QuantizationError", "PHM_PATHS",
+    "QuantizedPHMLinear", "QuantizationError", "PHM_PATHS", "save_quantized", "load_quantized", "relative_error",
 ]
 
 #: How :class:`QuantizedPHMLinear` computes: ``"int8"`` (the input blocks against the stacked int8

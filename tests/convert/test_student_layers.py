@@ -184,3 +184,8 @@ def test_blockwise_fitting_lowers_each_blocks_error_on_the_calibration_inputs(te
     assert all(torch.equal(ours[k], theirs[k]) for k in ours if ".embeddings." in k)
     with pytest.raises(ValueError, match=r"model\.blockwise_steps needs calibration sentences"):
         student(teacher4, blockwise_steps=5, **keys)
+    # rebuilding for a checkpoint's weights (structure_only) fits nothing: the same layers as a plain build
+    config = PretrainedStudentConfig(path=os.fspath(teacher4), min_features=8, blockwise_steps=5, **keys)
+    torch.manual_seed(0)
+    rebuilt = PretrainedStudent(config, structure_only=True)
+    assert rebuilt.blockwise == [] and errors(rebuilt) == pytest.approx(before, rel=1e-5)

@@ -380,3 +380,32 @@ def test_params_of_a_student_reports_the_teachers_vocabulary(setup, tmp_path, ca
     assert main(["params", os.fspath(config)]) == 0
     header = capsys.readouterr().out.splitlines()[0]
     assert "vocabulary 8000" not in header and f"(vocabulary {len(WORDS) + 5})" in header  # 5 special tokens
+
+
+def test_compress_into_a_folder_another_run_holds_stops_and_writes_nothing(setup, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    teacher, data, _ = setup
+    model_dir = tmp_path / "model"
+    config = tmp_path / "distill.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "busy", "seed": 2, "model_dir": os.fspath(model_dir),
+        "data": {"task": "distillation", "train": "train.txt", "dev": "dev.txt"},
+        "model": {"architecture": "pretrained_student", "path": os.fspath(teacher), "kind": "phm", "n": 2,
+                  "include": [INCLUDE], "min_features": 8},
+        "training": {"max_steps": 1, "device": "cpu", "progress_bar": False, "plots": False}}))
+    code = ("import sys, time\nfrom hyperplex.fileio import folder_lock\n"
+            "with folder_lock(sys.argv[1], 'hyperplex compress seed1.yaml'):\n    print('held', flush=True)\n"
+            "    time.sleep(120)\n")
+    other = subprocess.Popen([sys.executable, "-c", code, os.fspath(model_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in model_dir.iterdir())
+        assert main(["compress", os.fspath(config), "--data-root", os.fspath(data)]) == 1
+        err = capsys.readouterr().err
+        assert f"pid {other.pid}, `hyperplex compress seed1.yaml`" in err
+        assert sorted(p.name for p in model_dir.iterdir()) == before == [".hyperplex.lock"]
+    finally:
+        other.kill()
+        other.wait()

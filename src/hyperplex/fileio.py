@@ -10,6 +10,7 @@ leaves either the old complete file or the new complete file, never a half-writt
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -244,11 +245,14 @@ def folder_lock(folder: str | os.PathLike, command: str):
     if fcntl is not None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "unknown"
-            os.close(fd)
-            raise FolderBusyError(f"{folder} is in use by another hyperplex run ({holder}); wait for it to end or "
-                                  f"choose another model folder") from None
+        except OSError as err:
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                pass  # a file system without flock (some network mounts): runs there are not guarded
+            else:
+                holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "unknown"
+                os.close(fd)
+                raise FolderBusyError(f"{folder} is in use by another hyperplex run ({holder}); wait for it to end "
+                                      f"or choose another model folder") from None
     import datetime
     import time
 

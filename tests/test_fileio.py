@@ -53,3 +53,31 @@ def test_unwritable_folder_is_a_write_error_naming_the_file(tmp_path):
     target = tmp_path / "missing_folder" / "vocab.json"
     with pytest.raises(WriteError, match="missing_folder/vocab.json: cannot write"):
         atomic_write_text(target, "{}")
+
+
+# ---------------------------------------------------------------------------- untrusted folders
+def test_inside_keeps_names_in_their_folder(tmp_path):
+    from hyperplex.fileio import UnsafePathError, inside
+
+    (tmp_path / "sub").mkdir()
+    assert inside(tmp_path, "sub/a.json", "spec: key 'x'") == os.path.join(os.fspath(tmp_path), "sub/a.json")
+    for name in ("../a", "/etc/passwd", "sub/../../a", "", None, 5, "a\x00b"):
+        with pytest.raises(UnsafePathError, match="spec: key 'x'"):
+            inside(tmp_path, name, "spec: key 'x'")
+    os.symlink("/etc", tmp_path / "link")
+    with pytest.raises(UnsafePathError, match="outside"):
+        inside(tmp_path, "link/passwd", "spec: key 'x'")
+
+
+def test_read_bounded_refuses_fifos_and_large_files_without_blocking(tmp_path):
+    from hyperplex.fileio import UnsafePathError, read_bounded
+
+    (tmp_path / "small").write_bytes(b"abc")
+    assert read_bounded(tmp_path / "small", 3) == b"abc"
+    with pytest.raises(UnsafePathError, match="4 bytes, more than the 3"):
+        (tmp_path / "big").write_bytes(b"abcd")
+        read_bounded(tmp_path / "big", 3)
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "fifo")
+        with pytest.raises(UnsafePathError, match="not a regular file"):
+            read_bounded(tmp_path / "fifo", 10)

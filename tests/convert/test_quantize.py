@@ -179,13 +179,29 @@ def test_save_refuses_a_float_model(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_changed_weights_file_is_refused(tmp_path):
+    from hyperplex.convert import LoadError
+
+    save_quantized(quantize(plain_model()), tmp_path)
+    data = bytearray((tmp_path / QUANT_WEIGHTS_NAME).read_bytes())
+    data[-1] ^= 1
+    (tmp_path / QUANT_WEIGHTS_NAME).write_bytes(bytes(data))
+    fresh = plain_model()
+    with pytest.raises(LoadError, match="SHA-256 does not match"):
+        load_quantized(tmp_path, model=fresh)
+    assert isinstance(fresh[0], PHMLinear)  # refused before the model changed
+
+
 def test_load_into_another_architecture_is_an_error(tmp_path):
     from hyperplex.convert import LoadError
 
     save_quantized(quantize(plain_model()), tmp_path)
     other = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64), nn.GELU(), nn.Linear(64, 16))
+    before = {k: v.clone() for k, v in other.state_dict().items()}
     with pytest.raises(LoadError, match="int8 layer '0'.*another architecture"):
         load_quantized(tmp_path, model=other)
+    assert [type(m) for m in other] == [nn.Linear, nn.GELU, nn.Linear, nn.GELU, nn.Linear]  # unchanged
+    assert all(torch.equal(v, before[k]) for k, v in other.state_dict().items())
 
 
 def test_tiny_bert_close_to_float_and_round_trip(tmp_path, tiny_bert_folder):

@@ -536,8 +536,9 @@ def save_quantized(model: nn.Module, folder, tokenizer=None) -> str:
       ``NAME.weight_int8`` (int8, ``(out, in)``), ``NAME.weight_scales`` (float64, ``(out,)``),
       ``NAME.weight_zero_points`` (int64, ``(out,)``) and ``NAME.bias`` (float32); the rest (embeddings,
       layer norms, PHM rules and biases) at its own dtype;
-    * ``hyperplex_quantize.json``: format name and version, the weights file, the PHM path and one
-      entry per int8 layer (``name``, ``kind`` ``linear|lowrank|phm``, sizes, ``n``/``rank``, ``bias``).
+    * ``hyperplex_quantize.json``: format name and version, the weights file and its SHA-256 (checked by
+      :func:`load_quantized`), and one entry per int8 layer (``name``, ``kind`` ``linear|lowrank|phm``,
+      sizes, ``n``/``rank``/``rule``, ``bias``, the PHM ``path``).
 
     Raises:
         QuantizationError: ``model`` is not quantised by :func:`quantize`. Nothing is written then.
@@ -550,7 +551,7 @@ def save_quantized(model: nn.Module, folder, tokenizer=None) -> str:
     from safetensors.torch import save_file
 
     from hyperplex.convert.serialize import WEIGHTS_NAME, save_converted
-    from hyperplex.fileio import atomic_write, atomic_write_bytes, atomic_write_text
+    from hyperplex.fileio import atomic_write, atomic_write_bytes, atomic_write_text, sha256_file
 
     folder = os.fspath(folder)
     layers = _quantized_layers(model)
@@ -579,8 +580,10 @@ def save_quantized(model: nn.Module, folder, tokenizer=None) -> str:
                 os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
                 with open(os.path.join(root, file), "rb") as handle:
                     atomic_write_bytes(os.path.join(folder, rel), handle.read())
-    atomic_write(os.path.join(folder, QUANT_WEIGHTS_NAME),
-                 lambda tmp: save_file(tensors, tmp, metadata={"format": "pt", "hyperplex": QUANT_FORMAT}))
+    def write(tmp: str) -> None:
+        save_file(tensors, tmp, metadata={"format": "pt", "hyperplex": QUANT_FORMAT})
+        spec["sha256"] = {QUANT_WEIGHTS_NAME: sha256_file(tmp)}
+    atomic_write(os.path.join(folder, QUANT_WEIGHTS_NAME), write)
     atomic_write_text(os.path.join(folder, QUANT_SPEC_NAME), json.dumps(spec, indent=2) + "\n")
     return folder
 
@@ -650,12 +653,11 @@ def load_quantized(folder, model: nn.Module | None = None) -> nn.Module:
             rebuilt model does not have (or has with other sizes); a tensor missing, unexpected, or of
             another shape or dtype — each naming the file and the layer or tensor.
     """
+    import copy
     import os
 
-    from safetensors import safe_open
-
     from hyperplex.convert import serialize
-    from hyperplex.convert.linears import apply_spec
+    from hyperplex.fileio import UnsafePathError, check_folder_files, sha256_file
 
     quantized_engine()
     folder = os.fspath(folder)
@@ -664,6 +666,16 @@ def load_quantized(folder, model: nn.Module | None = None) -> nn.Module:
     weights_path = os.path.join(folder, os.path.basename(str(spec["weights"])))
     if not os.path.isfile(weights_path):
         raise serialize.LoadError(f"{folder}: {spec_path} names the weights file {spec['weights']!r}, which is missing")
+    try:
+        check_folder_files(folder)
+    except UnsafePathError as err:
+        raise serialize.LoadError(str(err)) from None
+    expected_sha = spec.get("sha256", {}).get(spec["weights"]) if isinstance(spec.get("sha256"), dict) else None
+    if expected_sha is None:
+        raise serialize.LoadError(f"{spec_path}: key 'sha256' records no checksum for the weights file {spec['weights']!r}")
+    if sha256_file(weights_path) != expected_sha:
+        raise serialize.LoadError(f"{weights_path}: SHA-256 does not match the one {QUANT_SPEC_NAME} records (key "
+                                  f"'sha256'); the file is damaged or was changed after saving")
     float_spec = serialize._read_spec(folder)
     float_spec_path = os.path.join(folder, serialize.SPEC_NAME)
     library = float_spec["model"].get("library")
@@ -675,6 +687,23 @@ def load_quantized(folder, model: nn.Module | None = None) -> nn.Module:
         else:
             raise serialize.LoadError(f"{float_spec_path}: the model is a plain {float_spec['model'].get('class')}; "
                                       f"pass the float architecture as load_quantized(folder, model=...)")
+    if not any(t.is_meta for t in model.state_dict().values()):
+        # the caller's model: every check runs on a meta copy first, so a refusal leaves it unchanged
+        _restore(copy.deepcopy(model).to("meta"), spec, float_spec, spec_path, float_spec_path, weights_path)
+    _restore(model, spec, float_spec, spec_path, float_spec_path, weights_path)
+    model.hyperplex_loaded_from = os.path.realpath(folder)
+    return model.eval()
+
+
+def _restore(model: nn.Module, spec: dict, float_spec: dict, spec_path: str, float_spec_path: str,
+             weights_path: str) -> None:
+    """Give the float ``model`` the int8 layers of ``spec`` and every tensor of the weights file
+    (:func:`load_quantized`)."""
+    from safetensors import safe_open
+
+    from hyperplex.convert import serialize
+    from hyperplex.convert.linears import apply_spec
+
     if float_spec.get("dtype"):
         model.to(getattr(torch, str(float_spec["dtype"])))
     try:
@@ -748,5 +777,3 @@ def load_quantized(folder, model: nn.Module | None = None) -> nn.Module:
     if left:
         raise serialize.LoadError(f"{weights_path}: tensor {left[0]!r} of the rebuilt {type(model).__name__} has no "
                                   f"value in the file ({len(left)} such tensors)")
-    model.hyperplex_loaded_from = os.path.realpath(folder)
-    return model.eval()

@@ -13,9 +13,10 @@ five layers on the same input ``x`` of shape ``(rows, d)``:
 
 - ``dense``: ``nn.Linear(d, k)``, the baseline every other number is divided by;
 - ``str``: ``PHMLinear(..., forward_mode="structured")`` (never forms ``H``);
-- ``mat``: ``PHMLinear(..., forward_mode="materialized")`` (forms ``H``, one dense matmul). With no
-  gradient needed (inference) it reuses a cached ``H``, so its inference column is headed ``cached``;
-- ``auto``: ``PHMLinear(..., forward_mode="auto")`` — what a user gets by default;
+- ``mat``: ``PHMLinear(..., forward_mode="materialized", cache_dense=True)`` (forms ``H``, one dense matmul).
+  With no gradient needed (inference) it reuses the kept ``H``, so its inference column is headed ``cached``;
+- ``auto``: ``PHMLinear(..., forward_mode="auto")`` — what a user gets by default (no ``H`` kept: in
+  inference it takes the structured path or forms ``H`` for the call, see ``PHMLinear.choose_mode``);
 - ``kron``: :class:`BroadcastKronPHM`, a re-implementation of the PHM layer found in public code
   (Compacter / AdapterHub / PHC-GNN / HyperNets), which rebuilds ``H`` on every forward with a
   broadcast Kronecker product (an ``n·k·d`` intermediate) and then calls ``F.linear``. It shares
@@ -434,7 +435,8 @@ def build_layers(d: int, k: int, n: int, device: torch.device, dtype: torch.dtyp
     auto = PHMLinear(d, k, n, device=device, dtype=dtype)
     layers = {"dense": nn.Linear(d, k, device=device, dtype=dtype)}
     for mode in ("structured", "materialized"):
-        layers[mode] = PHMLinear(d, k, n, device=device, dtype=dtype, forward_mode=mode)
+        layers[mode] = PHMLinear(d, k, n, device=device, dtype=dtype, forward_mode=mode,
+                                 cache_dense=mode == "materialized")
         layers[mode].load_state_dict(auto.state_dict())
     layers["auto"] = auto
     layers["kron"] = BroadcastKronPHM(auto)
@@ -511,7 +513,8 @@ def build_stack(d: int, k: int, n: int, depth: int, device: torch.device, dtype:
     for mode in ("structured", "materialized"):
         stacks[mode] = []
         for src in autos:
-            view = PHMLinear(d, k, n, bias=src.bias is not None, device="meta", forward_mode=mode)
+            view = PHMLinear(d, k, n, bias=src.bias is not None, device="meta", forward_mode=mode,
+                             cache_dense=mode == "materialized")
             view.phm_rule, view.phm_weight, view.bias = src.phm_rule, src.phm_weight, src.bias
             stacks[mode].append(view)
     stacks["auto"] = autos

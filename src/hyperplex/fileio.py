@@ -232,12 +232,13 @@ def folder_lock(folder: str | os.PathLike, command: str):
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as err:
-        raise WriteError(f"{folder}: cannot create the model folder ({err.strerror or err})") from None
+        raise WriteError(f"model folder {folder} is not writable: {err.strerror or err}") from None
     path = os.path.join(folder, LOCK_NAME)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as err:
-        raise WriteError(f"{path}: cannot open the lock file ({err.strerror or err}); is {folder} writable?") from None
+        raise WriteError(f"model folder {folder} is not writable: {err.strerror or err} (its lock file "
+                         f"{LOCK_NAME})") from None
     try:
         import fcntl
     except ImportError:  # pragma: no cover - no flock on this platform: runs are not guarded

@@ -409,3 +409,35 @@ def test_compress_into_a_folder_another_run_holds_stops_and_writes_nothing(setup
     finally:
         other.kill()
         other.wait()
+
+
+def test_an_int8_student_folder_is_scored_in_int8(setup, tmp_path, capsys):
+    """A save_quantized folder scores as its int8 model (load_quantized), labelled ', int8', with the int8 weight
+    file's bytes; load_converted refuses it by name instead of calling its weights missing."""
+    from hyperplex.convert import load_converted
+    from hyperplex.convert.quantize import factorised_layers, load_quantized, quantize, save_quantized
+    from hyperplex.convert.quality import embed_batched, read_sentences, sentence_transformer_embedder
+    from hyperplex.convert.serialize import LoadError
+
+    import torch
+
+    teacher, data, folders = setup
+    student = quantize(load_converted(folders["phm2"]))
+    folder = tmp_path / "phm2_int8"
+    save_quantized(student, folder)
+    with pytest.raises(LoadError, match="int8 folder.*load_quantized"):
+        load_converted(folder)
+    out = tmp_path / "scores.json"
+    assert main(["score-encoder", os.fspath(folder), "--teacher", os.fspath(teacher), "--data-root", os.fspath(data),
+                 *PROBE, "--json", os.fspath(out), "--threads", "1", "--metrics", "agreement"]) == 0
+    row = rows_by_role(json.loads(out.read_text()))[os.fspath(folder)]
+    assert row["conversion"] == "phm n=2, int8"
+    shapes = [(e["in_features"], e["out_features"]) for e in factorised_layers(student)]
+    assert shapes and row["converted_params"] == sum(d * k // 2 + 2 ** 3 + k for d, k in shapes)
+    assert row["file_bytes"] == sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
+    sentences = read_sentences(data / DEFAULT_FILES["agreement"])
+    reloaded = sentence_transformer_embedder(load_quantized(folder), 8)
+    teachers = sentence_transformer_embedder(sentence_transformers.SentenceTransformer(os.fspath(teacher), device="cpu"), 8)
+    expected = torch.nn.functional.cosine_similarity(embed_batched(reloaded, sentences, 8),
+                                                     embed_batched(teachers, sentences, 8), dim=-1).mean()
+    assert row["agreement"] == pytest.approx(float(expected), abs=1e-5)

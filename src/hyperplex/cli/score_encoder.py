@@ -156,8 +156,13 @@ def _data_files(metrics: list[str], files: dict[str, str | None], data_root: str
 
 def _load_student(student: Student, data_root: str | None):
     from hyperplex.convert import load_converted
+    from hyperplex.convert.serialize import QUANTIZED_SPEC_NAME
 
     if student.checkpoint is None:
+        if (Path(student.folder) / QUANTIZED_SPEC_NAME).is_file():  # an int8 student (testing.quantize: int8)
+            from hyperplex.convert.quantize import load_quantized
+
+            return load_quantized(student.folder)
         return load_converted(student.folder)
     from hyperplex.cli.runner import load_model
 
@@ -225,11 +230,12 @@ def score_encoders(students: list[str], teacher: str | None = None, data_root: s
         embed_batched,
         layer_parameters,
         read_sentences,
-        saved_file_bytes,
         score_embedder,
         sentence_transformer_embedder,
         sst2_pool,
+        weight_file_bytes,
     )
+    from hyperplex.convert.quantize import factorised_layers, is_quantized
     from hyperplex.convert.student import load_sentence_transformer
     from hyperplex.pretrained import resolve_model_path
     from hyperplex.threads import (
@@ -276,7 +282,7 @@ def score_encoders(students: list[str], teacher: str | None = None, data_root: s
             if own != width:
                 raise ValueError(f"STUDENT {student.argument}: its embeddings have {own} dimensions but the teacher's "
                                  f"({teacher}) have {width}; is it this teacher's student?")
-        specs = [conversion_spec(model) for model in models]
+        specs = [factorised_layers(model) if is_quantized(model) else conversion_spec(model) for model in models]
         converted = list(dict.fromkeys(entry["name"] for spec in specs for entry in spec))
         try:
             teacher_selected = layer_parameters(teacher_model, converted)
@@ -310,11 +316,13 @@ def score_encoders(students: list[str], teacher: str | None = None, data_root: s
                     bar.set_description(f"{name}: {metric}")
             values, details = score_embedder(sentence_transformer_embedder(model, BATCH_SIZE), agreement, wikiqa, sst2,
                                              BATCH_SIZE, progress=tick)
-            selected = teacher_selected if role == "teacher" else layer_parameters(model, [e["name"] for e in spec])
+            selected = teacher_selected if role == "teacher" else sum(e["params"] for e in spec) if is_quantized(model) \
+                else layer_parameters(model, [e["name"] for e in spec])
             rows.append({"name": name, "role": role, "source": source,
-                         "conversion": "dense (teacher)" if role == "teacher" else _conversion(spec), **values,
+                         "conversion": "dense (teacher)" if role == "teacher" else _conversion(spec) + (
+                             ", int8" if is_quantized(model) else ""), **values,
                          "params": sum(p.numel() for p in model.parameters()), "converted_layers": len(spec),
-                         "converted_params": selected, "file_bytes": saved_file_bytes(model)})
+                         "converted_params": selected, "file_bytes": weight_file_bytes(model)})
             bar and bar.update(1)
         if bar:
             bar.set_description("scored")

@@ -36,6 +36,7 @@ __all__ = [
     "embed_batched",
     "layer_parameters",
     "saved_quantized_file_bytes",
+    "weight_file_bytes",
     "lookup_embedder",
     "mean_cosine",
     "read_sentences",
@@ -273,6 +274,14 @@ def saved_file_bytes(model) -> int:
     with tempfile.TemporaryDirectory(prefix="hyperplex-size-") as folder:
         save_converted(model, folder)
         return os.path.getsize(os.path.join(folder, WEIGHTS_NAME))
+
+
+def weight_file_bytes(model) -> int:
+    """Bytes of the weight files ``model`` is written to: :func:`saved_quantized_file_bytes` for an int8 model,
+    else :func:`saved_file_bytes`."""
+    from hyperplex.convert.quantize import is_quantized
+
+    return saved_quantized_file_bytes(model) if is_quantized(model) else saved_file_bytes(model)
 
 
 def saved_quantized_file_bytes(model) -> int:

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as _TorchDynamicLinear
 
 from hyperplex.convert.export import premix_inputs, side_by_side
+from hyperplex.convert.serialize import QUANTIZED_SPEC_NAME
 from hyperplex.layers.functional import phm_linear_structured
 from hyperplex.layers.lowrank import LowRankLinear
 from hyperplex.layers.phm import PHMLinear
@@ -39,6 +40,7 @@ from hyperplex.layers.phm import PHMLinear
 __all__ = [
     "quantize", "model_bytes", "is_quantized", "quantized_engine", "QuantizedLinear", "QuantizedLowRankLinear",
     "QuantizedPHMLinear", "QuantizationError", "PHM_PATHS", "save_quantized", "load_quantized", "relative_error",
+    "factorised_layers",
 ]
 
 #: How :class:`QuantizedPHMLinear` computes: ``"int8"`` (the input blocks against the stacked int8
@@ -421,7 +423,7 @@ def relative_error(reference: Tensor, approximation: Tensor) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- save / load
-QUANT_SPEC_NAME = "hyperplex_quantize.json"
+QUANT_SPEC_NAME = QUANTIZED_SPEC_NAME  # the one name, shared with load_converted's refusal
 QUANT_WEIGHTS_NAME = "model.int8.safetensors"
 QUANT_FORMAT = "hyperplex-quantized"
 QUANT_FORMAT_VERSION = 1
@@ -469,6 +471,30 @@ def _quantized_layers(model: nn.Module) -> dict[str, nn.Module]:
             if not any(name.startswith(f"{outer}.") for outer in layers):
                 layers[name] = module
     return layers
+
+
+def factorised_layers(model: nn.Module) -> list[dict]:
+    """The int8 PHM and low-rank layers of ``model`` in the form of
+    :func:`hyperplex.convert.conversion_spec` (``name, kind, n, rule, rank, in_features, out_features, bias``)
+    plus ``params``: the weights each holds (int8 and float together, bias included) — a quantised model's
+    answer to "which layers are factorised, and how large are they"."""
+    from hyperplex.layers.lowrank import lowrank_parameter_count
+    from hyperplex.layers.phm import phm_parameter_count
+
+    out = []
+    for name, module in _quantized_layers(model).items():
+        entry = _layer_entry(name, module)
+        if entry["kind"] == "phm":
+            entry["params"] = phm_parameter_count(entry["in_features"], entry["out_features"], entry["n"],
+                                                  "learned" if entry["rule"] == "learned" else entry["rule"],
+                                                  entry["bias"])
+        elif entry["kind"] == "lowrank":
+            entry["params"] = lowrank_parameter_count(entry["in_features"], entry["out_features"], entry["rank"],
+                                                      entry["bias"])
+        else:
+            continue
+        out.append(entry)
+    return out
 
 
 def _non_persistent_buffers(model: nn.Module) -> dict[str, Tensor]:

@@ -42,6 +42,8 @@ from hyperplex.fileio import (
 __all__ = ["save_converted", "load_converted", "SPEC_NAME", "WEIGHTS_NAME", "FORMAT", "FORMAT_VERSION", "LoadError"]
 
 SPEC_NAME = "hyperplex_convert.json"
+#: The spec of an int8 folder (:func:`hyperplex.convert.quantize.save_quantized`), which load_converted refuses.
+QUANTIZED_SPEC_NAME = "hyperplex_quantize.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT = "hyperplex-converted"
 FORMAT_VERSION = 2
@@ -449,6 +451,9 @@ def load_converted(folder: str | os.PathLike, model: nn.Module | None = None) ->
             whose stored values are not its algebra's — each naming the file and the key, layer or tensor.
     """
     folder = os.fspath(folder)
+    if os.path.isfile(os.path.join(folder, QUANTIZED_SPEC_NAME)):
+        raise LoadError(f"{folder}: an int8 folder (it holds {QUANTIZED_SPEC_NAME}, written by save_quantized); "
+                        "load it with hyperplex.convert.load_quantized")
     spec = _read_spec(folder)
     spec_path = os.path.join(folder, SPEC_NAME)
     library = spec["model"]["library"]

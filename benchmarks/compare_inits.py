@@ -19,7 +19,8 @@ Per row: the layers matching ``*encoder.layer*`` (36 of them) are converted with
 ``‖(W − H) Xᵀ‖_F / ‖W Xᵀ‖_F`` on the held-out captions' inputs to that layer in the dense teacher;
 *cosine* is the mean cosine between the converted model's and the teacher's normalised sentence embeddings
 of the val captions (no healing); *fit s* is the conversion's wall time (calibration pass included) on
-one thread. Prints a markdown table.
+one thread. Prints a markdown table. ``--unpadded`` runs the calibration and held-out captions one at a
+time, so padding positions (which mean pooling ignores) are not part of the fitted inputs.
 """
 
 from __future__ import annotations
@@ -62,8 +63,12 @@ def encode(model: nn.Module, sentences: list[str], batch: int = 64) -> torch.Ten
         return torch.cat([embed(model, tokenize(model, sentences[i:i + batch])) for i in range(0, len(sentences), batch)])
 
 
-def runner(model: nn.Module, sentences: list[str]):
-    """A ``calibrate`` callable: one forward pass over ``sentences`` (one padded batch)."""
+def runner(model: nn.Module, sentences: list[str], unpadded: bool = False):
+    """A ``calibrate`` callable: one forward pass over ``sentences`` as one padded batch (as ``hyperplex
+    compress`` calibrates), or with ``unpadded`` one pass per sentence (no padding rows in the Gram matrices)."""
+    if unpadded:
+        single = [tokenize(model, [s]) for s in sentences]
+        return lambda module: [module(dict(features)) for features in single]
     features = tokenize(model, sentences)
     return lambda module: module(dict(features))
 
@@ -79,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ridge", type=float, default=None, help="λ of the whitened inits (default: the library's)")
     parser.add_argument("--eval", type=int, default=0, help="score on the first N val captions (0 = all)")
     parser.add_argument("--quick", action="store_true", help="n = 4 only and 256 val captions")
+    parser.add_argument("--unpadded", action="store_true",
+                        help="calibrate (and measure the layer error) one sentence at a time: no padding rows")
     args = parser.parse_args(argv)
     if args.quick:
         args.n, args.eval = [4], args.eval or 256
@@ -90,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.eval:
         val = val[:args.eval]
     layers = {name: m for name, m in teacher.named_modules() if isinstance(m, nn.Linear) and "encoder.layer." in name}
-    held_factors = capture_inputs(teacher, layers, runner(teacher, held_out))
+    held_factors = capture_inputs(teacher, layers, runner(teacher, held_out, args.unpadded))
     weights = {name: m.weight.detach().clone() for name, m in layers.items()}
     reference = encode(teacher, val)
 
@@ -101,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 student = copy.deepcopy(teacher)
                 start = time.perf_counter()
                 report = convert_linears(student, kind, n, include=INCLUDE, init=init,
-                                         calibrate=runner(student, calibration), als_sweeps=args.als_sweeps,
+                                         calibrate=runner(student, calibration, args.unpadded), als_sweeps=args.als_sweeps,
                                          ridge=args.ridge)
                 seconds = time.perf_counter() - start
                 converted = dict(student.named_modules())
@@ -115,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                 del student
 
     print(f"all-MiniLM-L6-v2, {len(layers)} layers ({INCLUDE}) converted, no healing; calibration: the first "
-          f"{len(calibration)} Multi30k train captions; layer error on the next {len(held_out)}; cosine on "
+          f"{len(calibration)} Multi30k train captions{' (one at a time)' if args.unpadded else ' (one padded batch)'}; "
+          f"layer error on the next {len(held_out)}; cosine on "
           f"{len(val)} val captions. {platform.processor() or platform.machine()}, torch "
           f"{torch.__version__}, 1 thread, {datetime.date.today()}\n")
     print("| n | kind | init | rank | layer error (held-out) | layer error (calibration) | cosine to teacher | fit s |")

@@ -152,8 +152,8 @@ def whitened_layer(dense: nn.Module, kind: str, n: int, rank: int | None, rule: 
         n, rank, rule: the layer's structure.
         factor: ``F`` ``(in, r)`` from :func:`capture_inputs`; the Gram matrix is ``G = F Fᵀ``.
         ridge: ``λ``: the fit uses ``G + λ (tr G / in) I``, so it is defined when the calibration inputs
-            span fewer than ``in`` directions; directions they never visit are fitted as the plain SVD
-            fits them, with weight ``λ``. ``None``: ``RIDGE[kind]``.
+            span fewer than ``in`` directions, and ``H`` is pulled towards ``W`` (weight ``λ · tr G / in``)
+            in directions they seldom visit. ``None``: ``RIDGE[kind]``.
 
     Returns:
         the layer (``dense``'s dtype and device, bias copied).

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as _TorchDynamicLinear
 
 from hyperplex.convert.export import premix_inputs, side_by_side
-from hyperplex.convert.serialize import QUANTIZED_SPEC_NAME
+from hyperplex.convert.serialize import QUANTIZED_SPEC_NAME, deduplicate_tensors
 from hyperplex.layers.functional import phm_linear_structured
 from hyperplex.layers.lowrank import LowRankLinear
 from hyperplex.layers.phm import PHMLinear
@@ -517,17 +517,7 @@ def _plain_state(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]]:
                if not any(k.startswith(f"{name}.") for name in int8)]
     for name, module in int8.items():
         entries += [(f"{name}.{key}", value) for key, value in module.int8_state().items()]
-    tensors, aliases, seen = {}, {}, {}
-    for key, tensor in entries:
-        identity = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-                    tuple(tensor.stride()), tensor.dtype) if tensor.numel() else None
-        if identity is not None and identity in seen:
-            aliases[key] = seen[identity]
-            continue
-        if identity is not None:
-            seen[identity] = key
-        tensors[key] = tensor.detach().contiguous().cpu()
-    return tensors, aliases
+    return deduplicate_tensors(entries)
 
 
 def _float_twin(module: nn.Module) -> nn.Module:

@@ -95,8 +95,14 @@ def _describe(model: nn.Module) -> dict:
 
 def _deduplicated_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """State dict with each shared tensor once (safetensors refuses aliases) and ``alias -> kept key``."""
+    return deduplicate_tensors(model.state_dict().items())
+
+
+def deduplicate_tensors(entries) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """``(name, tensor)`` pairs as ``{name: contiguous CPU tensor}`` with each shared tensor (same storage,
+    offset, shape, strides and dtype) kept once, and ``{alias: kept name}`` for the others."""
     tensors, aliases, seen = {}, {}, {}
-    for key, tensor in model.state_dict().items():
+    for key, tensor in entries:
         identity = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
                     tuple(tensor.stride()), tensor.dtype) if tensor.numel() else None
         if identity is not None and identity in seen:

@@ -192,7 +192,11 @@ def test_unhealed_rows_are_saved_untrained_and_healed_rows_trained(done):
     text = (out / "results.md").read_text()
     table = [line for line in text.splitlines() if line.startswith("| ")]
     assert table[0] == ("| row | n | cosine | agreement | wikiqa_map | wikiqa_mrr | sst2_probe | params | params w/o emb. "
-                        "| converted layers | params of those layers | file size | training time |")
+                        "| converted layers | params of those layers | file size | weights in memory | training time |")
+    for row in rows.values():  # float models: 4 bytes per parameter, plus a few buffers (position ids)
+        for run in row["runs"]:
+            params = run["params"]["total"]
+            assert 4 * params <= run["size"]["held_bytes"] <= 4 * params + 32_000
     assert [line.split(" | ")[0][2:] for line in table[1:]] == \
         ["teacher", "phm1_converted", "phm2_converted", "lowrank2_converted", "PHM n=2, healed"]
     assert table[1].split(" | ")[-1] == "– |" and table[-1].split(" | ")[1] == "2"

@@ -1,0 +1,163 @@
+"""The size–quality frontier of a compression plan, from its ``results.json``:
+
+    python -m hyperplex.experiments.frontier experiments/records/minilm_frontier/results.json \\
+        --figure docs/figures/frontier.png
+
+For every row with evaluated seeds: the bytes its weights hold in memory (``size.held_bytes``, the mean over
+seeds) and, per quality metric, its **retention** — the row's mean divided by the teacher row's (the row whose
+models are the unconverted teacher: ``--teacher``, default ``teacher``). A row is **on the frontier** of a
+metric when no other row holds at most as many bytes with at least its retention (and is strictly better in
+one of the two); the table marks those rows, and the figure draws bytes (log scale) against retention with the
+frontier as a step line. Mean ± std over seeds is printed where a row has several.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from hyperplex.fileio import atomic_write, atomic_write_text
+
+__all__ = ["FrontierPoint", "frontier_points", "pareto_front", "frontier_table", "frontier_figure", "main"]
+
+#: The quality metrics a frontier is drawn for, in table order.
+METRICS = ("agreement", "wikiqa_map", "sst2_probe")
+
+
+class FrontierError(ValueError):
+    """A results.json that cannot give a frontier (the message says what is missing)."""
+
+
+class FrontierPoint(dict):
+    """One row: ``name``, ``label``, ``n`` (seeds evaluated), ``held_bytes``, ``file_bytes``, ``mean``/``std``
+    per metric and ``retention`` per metric (row mean / teacher mean)."""
+
+
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def frontier_points(results: dict, teacher: str = "teacher", metrics=METRICS) -> list[FrontierPoint]:
+    """The rows of ``results`` that have evaluated seeds with sizes, as :class:`FrontierPoint`, in plan order."""
+    rows = {row["name"]: row for row in results["rows"]}
+    if teacher not in rows:
+        raise FrontierError(f"no row named {teacher!r} (the teacher, whose quality is 100%); rows: {', '.join(rows)}")
+    points = []
+    for row in results["rows"]:
+        runs = [r for r in row["runs"] if r.get("metrics") and r.get("size", {}).get("held_bytes")]
+        if not runs:
+            continue
+        point = FrontierPoint(name=row["name"], label=row["label"], n=len(runs),
+                              held_bytes=statistics.fmean(r["size"]["held_bytes"] for r in runs),
+                              file_bytes=statistics.fmean(r["size"]["file_bytes"] for r in runs), mean={}, std={})
+        for metric in metrics:
+            values = [r["metrics"][metric] for r in runs if metric in r["metrics"]]
+            if values:
+                point["mean"][metric], point["std"][metric] = _mean_std(values)
+        points.append(point)
+    base = next((p for p in points if p["name"] == teacher), None)
+    if base is None:
+        raise FrontierError(f"row {teacher!r} has no evaluated model with sizes (size.held_bytes)")
+    for point in points:
+        point["retention"] = {m: v / base["mean"][m] for m, v in point["mean"].items()
+                              if base["mean"].get(m) not in (None, 0)}
+    return points
+
+
+def pareto_front(points: list[FrontierPoint], metric: str) -> list[str]:
+    """Names of the points no other point dominates in (fewer or equal bytes, higher or equal retention of
+    ``metric``, one of them strict), ordered by bytes."""
+    scored = [p for p in points if metric in p["retention"]]
+    front = []
+    for p in scored:
+        dominated = any(q is not p and q["held_bytes"] <= p["held_bytes"]
+                        and q["retention"][metric] >= p["retention"][metric]
+                        and (q["held_bytes"] < p["held_bytes"] or q["retention"][metric] > p["retention"][metric])
+                        for q in scored)
+        if not dominated:
+            front.append(p)
+    return [p["name"] for p in sorted(front, key=lambda p: p["held_bytes"])]
+
+
+def _cell(point: FrontierPoint, metric: str) -> str:
+    if metric not in point["mean"]:
+        return "–"
+    mean, std = point["mean"][metric], point["std"][metric]
+    value = f"{mean:.3f}" if std is None else f"{mean:.3f} ± {std:.3f}"
+    return f"{value} ({100 * point['retention'][metric]:.0f}%)"
+
+
+def frontier_table(points: list[FrontierPoint], metrics=METRICS) -> str:
+    """A markdown table, by bytes held: each metric as ``mean [± std] (retention %)``, and the metrics on whose
+    frontier the row lies."""
+    fronts = {m: set(pareto_front(points, m)) for m in metrics}
+    lines = ["| row | n | weights in memory | file | " + " | ".join(metrics) + " | on the frontier of |",
+             "|---|---:|---:|---:|" + "---:|" * len(metrics) + "---|"]
+    for p in sorted(points, key=lambda p: p["held_bytes"]):
+        on = ", ".join(m for m in metrics if p["name"] in fronts[m]) or "–"
+        lines.append(f"| {p['label']} | {p['n']} | {p['held_bytes'] / 1e6:.1f} MB | {p['file_bytes'] / 1e6:.1f} MB | "
+                     + " | ".join(_cell(p, m) for m in metrics) + f" | {on} |")
+    return "\n".join(lines)
+
+
+def frontier_figure(points: list[FrontierPoint], metrics=METRICS):
+    """A matplotlib ``Figure``: one panel per metric, bytes held (log x) against retention, the frontier as a
+    step line, each point labelled with its row name."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.2 * len(metrics), 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+    for ax, metric in zip(axes, metrics):
+        scored = [p for p in points if metric in p["retention"]]
+        front = set(pareto_front(points, metric))
+        for p in scored:
+            x, y = p["held_bytes"] / 1e6, 100 * p["retention"][metric]
+            ax.scatter([x], [y], s=28, color="C3" if p["name"] in front else "C0", zorder=3)
+            ax.annotate(p["name"], (x, y), fontsize=6.5, xytext=(3, 3), textcoords="offset points")
+        line = sorted((p for p in scored if p["name"] in front), key=lambda p: p["held_bytes"])
+        if line:
+            ax.step([p["held_bytes"] / 1e6 for p in line], [100 * p["retention"][metric] for p in line],
+                    where="post", color="C3", linewidth=1, alpha=0.7)
+        ax.set_xscale("log")
+        ax.set_xlabel("weights held in memory (MB, log scale)")
+        ax.set_ylabel(f"{metric}, % of the teacher")
+        ax.set_title(metric)
+        ax.grid(True, which="both", alpha=0.3)
+    return fig
+
+
+def build_parser(prog: str = "python -m hyperplex.experiments.frontier") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", help="a plan's results.json (a plan with quality: metrics)")
+    parser.add_argument("--teacher", default="teacher", help="the row whose models are the teacher (default teacher)")
+    parser.add_argument("--figure", help="write the figure to this PNG")
+    parser.add_argument("--table", help="write the markdown table to this file (default: print it)")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m hyperplex.experiments.frontier") -> int:
+    args = build_parser(prog).parse_args(argv)
+    try:
+        with open(args.results, encoding="utf-8") as handle:
+            results = json.load(handle)
+        points = frontier_points(results, args.teacher)
+    except (OSError, json.JSONDecodeError, KeyError, FrontierError) as error:
+        print(f"{prog}: {args.results}: {error}", file=sys.stderr)
+        return 1
+    table = frontier_table(points)
+    if args.table:
+        atomic_write_text(args.table, table + "\n")
+    else:
+        print(table)
+    if args.figure:
+        fig = frontier_figure(points)
+        atomic_write(args.figure, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -39,7 +39,7 @@ def test_n1_is_exactly_linear():
 
 # ---------------------------------------------------------------- every path equals the reference
 @pytest.mark.parametrize("n,rule", CASES)
-@pytest.mark.parametrize("mode", ["structured", "materialized", "auto"])
+@pytest.mark.parametrize("mode", ["structured", "premixed", "materialized", "auto"])
 def test_forward_and_gradients_match_kron_reference(n, rule, mode):
     layer = make(n, rule, forward_mode=mode)
     x = torch.randn(3, 5, 32, dtype=torch.float64, requires_grad=True)
@@ -55,7 +55,7 @@ def test_forward_and_gradients_match_kron_reference(n, rule, mode):
 
 
 @pytest.mark.parametrize("n,rule", CASES)
-@pytest.mark.parametrize("mode", ["structured", "materialized"])
+@pytest.mark.parametrize("mode", ["structured", "premixed", "materialized"])
 def test_gradcheck(n, rule, mode):
     layer = make(n, rule, d=16 if n < 16 else 32, k=16, forward_mode=mode)
     x = torch.randn(2, layer.in_features, dtype=torch.float64, requires_grad=True)
@@ -332,26 +332,30 @@ def test_auto_dispatch_by_rows_weight_size_and_grad_mode():
 
 
 def test_inference_without_cache_dispatch_never_caches():
-    # The default: no dense copy is kept. Inference then compares the structured path with forming
-    # H for the call: rows ≤ k·d / 2^14 and rows·n ≤ 256.
-    minilm = PHMLinear(384, 1536, 4)  # k·d = 589,824 → 36 rows
-    square = PHMLinear(384, 384, 4)  # 147,456 → 9 rows
+    # The default: no dense copy is kept. Inference then takes the pre-mixed path on weights of at most
+    # 2^19 elements for up to 64 rows; otherwise the structured path while rows ≤ k·d / 2^14 and
+    # rows·n ≤ 256, and forms H for the call beyond.
+    assert (PHMLinear.PREMIXED_WEIGHT, PHMLinear.PREMIXED_ROW_LIMIT) == (2**19, 64)
+    minilm = PHMLinear(384, 1536, 4)  # k·d = 589,824 > 2^19 → structured up to 36 rows
+    square = PHMLinear(384, 384, 4)  # 147,456 ≤ 2^19 → pre-mixed up to 64 rows
     with torch.no_grad():
         assert minilm.choose_mode(36) == "structured" and minilm.choose_mode(37) == "materialized"
-        assert square.choose_mode(9) == "structured" and square.choose_mode(10) == "materialized"
+        assert square.choose_mode(1) == "premixed" and square.choose_mode(64) == "premixed"
+        assert square.choose_mode(65) == "materialized"
         assert PHMLinear(4096, 4096, 4).choose_mode(64) == "structured"  # 64·4 ≤ 256
         assert PHMLinear(4096, 4096, 4).choose_mode(65) == "materialized"
+    assert square.choose_mode(8) == "structured"  # with weight gradients: the training rule
     # with the cache, the 384² weight is cache-resident and the cached H wins at any rows
     square.cache_dense = True
     with torch.no_grad():
         assert square.choose_mode(1) == "cached"
 
 
-@pytest.mark.parametrize("rows", [1, 200])  # the structured and the materialised path
-def test_default_inference_holds_no_dense_copy(rows):
+@pytest.mark.parametrize("rows, shape", [(1, (384, 384)), (1, (384, 1536)), (200, (384, 384))])  # premixed, structured, materialised
+def test_default_inference_holds_no_dense_copy(rows, shape):
     torch.manual_seed(0)
-    layer = PHMLinear(384, 384, 4).eval()
-    x = torch.randn(rows, 384)
+    layer = PHMLinear(*shape, 4).eval()
+    x = torch.randn(rows, shape[0])
     with torch.inference_mode():
         y = layer(x)
         y2 = layer(x)

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hyperplex.layers.functional import materialize_weight, phm_linear_structured
+from hyperplex.layers.functional import materialize_weight, phm_linear_premixed, phm_linear_structured
 from hyperplex.layers.phm import PHMLinear
 
 __all__ = ["export_onnx", "ExportError", "ExportResult", "ONNX_TOLERANCE", "PHM_MODES", "phm_linear_premixed",
@@ -82,37 +82,6 @@ def unsupported_layers(model: nn.Module) -> list[tuple[str, str]]:
 #: (n = 4, one thread) premixed ran 1.25× / 0.71× the dense teacher's sentences/s at batch 1 / 32,
 #: structured 0.69× / 0.34×, materialized 0.96× / 1.19× (benchmarks/check_deploy.py, docs/compress.md).
 PHM_MODES = ("premixed", "structured", "materialized")
-
-
-def phm_linear_premixed(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x Hᵀ + b`` without forming ``H``, as one GEMM against the ``Sᵢ`` side by side. ``x``: ``(..., d)`` →
-    ``(..., k)``; ``rule`` ``(n, n, n)``, ``weight`` ``(n, k/n, d/n)``.
-
-    ``y_a = Σ_c Σᵢ Aᵢ[a, c] Sᵢ x_c = Σᵢ Sᵢ z_{a,i}`` with ``z_{a,i} = Σ_c Aᵢ[a, c] x_c``: the input blocks are
-    mixed by the rule first (``n²·d`` multiply-adds per row), then ``[z_{a,1} … z_{a,n}]`` ``(rows·n, d)``
-    meets ``[S₁ … S_n]`` ``(k/n, d)`` in one GEMM of the dense layer's multiply-adds that reads ``k·d/n``
-    weights. Exact up to rounding (same sums, other order).
-    """
-    n, k_n, d_n = weight.shape
-    out = F.linear(premix_inputs(x, rule), side_by_side(weight)).reshape(*x.shape[:-1], n * k_n)  # (B, a, q) → (..., k)
-    return out if bias is None else out + bias
-
-
-def premix_inputs(x: Tensor, rule: Tensor) -> Tensor:
-    """``z`` of :func:`phm_linear_premixed`: ``x`` ``(..., d)`` → ``(rows·n, d)``, row ``(b, a)`` holding
-    ``[z_{a,1} … z_{a,n}]`` with ``z_{a,i} = Σ_c rule[i, a, c] x_c`` (``x_c``: the ``c``-th of ``n`` blocks)."""
-    n = rule.shape[0]
-    d_n = x.shape[-1] // n
-    blocks = x.reshape(-1, n, d_n)  # (B, c, j)
-    mix = rule.permute(2, 1, 0).reshape(n, n * n).to(x.dtype)  # [c, (a, i)] = rule[i, a, c]
-    z = torch.matmul(blocks.transpose(1, 2), mix)  # (B, j, (a, i))
-    return z.reshape(-1, d_n, n, n).permute(0, 2, 3, 1).reshape(-1, n * d_n)  # (B·a, (i, j))
-
-
-def side_by_side(weight: Tensor) -> Tensor:
-    """``[S₁ … S_n]`` ``(k/n, d)`` from ``weight`` ``(n, k/n, d/n)``: row ``q`` is every ``Sᵢ``'s row ``q``."""
-    n, k_n, d_n = weight.shape
-    return weight.permute(1, 0, 2).reshape(k_n, n * d_n)  # [q, (i, j)]
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as _TorchDynamicLinear
 
-from hyperplex.convert.export import premix_inputs, side_by_side
+from hyperplex.layers.functional import premix_inputs, side_by_side
 from hyperplex.convert.serialize import QUANTIZED_SPEC_NAME, deduplicate_tensors
 from hyperplex.layers.functional import phm_linear_structured
 from hyperplex.layers.lowrank import LowRankLinear
@@ -213,7 +213,7 @@ class QuantizedPHMLinear(nn.Module):
       (``(rows·n, k)`` partial products), then the ``n²`` partials are mixed by the rule in float;
     * ``"premixed"`` — ``blocks`` holds ``[S₁ … S_n]`` side by side ``(k/n, d)`` (one scale per row ``q``,
       shared by the ``n`` blocks); the input blocks are mixed by the rule in float first
-      (:func:`~hyperplex.convert.export.premix_inputs`, ``n²·d`` multiply-adds per row), then one int8 GEMM
+      (:func:`~hyperplex.layers.functional.premix_inputs`, ``n²·d`` multiply-adds per row), then one int8 GEMM
       ``(rows·n, d) × (d, k/n)`` gives the output directly;
     * ``"dequantized"`` — the ``int8`` layout, dequantised to float for each call (``k·d/n`` floats, freed
       after), then the float structured product.

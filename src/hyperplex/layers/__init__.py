@@ -1,7 +1,9 @@
 """Linear layers: PHM (learned or fixed hypercomplex rules), its Appendix-A form, and low-rank."""
 
 from hyperplex.layers.diffusion import DiffusionPHMLinear
-from hyperplex.layers.functional import materialize_weight, phm_linear, phm_linear_reference, phm_linear_structured
+from hyperplex.layers.functional import (
+    materialize_weight, phm_linear, phm_linear_premixed, phm_linear_reference, phm_linear_structured,
+)
 from hyperplex.layers.lowrank import LowRankLinear, lowrank_parameter_count, matching_rank
 from hyperplex.layers.conversion import kronecker_decompose
 from hyperplex.layers.phm import (
@@ -11,5 +13,5 @@ from hyperplex.layers.phm import (
 __all__ = [
     "PHMLinear", "DiffusionPHMLinear", "LowRankLinear", "FORWARD_MODES",
     "shared_weights", "cache_dense_weights", "cached_bytes", "release_dense_caches", "phm_parameter_count", "lowrank_parameter_count", "matching_rank", "kronecker_decompose",
-    "materialize_weight", "phm_linear", "phm_linear_reference", "phm_linear_structured",
+    "materialize_weight", "phm_linear", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured",
 ]

@@ -15,6 +15,10 @@ Three ways to compute ``y = x Hᵀ + b``:
 - :func:`phm_linear_structured` — never forms ``H``: one matmul over the ``n`` input blocks
   reads each ``Sᵢ`` once, then the ``n × n`` mixing by the rule. It moves ``k·d/n`` weight
   numbers instead of ``k·d``, so memory-bound regimes (few rows, decoding) prefer it.
+- :func:`phm_linear_premixed` — never forms ``H`` either: the input blocks are mixed by the rule
+  first, then one GEMM with the full reduction length ``d`` against the ``Sᵢ`` side by side (a
+  ``k·d/n`` copy per call). One well-shaped GEMM instead of ``n²`` small products and a mixing
+  pass: faster for tens of rows on small weights, where the copy is cheap.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["materialize_weight", "phm_linear", "phm_linear_reference", "phm_linear_structured", "signed_permutation"]
+__all__ = ["materialize_weight", "phm_linear", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured",
+           "premix_inputs", "side_by_side", "signed_permutation"]
 
 
 def _sizes(rule: Tensor, weight: Tensor) -> tuple[int, int, int]:
@@ -90,13 +95,46 @@ def phm_linear_structured(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor 
     return out
 
 
+def phm_linear_premixed(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x Hᵀ + b`` without forming ``H``, as one GEMM against the ``Sᵢ`` side by side. ``x``: ``(..., d)`` →
+    ``(..., k)``; ``rule`` ``(n, n, n)``, ``weight`` ``(n, k/n, d/n)``.
+
+    ``y_a = Σ_c Σᵢ Aᵢ[a, c] Sᵢ x_c = Σᵢ Sᵢ z_{a,i}`` with ``z_{a,i} = Σ_c Aᵢ[a, c] x_c``: the input blocks are
+    mixed by the rule first (``n²·d`` multiply-adds per row), then ``[z_{a,1} … z_{a,n}]`` ``(rows·n, d)``
+    meets ``[S₁ … S_n]`` ``(k/n, d)`` in one GEMM of the dense layer's multiply-adds that reads ``k·d/n``
+    weights. Exact up to rounding (same sums, other order).
+    """
+    n, k_n, d_n = weight.shape
+    out = F.linear(premix_inputs(x, rule), side_by_side(weight)).reshape(*x.shape[:-1], n * k_n)  # (B, a, q) → (..., k)
+    return out if bias is None else out + bias
+
+
+def premix_inputs(x: Tensor, rule: Tensor) -> Tensor:
+    """``z`` of :func:`phm_linear_premixed`: ``x`` ``(..., d)`` → ``(rows·n, d)``, row ``(b, a)`` holding
+    ``[z_{a,1} … z_{a,n}]`` with ``z_{a,i} = Σ_c rule[i, a, c] x_c`` (``x_c``: the ``c``-th of ``n`` blocks)."""
+    n = rule.shape[0]
+    d_n = x.shape[-1] // n
+    blocks = x.reshape(-1, n, d_n)  # (B, c, j)
+    mix = rule.permute(2, 1, 0).reshape(n, n * n).to(x.dtype)  # [c, (a, i)] = rule[i, a, c]
+    z = torch.matmul(blocks.transpose(1, 2), mix)  # (B, j, (a, i))
+    return z.reshape(-1, d_n, n, n).permute(0, 2, 3, 1).reshape(-1, n * d_n)  # (B·a, (i, j))
+
+
+def side_by_side(weight: Tensor) -> Tensor:
+    """``[S₁ … S_n]`` ``(k/n, d)`` from ``weight`` ``(n, k/n, d/n)``: row ``q`` is every ``Sᵢ``'s row ``q``."""
+    n, k_n, d_n = weight.shape
+    return weight.permute(1, 0, 2).reshape(k_n, n * d_n)  # [q, (i, j)]
+
+
 def phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None, mode: str = "materialized") -> Tensor:
-    """Functional PHM layer: ``mode`` is ``"materialized"`` or ``"structured"``; both are exact."""
+    """Functional PHM layer: ``mode`` is ``"materialized"``, ``"structured"`` or ``"premixed"``; all are exact."""
     if mode == "structured":
         return phm_linear_structured(x, rule, weight, bias)
+    if mode == "premixed":
+        return phm_linear_premixed(x, rule, weight, bias)
     if mode == "materialized":
         return F.linear(x, materialize_weight(rule, weight), bias)
-    raise ValueError(f"unknown mode {mode!r}; valid: 'materialized', 'structured'")
+    raise ValueError(f"unknown mode {mode!r}; valid: 'materialized', 'structured', 'premixed'")
 
 
 def phm_linear_reference(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

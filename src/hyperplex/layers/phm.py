@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.algebra import ALGEBRAS, algebra_rule
-from hyperplex.layers.functional import materialize_weight, phm_linear_structured, signed_permutation
+from hyperplex.layers.functional import materialize_weight, phm_linear_premixed, phm_linear_structured, signed_permutation
 
 __all__ = ["PHMLinear", "phm_parameter_count", "shared_weights", "FORWARD_MODES", "cache_dense_weights",
            "cached_bytes", "release_dense_caches"]
 
-FORWARD_MODES = ("auto", "structured", "materialized")
+FORWARD_MODES = ("auto", "structured", "materialized", "premixed")
 RuleSpec = str | Tensor
 
 
@@ -76,7 +76,9 @@ class PHMLinear(nn.Module):
             feed-forward layer of Tay et al. eq. 3), or an ``(n, n, n)`` tensor; fixed rules are
             stored as the buffer ``phm_rule``.
         forward_mode: ``"auto"`` (choose per call by shape and grad mode), ``"structured"``
-            (never form ``H``) or ``"materialized"`` (form ``H``, then one dense matmul). All are exact.
+            (never form ``H``), ``"premixed"`` (never form ``H``: inputs mixed by the rule, then one
+            GEMM against the ``Sᵢ`` side by side) or ``"materialized"`` (form ``H``, then one dense
+            matmul). All are exact.
         cache_dense: keep the formed ``H`` between calls that need no weight gradient (inference,
             frozen layers) and reuse it while no parameter changes. Off by default: the cache is a
             dense copy of the weight (``k·d`` numbers, ``n×`` the layer's own weights), the very
@@ -110,7 +112,7 @@ class PHMLinear(nn.Module):
         rule: RuleSpec = "learned",
         device=None,
         dtype=None,
-        forward_mode: Literal["auto", "structured", "materialized"] = "auto",
+        forward_mode: Literal["auto", "structured", "materialized", "premixed"] = "auto",
         cache_dense: bool = False,
     ) -> None:
         super().__init__()
@@ -265,9 +267,19 @@ class PHMLinear(nn.Module):
     #: stack of MiniLM's 36 layer shapes (/proc-cold, one thread): at 12 rows the structured path
     #: was 0.65–0.85× the per-call materialised one for n = 4, 8; at 48 rows and more it was slower.
     WEIGHT_PER_ROW_UNCACHED = 2 ** 14
+    #: In inference without the cache, a weight of at most ``PREMIXED_WEIGHT`` elements (2 MiB in fp32)
+    #: takes the pre-mixed path for up to ``PREMIXED_ROW_LIMIT`` rows: its one GEMM of reduction length
+    #: ``d`` beat both the structured path (``n²`` products of length ``d/n``) and forming ``H`` per call
+    #: on a stack of MiniLM's layer shapes (384², 384×1536; one thread): at 12 rows 0.81 / 1.17 / 1.29 ×
+    #: dense for n = 4 / 2 / 8 against 1.18 / 1.73 / 1.56 structured and 1.53 / 1.79 / 2.51 materialised;
+    #: at 48 rows 1.11 / 1.26 / 1.75 against materialised 1.32 / 2.72 / 1.89; at 200 rows materialised won.
+    #: Larger weights keep the structured path: the side-by-side copy of the ``Sᵢ`` would be read and
+    #: written on every call, tripling the weight traffic that the few-row regime is bound by.
+    PREMIXED_WEIGHT = 2 ** 19
+    PREMIXED_ROW_LIMIT = 64
 
     def choose_mode(self, rows: int) -> str:
-        """The path ``forward`` takes for an input with ``rows`` rows: ``"structured"``,
+        """The path ``forward`` takes for an input with ``rows`` rows: ``"structured"``, ``"premixed"``,
         ``"materialized"``, ``"cached"`` (materialized, reusing ``H``) or ``"dense"`` (``n = 1``)."""
         if self.n == 1:
             return "dense"
@@ -280,6 +292,8 @@ class PHMLinear(nn.Module):
             # (or reusing the cached H, which costs nothing to form) beats the structured path's
             # n² mixing.
             weight = self.in_features * self.out_features
+            if inference and not cacheable and weight <= self.PREMIXED_WEIGHT and rows <= self.PREMIXED_ROW_LIMIT:
+                return "premixed"
             if cacheable:
                 limit, per_row = self.STRUCTURED_ROW_LIMIT_INFERENCE, self.WEIGHT_PER_ROW_INFERENCE
             elif inference:
@@ -306,6 +320,8 @@ class PHMLinear(nn.Module):
         mode = self.choose_mode(input.numel() // self.in_features)
         if mode == "structured":
             return phm_linear_structured(input, self.phm_rule, self.phm_weight, self.bias)
+        if mode == "premixed":
+            return phm_linear_premixed(input, self.phm_rule, self.phm_weight, self.bias)
         return F.linear(input, self._weight_for(mode), self.bias)
 
     def _weight_for(self, mode: str) -> Tensor:

@@ -207,16 +207,17 @@ class FolderBusyError(RuntimeError):
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str | os.PathLike, command: str):
+def folder_lock(folder: str | os.PathLike, command: str, transient: tuple[str, ...] = ()):
     """Hold an exclusive advisory lock (``fcntl.flock``) on ``folder/.hyperplex.lock`` for the ``with`` body.
 
     Every verb that writes a model folder takes it, so two runs never mix their files in one folder. The
     file records the holder's pid, start time and ``command`` for the message another process gets
     (:class:`FolderBusyError`). The kernel drops the lock when its process ends, however it ends, so a
     killed run leaves no live lock: a lock file whose lock can be taken is stale and simply taken over.
-    Re-entrant within one process. A folder created here and left holding only the lock file is removed
-    again on the way out (a run refused before writing leaves nothing). ``ValueError`` when ``folder``
-    exists and is not a folder."""
+    Re-entrant within one process. A folder created here and left holding only the lock file (and the
+    ``transient`` files, e.g. the log a run opens before it checks its data) is removed again on the way
+    out, so a run refused before writing its config or a checkpoint leaves nothing. ``ValueError`` when
+    ``folder`` exists and is not a folder."""
     folder = os.fspath(folder)
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ValueError(f"{folder}: is a file, not a model folder")
@@ -265,9 +266,11 @@ def folder_lock(folder: str | os.PathLike, command: str):
         yield
     finally:
         del _HELD[key]
-        if created and os.listdir(folder) == [LOCK_NAME]:
+        left = os.listdir(folder)
+        if created and set(left) <= {LOCK_NAME, *transient}:
             try:
-                os.unlink(path)
+                for name in left:
+                    os.unlink(os.path.join(folder, name))
                 os.rmdir(folder)
             except OSError:
                 pass

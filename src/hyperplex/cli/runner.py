@@ -31,7 +31,7 @@ def own_model_dir(model_dir: str | Path, verb: str):
         return contextlib.nullcontext()
     argv = " ".join(sys.argv[1:]) if sys.argv and os.path.basename(sys.argv[0]) in ("hyperplex", "__main__.py") else ""
     command = f"hyperplex {argv}" if argv else f"hyperplex {verb} (pid {os.getpid()})"
-    return folder_lock(model_dir, command[:300])
+    return folder_lock(model_dir, command[:300], transient=("train.log",))  # the log of a refused start
 
 
 def train(config: str, overrides: list[str] | None = None, model_dir: str | None = None,

@@ -18,6 +18,8 @@ MINILM = "minilm"
 PRETRAINED_EXTRA = 'pip install "hyperplex[pretrained]"'
 #: The spec file of a folder written by ``hyperplex.convert.save_converted`` (not loadable as a plain model).
 CONVERTED_SPEC = "hyperplex_convert.json"
+#: The spec file of an int8 folder (``hyperplex.convert.quantize.save_quantized``): not trainable.
+QUANTIZED_SPEC = "hyperplex_quantize.json"
 #: ... and when peft (the LoRA / LoKr rows) is missing.
 PEFT_EXTRA = 'pip install "hyperplex[peft]"'
 
@@ -37,6 +39,10 @@ def resolve_model_path(path: str, key: str = "model.path") -> str:
     if not os.path.isdir(path):
         raise ValueError(f"{key}: {path} is not a folder (expected a transformers or SentenceTransformer folder, "
                          f"or `minilm`)")
+    if os.path.isfile(os.path.join(path, QUANTIZED_SPEC)):
+        raise ValueError(f"{key}: {path} is an int8 model (it has {QUANTIZED_SPEC}, written by "
+                         f"hyperplex.convert.save_quantized): int8 layers cannot be trained or healed; give the float "
+                         f"model it was quantised from (and quantise after healing with --testing.quantize=int8)")
     if os.path.isfile(os.path.join(path, CONVERTED_SPEC)):
         # its weights file holds converted layers under names the dense model does not have: loaded as a
         # plain model every dense weight would be missing (random)

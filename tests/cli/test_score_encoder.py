@@ -441,3 +441,22 @@ def test_an_int8_student_folder_is_scored_in_int8(setup, tmp_path, capsys):
     expected = torch.nn.functional.cosine_similarity(embed_batched(reloaded, sentences, 8),
                                                      embed_batched(teachers, sentences, 8), dim=-1).mean()
     assert row["agreement"] == pytest.approx(float(expected), abs=1e-5)
+
+
+def test_compress_refuses_an_int8_teacher_before_creating_its_folder(setup, tmp_path, capsys):
+    """Healing asked of an int8 model: one line naming model.path, no model folder."""
+    from hyperplex.convert import load_converted
+    from hyperplex.convert.quantize import quantize, save_quantized
+
+    teacher, data, folders = setup
+    int8 = tmp_path / "int8"
+    save_quantized(quantize(load_converted(folders["phm2"])), int8)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({
+        "model_dir": str(tmp_path / "m"), "data": {"task": "distillation", "train": "agree.txt", "dev_fraction": 0.2},
+        "model": {"architecture": "pretrained_student", "path": str(int8)}, "training": {"max_steps": 2}}))
+    capsys.readouterr()  # the progress bars of saving the int8 folder
+    assert main(["compress", str(config), "--data-root", str(data)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.path" in err[0] and "is an int8 model" in err[0]
+    assert not (tmp_path / "m").exists()

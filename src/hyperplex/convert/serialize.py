@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from hyperplex.convert.linears import KINDS, apply_spec, conversion_spec, to_dense
+from hyperplex.pretrained import QUANTIZED_SPEC
 from hyperplex.fileio import (
     UnsafePathError, atomic_write, atomic_write_bytes, atomic_write_text, check_folder_files, inside, read_bounded,
     sha256_file,
@@ -43,7 +44,7 @@ __all__ = ["save_converted", "load_converted", "SPEC_NAME", "WEIGHTS_NAME", "FOR
 
 SPEC_NAME = "hyperplex_convert.json"
 #: The spec of an int8 folder (:func:`hyperplex.convert.quantize.save_quantized`), which load_converted refuses.
-QUANTIZED_SPEC_NAME = "hyperplex_quantize.json"
+QUANTIZED_SPEC_NAME = QUANTIZED_SPEC
 WEIGHTS_NAME = "model.safetensors"
 FORMAT = "hyperplex-converted"
 FORMAT_VERSION = 2

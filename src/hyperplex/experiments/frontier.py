@@ -107,6 +107,7 @@ def frontier_figure(points: list[FrontierPoint], metrics=METRICS):
     step line, each point labelled with its row name."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
 
     fig = Figure(figsize=(4.2 * len(metrics), 4.2), layout="constrained")
     FigureCanvasAgg(fig)
@@ -123,6 +124,9 @@ def frontier_figure(points: list[FrontierPoint], metrics=METRICS):
             ax.step([p["held_bytes"] / 1e6 for p in line], [100 * p["retention"][metric] for p in line],
                     where="post", color="C3", linewidth=1, alpha=0.7)
         ax.set_xscale("log")
+        plain = FuncFormatter(lambda value, _: f"{value:g}")
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(plain)
         ax.set_xlabel("weights held in memory (MB, log scale)")
         ax.set_ylabel(f"{metric}, % of the teacher")
         ax.set_title(metric)

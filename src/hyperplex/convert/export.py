@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hyperplex.convert.serialize import _is_sentence_transformer, _is_transformers_model
 from hyperplex.layers.functional import materialize_weight, phm_linear_premixed, phm_linear_structured
 from hyperplex.layers.phm import PHMLinear
 
@@ -107,16 +108,6 @@ def _phm_forward(model: nn.Module, mode: str) -> Iterator[None]:
     finally:
         for m in layers:
             m.__dict__.pop("forward", None)
-
-
-def _is_sentence_transformer(model: nn.Module) -> bool:
-    return any(cls.__module__.startswith("sentence_transformers") and cls.__name__ == "SentenceTransformer"
-               for cls in type(model).__mro__)
-
-
-def _is_transformers_model(model: nn.Module) -> bool:
-    return any(cls.__module__.startswith("transformers") and cls.__name__ == "PreTrainedModel"
-               for cls in type(model).__mro__)
 
 
 class _SentenceEncoder(nn.Module):

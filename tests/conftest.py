@@ -95,3 +95,23 @@ def write_tiny_sentence_transformer(folder, bert_folder, normalize: bool = True)
     modules = [Transformer(os.fspath(bert_folder), max_seq_length=24), Pooling(32, "mean")]
     sentence_transformers.SentenceTransformer(modules=modules + ([Normalize()] if normalize else []),
                                               device="cpu").save(os.fspath(folder))
+
+
+def tiny_sentences(count: int, seed: int, low: int = 3, high: int = 8) -> list[str]:
+    """``count`` sentences of ``low``–``high`` words from :data:`TINY_BERT_WORDS`, the same for the same seed."""
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(TINY_BERT_WORDS) for _ in range(rng.randint(low, high))) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def teacher_folder(tmp_path_factory):
+    """A SentenceTransformer folder: tiny random BERT (hidden 32, 2 layers) + mean pooling + Normalize."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("sentence_transformers")
+    bert = tmp_path_factory.mktemp("bert")
+    write_tiny_bert(bert)
+    folder = tmp_path_factory.mktemp("teacher")
+    write_tiny_sentence_transformer(folder, bert)
+    return folder

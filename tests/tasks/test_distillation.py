@@ -4,7 +4,6 @@ student is the teacher, healing raises the dev cosine, resume is bitwise, the sa
 
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
@@ -20,22 +19,10 @@ from hyperplex.data.readers import DataError
 from hyperplex.tasks import build_task
 from hyperplex.train.checkpoint import load_model_weights
 
-from conftest import TINY_BERT_WORDS as WORDS, write_tiny_bert, write_tiny_sentence_transformer
+from conftest import tiny_sentences
 
 
-@pytest.fixture(scope="module")
-def teacher_folder(tmp_path_factory):
-    """A SentenceTransformer folder: tiny random BERT (hidden 32, 2 layers) + mean pooling + Normalize."""
-    bert = tmp_path_factory.mktemp("bert")
-    write_tiny_bert(bert)
-    folder = tmp_path_factory.mktemp("teacher")
-    write_tiny_sentence_transformer(folder, bert)
-    return folder
-
-
-def sentences(count: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(count)]
+sentences = tiny_sentences  # 3–8 words from the tiny BERT's vocabulary; teacher_folder: tests/conftest.py
 
 
 def write_config(tmp_path, teacher, *, kind="phm", n=2, steps=200, extra=None, task="distillation"):

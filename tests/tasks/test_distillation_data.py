@@ -21,21 +21,10 @@ from hyperplex.data.lines import LazyBatches, LineIndex
 from hyperplex.data.readers import DataError
 from hyperplex.tasks import build_task
 
-from conftest import TINY_BERT_WORDS as WORDS, write_tiny_bert, write_tiny_sentence_transformer
+from conftest import tiny_sentences
 
 
-@pytest.fixture(scope="module")
-def teacher_folder(tmp_path_factory):
-    bert = tmp_path_factory.mktemp("bert")
-    write_tiny_bert(bert)
-    folder = tmp_path_factory.mktemp("teacher")
-    write_tiny_sentence_transformer(folder, bert)
-    return folder
-
-
-def sentences(count: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(count)]
+sentences = tiny_sentences  # 3–8 words from the tiny BERT's vocabulary; teacher_folder: tests/conftest.py
 
 
 def task_for(tmp_path, teacher, train: list[str], dev: list[str] | None, **data):

@@ -15,29 +15,16 @@ from hyperplex.cli.main import main
 from hyperplex.convert.student import record_internals, transformer_layers
 from hyperplex.tasks.distillation import attention_loss, distill_loss, hidden_state_loss
 
-import random
 
 import yaml
 
 from hyperplex.config.experiment import load_experiment
 from hyperplex.tasks import build_task
 
-from conftest import TINY_BERT_WORDS as WORDS, write_tiny_bert, write_tiny_sentence_transformer
+from conftest import tiny_sentences
 
 
-@pytest.fixture(scope="module")
-def teacher_folder(tmp_path_factory):
-    """A SentenceTransformer folder: tiny random BERT (hidden 32, 2 layers) + mean pooling + Normalize."""
-    bert = tmp_path_factory.mktemp("bert")
-    write_tiny_bert(bert)
-    folder = tmp_path_factory.mktemp("teacher")
-    write_tiny_sentence_transformer(folder, bert)
-    return folder
-
-
-def sentences(count: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(count)]
+sentences = tiny_sentences  # 3–8 words from the tiny BERT's vocabulary; teacher_folder: tests/conftest.py
 
 
 def write_config(tmp_path, teacher, *, kind="phm", steps=20, extra=None):

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as _TorchDynamicLinear
 
 from hyperplex.layers.functional import premix_inputs, side_by_side
-from hyperplex.convert.serialize import QUANTIZED_SPEC_NAME, deduplicate_tensors
+from hyperplex.convert.serialize import QUANTIZED_SPEC_NAME, deduplicate_tensors, retie_aliases
 from hyperplex.layers.functional import phm_linear_structured
 from hyperplex.layers.lowrank import LowRankLinear
 from hyperplex.layers.phm import PHMLinear
@@ -780,12 +780,7 @@ def _restore(model: nn.Module, spec: dict, float_spec: dict, spec_path: str, flo
             owner._parameters[leaf] = nn.Parameter(value, requires_grad=old.requires_grad)
         else:
             owner._buffers[leaf] = value
-    for alias, kept in aliases.items():  # one Parameter under both names again, as in the saved model
-        owner, _, leaf = alias.rpartition(".")
-        kept_owner, _, kept_leaf = kept.rpartition(".")
-        module, source = model.get_submodule(owner), model.get_submodule(kept_owner)
-        if leaf in module._parameters and kept_leaf in source._parameters:
-            module._parameters[leaf] = source._parameters[kept_leaf]
+    retie_aliases(model, aliases)  # one Parameter under both names again, as in the saved model
     for name, module in int8.items():
         module.load_int8_state({key[len(name) + 1:]: value for key, value in loaded.items()
                                 if key.startswith(f"{name}.")})

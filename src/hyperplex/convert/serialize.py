@@ -99,6 +99,17 @@ def _deduplicated_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict
     return deduplicate_tensors(model.state_dict().items())
 
 
+def retie_aliases(model: nn.Module, aliases: dict[str, str]) -> None:
+    """Make each ``alias`` parameter the very ``Parameter`` its kept name holds again (a tied weight saved once
+    by :func:`deduplicate_tensors`), as it was in the saved model."""
+    for alias, kept in aliases.items():
+        owner, _, leaf = alias.rpartition(".")
+        kept_owner, _, kept_leaf = kept.rpartition(".")
+        module, source = model.get_submodule(owner), model.get_submodule(kept_owner)
+        if leaf in module._parameters and kept_leaf in source._parameters:
+            module._parameters[leaf] = source._parameters[kept_leaf]
+
+
 def deduplicate_tensors(entries) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """``(name, tensor)`` pairs as ``{name: contiguous CPU tensor}`` with each shared tensor (same storage,
     offset, shape, strides and dtype) kept once, and ``{alias: kept name}`` for the others."""
@@ -611,12 +622,7 @@ def _load_tensors(model: nn.Module, path: str, spec: dict, assign: bool, check_o
     for key, tensor in extra.items():
         owner, _, leaf = key.rpartition(".")
         model.get_submodule(owner)._buffers[leaf] = values[key]
-    for alias, kept in aliases.items():  # one Parameter under both names again, as in the saved model
-        owner, _, leaf = alias.rpartition(".")
-        kept_owner, _, kept_leaf = kept.rpartition(".")
-        module, source = model.get_submodule(owner), model.get_submodule(kept_owner)
-        if leaf in module._parameters and kept_leaf in source._parameters:
-            module._parameters[leaf] = source._parameters[kept_leaf]
+    retie_aliases(model, aliases)
 
 
 def _check_rules(values: dict[str, torch.Tensor], layers: list[dict], path: str) -> None:

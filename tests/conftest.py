@@ -115,3 +115,36 @@ def teacher_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("teacher")
     write_tiny_sentence_transformer(folder, bert)
     return folder
+
+
+def write_distill_config(tmp_path, teacher, *, kind="phm", n=2, steps=200, extra=None, task="distillation"):
+    """A tiny distillation config in ``tmp_path`` (30 training and 10 dev sentences of :func:`tiny_sentences`,
+    a student of ``teacher``); ``extra``: ``{"section.key": value}``. Returns the YAML's path."""
+    import yaml
+
+    (tmp_path / "train.txt").write_text("\n".join(tiny_sentences(30, 1)) + "\n")
+    (tmp_path / "dev.txt").write_text("\n".join(tiny_sentences(10, 2)) + "\n")
+    raw = {"name": "tiny_distill", "seed": 3, "model_dir": str(tmp_path / "m"),
+           "data": {"task": task, "train": str(tmp_path / "train.txt"), "dev": str(tmp_path / "dev.txt")},
+           "model": {"architecture": "pretrained_student", "path": str(teacher), "kind": kind, "n": n,
+                     "min_features": 8},
+           "training": {"lr": 3e-3, "batch_size": 8, "max_steps": steps, "validation_every": steps,
+                        "log_every": 50, "num_threads": 1, "progress_bar": False, "plots": False, "device": "cpu"}}
+    for key, value in (extra or {}).items():
+        section, name = key.split(".")
+        raw[section][name] = value
+    path = tmp_path / "distill.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def prepared_task(path):
+    """(config, task) of a config file, its data prepared from scratch with the config's seed."""
+    from hyperplex.config.experiment import load_experiment
+    from hyperplex.tasks import build_task
+
+    cfg = load_experiment(path)
+    task = build_task(cfg, cfg.model_dir, None)
+    torch.manual_seed(cfg.seed)
+    task.prepare(fresh=True)
+    return cfg, task

@@ -5,6 +5,8 @@ sentence's loss, the loss is the documented sum, and `hyperplex compress` writes
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -16,40 +18,16 @@ from hyperplex.convert.student import record_internals, transformer_layers
 from hyperplex.tasks.distillation import attention_loss, distill_loss, hidden_state_loss
 
 
-import yaml
 
-from hyperplex.config.experiment import load_experiment
-from hyperplex.tasks import build_task
 
-from conftest import tiny_sentences
+from conftest import prepared_task, tiny_sentences, write_distill_config
 
 
 sentences = tiny_sentences  # 3–8 words from the tiny BERT's vocabulary; teacher_folder: tests/conftest.py
 
 
-def write_config(tmp_path, teacher, *, kind="phm", steps=20, extra=None):
-    (tmp_path / "train.txt").write_text("\n".join(sentences(30, 1)) + "\n")
-    (tmp_path / "dev.txt").write_text("\n".join(sentences(10, 2)) + "\n")
-    raw = {"name": "tiny_distill", "seed": 3, "model_dir": str(tmp_path / "m"),
-           "data": {"task": "distillation", "train": str(tmp_path / "train.txt"), "dev": str(tmp_path / "dev.txt")},
-           "model": {"architecture": "pretrained_student", "path": str(teacher), "kind": kind, "n": 2,
-                     "min_features": 8},
-           "training": {"lr": 3e-3, "batch_size": 8, "max_steps": steps, "validation_every": steps,
-                        "log_every": 50, "num_threads": 1, "progress_bar": False, "plots": False, "device": "cpu"}}
-    for key, value in (extra or {}).items():
-        section, name = key.split(".")
-        raw[section][name] = value
-    path = tmp_path / "distill.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
-def prepared(path):
-    cfg = load_experiment(path)
-    task = build_task(cfg, cfg.model_dir, None)
-    torch.manual_seed(cfg.seed)
-    task.prepare(fresh=True)
-    return cfg, task
+write_config = functools.partial(write_distill_config, steps=20)
+prepared = prepared_task
 
 LAYERED = {"model.distill_hidden": 2.0, "model.distill_attention": 0.5}
 

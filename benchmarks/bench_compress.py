@@ -99,7 +99,7 @@ def prepare(args, root: str) -> dict[str, dict]:
 
     from hyperplex.convert import convert_linears, save_converted
     from hyperplex.convert.quantize import quantize, save_quantized
-    from hyperplex.convert.student import load_sentence_transformer
+    from hyperplex.models.pretrained_student import load_sentence_transformer
     from hyperplex.pretrained import resolve_model_path
 
     teacher_folder = resolve_model_path(args.model)

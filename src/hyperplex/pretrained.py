@@ -1,7 +1,7 @@
 """Where a pretrained model comes from: ``model.path`` as a folder, or ``minilm``.
 
 One resolver for every part that loads a pretrained encoder (the compression student in
-:mod:`hyperplex.convert.student`, the fine-tuned classifier in :mod:`hyperplex.adapters.classifier`,
+:mod:`hyperplex.models.pretrained_student`, the fine-tuned classifier in :mod:`hyperplex.models.pretrained_classifier`,
 ``hyperplex score-encoder``). It sits at the bottom layer so packages of one layer need not import
 each other for it. Nothing here imports ``transformers``.
 """

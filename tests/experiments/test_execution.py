@@ -88,7 +88,7 @@ def test_an_unhealed_adapter_row_saves_what_training_would_start_from(tmp_path):
     pytest.importorskip("transformers")
     from conftest import TINY_BERT_WORDS as WORDS
     from conftest import write_tiny_bert
-    from hyperplex.adapters.classifier import BASE_KEY, PretrainedClassifier
+    from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
     from hyperplex.cli import runner
     from hyperplex.config.experiment import load_experiment
     from hyperplex.experiments.state import NOT_HEALED

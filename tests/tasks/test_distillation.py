@@ -1,4 +1,4 @@
-"""Distillation (tasks/distillation.py, convert/student.py) and `hyperplex compress`: a tiny random BERT
+"""Distillation (tasks/distillation.py, models/pretrained_student.py) and `hyperplex compress`: a tiny random BERT
 SentenceTransformer (built from a config, no download) is the teacher; values checked: an unconverted
 student is the teacher, healing raises the dev cosine, resume is bitwise, the saved student reloads."""
 

@@ -14,7 +14,7 @@ pytest.importorskip("sentence_transformers")
 pytest.importorskip("transformers")
 
 from hyperplex.cli.main import main
-from hyperplex.convert.student import record_internals, transformer_layers
+from hyperplex.models.pretrained_student import record_internals, transformer_layers
 from hyperplex.tasks.distillation import attention_loss, distill_loss, hidden_state_loss
 
 
@@ -34,7 +34,7 @@ LAYERED = {"model.distill_hidden": 2.0, "model.distill_attention": 0.5}
 
 def internals(encoder, batch, attention=True):
     with torch.no_grad(), record_internals(encoder, attention=attention) as rec:
-        from hyperplex.convert.student import embed
+        from hyperplex.models.pretrained_student import embed
         out = embed(encoder, batch.tensors)
         return out, rec.hidden, rec.attention_log_probs(batch["attention_mask"])
 

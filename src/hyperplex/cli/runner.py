@@ -81,7 +81,7 @@ def compress(config: str, overrides: list[str] | None = None, model_dir: str | N
         from hyperplex.pretrained import resolve_model_path
 
         resolve_model_path(path, "model.path")
-    from hyperplex.convert.student import PretrainedStudentConfig, check_layer_indices
+    from hyperplex.models.pretrained_student import PretrainedStudentConfig, check_layer_indices
 
     if isinstance(cfg.model, PretrainedStudentConfig):  # keep_layers / layer_map against the teacher's depth
         check_layer_indices(cfg.model)

@@ -236,7 +236,7 @@ def score_encoders(students: list[str], teacher: str | None = None, data_root: s
         weight_file_bytes,
     )
     from hyperplex.convert.quantize import factorised_layers, is_quantized
-    from hyperplex.convert.student import load_sentence_transformer
+    from hyperplex.models.pretrained_student import load_sentence_transformer
     from hyperplex.pretrained import resolve_model_path
     from hyperplex.threads import (
         TOKENS_PER_SENTENCE,

@@ -134,9 +134,10 @@ for _name, _entry in {
                                            "DecomposableAttention", "pair", "DeAtt (Parikh et al. 2016)"),
     "quaternion_attention": Architecture("hyperplex.models.classifiers", "QuaternionAttentionConfig",
                                          "QuaternionAttentionModel", "pair", "Q-Att (Tay et al. 2019 §3.2)"),
-    "pretrained_student": Architecture("hyperplex.convert.student", "PretrainedStudentConfig", "PretrainedStudent",
-                                       "embedder", "a pretrained SentenceTransformer with PHM / low-rank layers"),
-    "pretrained_classifier": Architecture("hyperplex.adapters.classifier", "PretrainedClassifierConfig",
+    "pretrained_student": Architecture("hyperplex.models.pretrained_student", "PretrainedStudentConfig",
+                                       "PretrainedStudent", "embedder",
+                                       "a pretrained SentenceTransformer with PHM / low-rank layers"),
+    "pretrained_classifier": Architecture("hyperplex.models.pretrained_classifier", "PretrainedClassifierConfig",
                                           "PretrainedClassifier", "cross_encoder",
                                           "a pretrained encoder + linear head on one text, or on a text pair read "
                                           "as one sequence (a cross-encoder), fine-tuned through a PHM adapter, "

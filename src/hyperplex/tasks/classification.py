@@ -3,7 +3,7 @@ question/answer ranking (WikiQA, scored per question with MAP/MRR).
 
 Tokenisation: a tokenizer and vocabulary built from the training split (``data.tokenizer``) and saved
 in the model folder, unless the architecture's model class brings its own — a pretrained encoder's,
-:meth:`hyperplex.adapters.classifier.PretrainedClassifier.text_tokenizer`. That hook is a classmethod
+:meth:`hyperplex.models.pretrained_classifier.PretrainedClassifier.text_tokenizer`. That hook is a classmethod
 ``text_tokenizer(model_config)`` returning an object with ``encode_batch(texts) → list of id lists``
 (special tokens added, cut at the model's ``max_length``), ``pad_index``, ``len()`` (vocabulary size) and
 ``describe()``; the text is then passed to it as written (``data.lowercase``, ``data.tokenizer``,

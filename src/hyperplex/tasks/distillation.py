@@ -89,7 +89,7 @@ class DistillationTask(Task):
     # -- data -----------------------------------------------------------------
     def load_vocabularies(self) -> None:
         """The teacher alone (its tokenizer is the task's): enough to load a saved student."""
-        from hyperplex.convert.student import load_sentence_transformer
+        from hyperplex.models.pretrained_student import load_sentence_transformer
 
         self.teacher = load_sentence_transformer(self.cfg.model.path)
         for p in self.teacher.parameters():
@@ -155,7 +155,7 @@ class DistillationTask(Task):
         return positions[keep]
 
     def _batch(self, sentences: list[str], indices: list[int]) -> Batch:
-        from hyperplex.convert.student import tokenize
+        from hyperplex.models.pretrained_student import tokenize
 
         return Batch(tokenize(self.teacher, sentences), indices, len(sentences))
 
@@ -174,7 +174,7 @@ class DistillationTask(Task):
 
     # -- model ----------------------------------------------------------------
     def build_model(self) -> nn.Module:
-        from hyperplex.convert.student import PretrainedStudent
+        from hyperplex.models.pretrained_student import PretrainedStudent
 
         # without training sentences (a saved student being loaded) the weights come from the checkpoint
         calibration = getattr(self, "train_set", [])[:CALIBRATION_SENTENCES]
@@ -191,7 +191,7 @@ class DistillationTask(Task):
 
     @torch.no_grad()
     def _teacher(self, batch: Batch, device: torch.device) -> Tensor:
-        from hyperplex.convert.student import embed
+        from hyperplex.models.pretrained_student import embed
 
         self.teacher.to(device).eval()
         return embed(self.teacher, batch.tensors)
@@ -207,7 +207,7 @@ class DistillationTask(Task):
     def _layered_loss(self, model: nn.Module, batch) -> Tensor:
         """The embedding loss plus ``distill_hidden`` × :func:`hidden_state_loss` plus ``distill_attention`` ×
         :func:`attention_loss`, student layer ``j`` matched to teacher layer ``layer_map[j]``; summed over sentences."""
-        from hyperplex.convert.student import embed, record_internals
+        from hyperplex.models.pretrained_student import embed, record_internals
 
         cfg, inner = self.cfg.model, getattr(model, "module", model)  # DDP wraps the student
         mask = batch["attention_mask"]

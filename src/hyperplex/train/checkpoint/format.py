@@ -319,7 +319,7 @@ _MODEL_KEYS_SHOWN = ("architecture", "d_model", "num_heads", "d_ff", "encoder_la
 def model_state(model: torch.nn.Module) -> dict[str, Tensor]:
     """What a checkpoint stores of ``model``: ``model.checkpoint_state_dict()`` where the model defines it
     (a frozen pretrained base with an adapter saves only the trainable tensors and a signature of the base,
-    :class:`~hyperplex.adapters.classifier.PretrainedClassifier`), else ``model.state_dict()``. The model's
+    :class:`~hyperplex.models.pretrained_classifier.PretrainedClassifier`), else ``model.state_dict()``. The model's
     ``load_checkpoint_state_dict(state)`` is then the inverse that :func:`load_into` calls."""
     hook = getattr(model, "checkpoint_state_dict", None)
     return hook() if callable(hook) else model.state_dict()

@@ -1,10 +1,8 @@
 """A pretrained sentence encoder whose dense layers are converted to PHM / low-rank layers: the student
 that ``hyperplex compress`` heals by distillation (:mod:`hyperplex.tasks.distillation`).
 
-It lives in :mod:`hyperplex.convert` rather than :mod:`hyperplex.models` because it is built by
-:func:`~hyperplex.convert.convert_linears`, and packages of one layer do not import each other
-(``tests/test_layering.py``). The model is a copy of the teacher (a SentenceTransformer folder) passed
-through that function. With ``init: svd`` or ``random`` (seeded by the trainer) the
+The model is a copy of the teacher (a SentenceTransformer folder) passed through
+:func:`~hyperplex.convert.convert_linears`. With ``init: svd`` or ``random`` (seeded by the trainer) the
 structure depends on the config alone, so resuming rebuilds the same layers before loading the weights.
 ``transformers`` / ``sentence-transformers`` are imported only when a model is built.
 """

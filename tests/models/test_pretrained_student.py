@@ -1,4 +1,4 @@
-"""The distillation student's layer machinery (convert/student.py): layer dropping, the layer map, recorded
+"""The distillation student's layer machinery (models/pretrained_student.py): layer dropping, the layer map, recorded
 hidden states and attention distributions, balanced PHM factor scales and block-wise reconstruction — on a
 tiny random 4-layer BERT SentenceTransformer built from a config (no download)."""
 
@@ -13,9 +13,10 @@ pytest.importorskip("sentence_transformers")
 transformers = pytest.importorskip("transformers")
 
 from hyperplex.convert import load_converted, save_converted
-from hyperplex.convert.student import (PretrainedStudent, PretrainedStudentConfig, balance_factor_scales,
-                                       capture_block_io, embed, load_sentence_transformer, record_internals,
-                                       tokenize, transformer_layers)
+from hyperplex.models.pretrained_student import (PretrainedStudent, PretrainedStudentConfig,
+                                                 balance_factor_scales, capture_block_io, embed,
+                                                 load_sentence_transformer, record_internals, tokenize,
+                                                 transformer_layers)
 from hyperplex.layers.conversion import phm_from_linear
 from hyperplex.layers.phm import PHMLinear
 

@@ -1,4 +1,4 @@
-"""adapters/classifier.py through the one trainer (`pretrained_classifier` on a tiny random BERT): the
+"""models/pretrained_classifier.py through the one trainer (`pretrained_classifier` on a tiny random BERT): the
 frozen base stays bit-identical and only adapter + head change; checkpoints hold only those (+ the base's
 SHA-256), reload onto a freshly loaded base with the same outputs, refuse another base, and resume
 bit for bit; `full` saves everything; the task encodes with the encoder's own tokenizer; train.log and
@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 from conftest import TINY_BERT_WORDS as WORDS
 from conftest import write_tiny_bert
 
-from hyperplex.adapters.classifier import BASE_KEY, PretrainedClassifier
+from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
 from hyperplex.cli import runner
 from hyperplex.cli.main import main
 from hyperplex.config.experiment import load_experiment

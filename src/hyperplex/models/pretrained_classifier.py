@@ -3,9 +3,8 @@
 It reads one text (``classification``) or a text pair as one sequence — a cross-encoder
 (``pair_classification``, ``ranking``; for ranking the head has one output, the relevance score).
 
-It lives in :mod:`hyperplex.adapters` rather than :mod:`hyperplex.models` because it attaches adapters,
-and packages of one layer do not import each other (``tests/test_layering.py``); ``model.path`` is
-resolved by :func:`hyperplex.pretrained.resolve_model_path`, as for the compression student.
+``model.path`` is resolved by :func:`hyperplex.pretrained.resolve_model_path`, as for the compression
+student (:mod:`hyperplex.models.pretrained_student`).
 
 The task encodes text with the encoder's own tokenizer (:meth:`PretrainedClassifier.text_tokenizer`,
 the hook :class:`~hyperplex.tasks.classification.ClassificationTask` looks for), cut at ``max_length``. A pair

@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 from conftest import TINY_BERT_WORDS as WORDS
 from conftest import write_tiny_bert
 
-from hyperplex.adapters.classifier import BASE_KEY, PretrainedClassifier
+from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
 from hyperplex.cli import runner
 from hyperplex.cli.main import main
 from hyperplex.config import ConfigError

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Cost of fine-tuning a pretrained encoder (issue 13 item 3): training step time, peak memory, and inference
+"""Cost of fine-tuning a pretrained encoder (the SST-2 adapter comparison of docs/results.md): training step time, peak memory, and inference
 time unmerged and merged, for full fine-tuning, PHM adapters and peft's LoRA and LoKr, as ratios in one run.
 
 Usage (from the repository root; needs ``pip install "hyperplex[pretrained]"`` and the SST-2 file)::

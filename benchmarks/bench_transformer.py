@@ -23,7 +23,7 @@ Measured, on random token batches (speed does not depend on the data):
 Method: one warm-up of each measurement per model, then ``--repeats`` rounds; in every round the
 models run one after another in rotating order, and a ratio is the median over rounds of (model time
 / Transformer time in the same round). Times are medians over rounds. Ratios below 1 are faster;
-the decoding column ``× tok/s`` is the inverse (above 1 is faster). Targets (issue 6): PHM n=4 and
+the decoding column ``× tok/s`` is the inverse (above 1 is faster). Targets: PHM n=4 and
 n=8 training ≤ 1.10× the Transformer; batch-1 greedy decoding ≥ 1.2× its tokens/s at d_model 512.
 """
 

@@ -1,4 +1,4 @@
-"""The thread-count rule of ``hyperplex.threads`` (issue 16, item 5): its decisions, not timings."""
+"""The thread-count rule of ``hyperplex.threads``: its decisions, not timings."""
 
 import os
 

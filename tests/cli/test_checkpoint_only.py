@@ -1,4 +1,4 @@
-"""A model loads from its checkpoint alone (issue 14, item 5), driven through ``hyperplex.cli.main``.
+"""A model loads from its checkpoint alone, driven through ``hyperplex.cli.main``.
 
 ``evaluate``/``translate`` take a model folder or a checkpoint file. From a file, the config is the one
 the checkpoint stored and the tokeniser/vocabulary files are read from beside it, by the names the

@@ -1,4 +1,4 @@
-"""Robustness of the command line (issue 4, item 6): bad inputs driven through ``hyperplex.cli.main``.
+"""Robustness of the command line: bad inputs driven through ``hyperplex.cli.main``.
 
 Every case must end with exit code 1 and ONE line on stderr, ``hyperplex <verb>: error: ...``, that
 says what is wrong and where (file and line, key, counts, label); no traceback (only with

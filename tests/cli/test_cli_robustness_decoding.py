@@ -1,12 +1,12 @@
-"""Robustness of decoding, translation and thread use (issue 16, items 3-5), driven through
+"""Robustness of decoding, translation and thread use, driven through
 ``hyperplex.cli.main`` like ``tests/cli/test_cli_robustness.py``: exit code, stdout and every stderr
 line are checked.
 
-- Item 3: a line longer than the Transformer's positions is cut with one warning naming it; every
+- A line longer than the Transformer's positions is cut with one warning naming it; every
   other line is translated; one output line per input line; the same from stdin.
-- Item 4: a model that ranks ``<s>``/``<pad>`` first never emits them (it ends at ``</s>``);
+- A model that ranks ``<s>``/``<pad>`` first never emits them (it ends at ``</s>``);
   ``evaluate`` and file translation draw a progress bar on a terminal's stderr and nothing otherwise.
-- Item 5: ``--threads`` for ``evaluate``/``translate``/``demo`` (0 = the rule of
+- ``--threads`` for ``evaluate``/``translate``/``demo`` (0 = the rule of
   ``hyperplex.threads``; negative or non-integer: one error line naming ``--threads``), and
   ``training.num_threads: 0`` choosing one thread for a tiny model.
 - More hostile inputs for translate/evaluate: blank-only files, CRLF, a BOM, NUL bytes, invalid
@@ -120,7 +120,7 @@ def translations(capsys, model: Path, lines: list[str], tmp_path: Path) -> list[
     return outputs
 
 
-# ---------------------------------------------------------------------------- item 3: over-long lines
+# ---------------------------------------------------------------------------- over-long lines
 LONG = " ".join(f"w{i}" for i in range(1, 13))  # 12 tokens; the first 7 are w1 … w7
 FIRST_7 = " ".join(f"w{i}" for i in range(1, 8))
 
@@ -175,7 +175,7 @@ def test_the_lstm_translator_has_no_position_limit(world, capsys, tmp_path):
     assert err == [] and len(got) == 2
 
 
-# ---------------------------------------------------------------------------- item 4: <s>/<pad> and progress
+# ---------------------------------------------------------------------------- <s>/<pad> and progress
 @pytest.fixture(scope="module")
 def specials_model(world, tmp_path_factory):
     """A copy of the model whose output layer ranks <s> first and <pad> second everywhere and </s>
@@ -223,7 +223,7 @@ def test_progress_bar_on_a_terminal_and_nothing_otherwise(world, capsys, tmp_pat
         capsys.readouterr()
 
 
-# ---------------------------------------------------------------------------- item 5: threads
+# ---------------------------------------------------------------------------- threads
 def test_training_with_num_threads_0_uses_one_thread_for_a_tiny_model(world):
     assert world.threads_after_training == 1
 

@@ -1,6 +1,5 @@
-"""Hostile inputs for ``hyperplex train`` / ``params`` / ``evaluate`` (issue 16, items 1, 2, 6, 7, 8, 10b,
-and new cases): budgets that must hold, resume with changed settings, Ctrl-C and SIGTERM, config files
-that lie, corrupted model folders and data files. Every case runs through the real CLI and checks the
+"""Hostile inputs for ``hyperplex train`` / ``params`` / ``evaluate``: budgets that must hold, resume with
+changed settings, Ctrl-C and SIGTERM, config files that lie, corrupted model folders and data files. Every case runs through the real CLI and checks the
 exit code and the message; a refused command changes nothing on disk.
 """
 
@@ -50,7 +49,7 @@ def one_batch_config(world, tmp_path, name="cfg.yaml", **training) -> Path:
                                                                           "validation_every": 0, **training}))
 
 
-# ---------------------------------------------------------------------------- item 1: budgets
+# ---------------------------------------------------------------------------- budgets
 def test_max_steps_is_not_capped_by_a_default_max_epochs(world, tmp_path, capsys):
     """Was: max_epochs defaulted to 10 and silently ended a 20-step run after 10 one-step epochs."""
     cfg = one_batch_config(world, tmp_path, max_steps=14, validation_every=7)
@@ -78,7 +77,7 @@ def test_no_limit_at_all_is_refused_at_load(world, tmp_path, capsys):
     assert not (tmp_path / "m").exists()
 
 
-# ---------------------------------------------------------------------------- item 2: overrides on resume
+# ---------------------------------------------------------------------------- overrides on resume
 def test_resume_with_a_larger_max_steps_extends_a_finished_run_exactly(world, tmp_path, capsys):
     """2 steps, then --resume --training.max_steps=4, ends bit-identical to one 4-step run."""
     cfg = one_batch_config(world, tmp_path, max_steps=2, validation_every=2)
@@ -128,7 +127,7 @@ def test_resume_refuses_an_edited_config_file(world, tmp_path, capsys):
     assert msg.startswith("--resume: model.num_heads: saved 2, now 4"), msg
 
 
-# ---------------------------------------------------------------------------- item 6 and 10b: signals
+# ---------------------------------------------------------------------------- signals
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
 
 
@@ -158,7 +157,7 @@ def _wait_for_step(folder: Path, process: subprocess.Popen, step: int, timeout: 
 def test_signal_saves_a_resumable_checkpoint_and_resume_matches_an_uninterrupted_run(world, tmp_path, sig, code):
     """Ctrl-C / SIGTERM mid-run: a resumable last checkpoint at the step boundary, a line in train.log, exit
     130/143; resumed to step K+5 it equals an uninterrupted (K+5)-step run bit for bit, including the
-    training-loss lines of metrics.csv (the log window survives the resume: item 10b)."""
+    training-loss lines of metrics.csv (the log window survives the resume)."""
     cfg = write_config(tmp_path / "cfg.yaml", mt_config(world.data, training={
         **TRAINING, "batch_size": 8, "max_steps": 100000, "validation_every": 100000, "log_every": 3}))
     process = _start(cfg, tmp_path / "a")

@@ -199,7 +199,7 @@ def test_hypothesis_is_a_dataclass():
     assert h.attention is None and h.tokens == [4, 5]
 
 
-# ---------------------------------------------------------------------------- never <s> or <pad> (issue 16)
+# ---------------------------------------------------------------------------- never <s> or <pad>
 PAD, BOS = 0, 2
 
 

@@ -46,7 +46,7 @@ class DataConfig:
                                                         "validation split (fixed by `split_seed`)"})
     split_seed: int = field(default=1, metadata={"help": "seed of the validation split carved by `dev_fraction` "
                                                  "(and of the generated arithmetic data), separate from `seed` so "
-                                                 "that runs with different seeds share one split. A model folder saved before this key existed carved with its "
+                                                 "that runs with different seeds share one split. A model folder whose config has no `split_seed` carved with its "
                                                  "`seed`, and still does when resumed or evaluated"})
     carve: Literal["random", "sentences"] = field(default="random", metadata={
         "help": "how `dev_fraction` is carved (classification): random = random examples; sentences = SST-2 style "

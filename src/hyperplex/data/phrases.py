@@ -3,7 +3,7 @@
 GLUE's SST-2 ``train.tsv`` holds every labelled phrase of the Stanford Sentiment Treebank parse
 trees, not just the sentences: a sentence and its sub-phrases are separate lines. A random carve
 then puts sentences in validation whose sub-phrases (often the sentence itself) stay in training,
-and validation accuracy is inflated (issue 17 item 3). The rule here:
+and validation accuracy is inflated. The rule here:
 
 1. texts are compared as whitespace token sequences, so containment is on token boundaries
    ("bears" is inside "when are bears bears and", "bear" is not);

@@ -55,7 +55,7 @@ class TrainState:
     window_loss: float = 0.0
     window_tokens: int = 0
     # Pre-clipping global gradient norm over the same window (sum and max), logged as grad_norm /
-    # grad_norm_max in metrics.csv: spikes show training instability (issue 17).
+    # grad_norm_max in metrics.csv: spikes show training instability.
     window_grad_norm: float = 0.0
     window_grad_norm_max: float = 0.0
 

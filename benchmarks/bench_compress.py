@@ -8,6 +8,7 @@ Usage (from the repository root; needs ``pip install "hyperplex[pretrained]"``):
     PYTHONPATH=src python benchmarks/bench_compress.py --quick --threads 1      # 3 rounds of 32 sentences
     PYTHONPATH=src python benchmarks/bench_compress.py --threads 1              # 7 rounds of 64 sentences
     PYTHONPATH=src python benchmarks/bench_compress.py --variants phm4 phm4:cache int8 phm4+int8 --threads 1
+    PYTHONPATH=src python benchmarks/bench_compress.py --threads 1 --json serving.json   # also write the rows
 
 Models (``--variants``; the dense teacher is always the first row):
 
@@ -17,6 +18,9 @@ Models (``--variants``; the dense teacher is always the first row):
 - ``int8``: the teacher through :func:`hyperplex.convert.quantize` (PyTorch's dynamic int8 quantisation),
   written with ``save_quantized`` and loaded with ``load_quantized``; ``phmN+int8`` / ``lowrankN+int8``: the
   converted model quantised the same way (the ``Sᵢ`` / ``U``, ``V`` in int8);
+- ``keepK``: layer dropping — the teacher with ``K`` of its encoder layers kept, evenly spread (4 of 6: layers
+  0, 2, 3, 5; 3 of 6: 0, 2, 5, the layers of the frontier plan's rows), saved and loaded as a plain
+  SentenceTransformer folder;
 - ``phmN:cache``: ``phmN`` loaded, then :func:`hyperplex.layers.cache_dense_weights` (every PHM layer keeps its
   dense ``H`` in inference: the dense matmul's speed at ``n×`` the factor memory), to show that trade-off.
 
@@ -34,7 +38,8 @@ time, the order rotating every round, after one warm-up encode each. Speed = sen
 median over rounds of (the model's speed / the teacher's in the same round): above 1 = faster than the
 teacher. Memory ``×`` columns are the model's figure minus the teacher's (negative = smaller). ``file`` is the
 size of the weight files the folder holds (``*.safetensors``; the teacher: written by ``save_converted``,
-float32, like the converted rows).
+float32, like the converted rows). ``--json FILE`` writes the rows (and the run's date, machine, threads, rounds)
+for ``python -m hyperplex.experiments.frontier --serving FILE``.
 """
 
 from __future__ import annotations
@@ -73,9 +78,12 @@ def fixed_sentences(count: int, seed: int = 0) -> list[str]:
 
 
 def parse_variant(text: str) -> tuple[str, int, bool, bool]:
-    """``(kind, n, int8, cache)`` of a variant name: ``int8``, ``phm4``, ``lowrank8+int8``, ``phm4:cache``."""
+    """``(kind, n, int8, cache)`` of a variant name: ``int8``, ``phm4``, ``lowrank8+int8``, ``phm4:cache``,
+    ``keep3`` (kind ``keep``, ``n`` = layers kept)."""
     if text == "int8":
         return "none", 0, True, False
+    if text.startswith("keep") and text[4:].isdigit() and int(text[4:]) > 0:
+        return "keep", int(text[4:]), False, False
     base, cache = (text[:-len(":cache")], True) if text.endswith(":cache") else (text, False)
     base, int8 = (base[:-len("+int8")], True) if base.endswith("+int8") else (base, False)
     for kind in ("phm", "lowrank"):
@@ -83,8 +91,28 @@ def parse_variant(text: str) -> tuple[str, int, bool, bool]:
             if cache and (kind != "phm" or int8):
                 break
             return kind, int(base[len(kind):]), int8, cache
-    raise argparse.ArgumentTypeError(f"variant {text!r}: expected int8, phmN, lowrankN, phmN+int8, lowrankN+int8 "
-                                     "or phmN:cache, e.g. phm4, lowrank4+int8")
+    raise argparse.ArgumentTypeError(f"variant {text!r}: expected int8, phmN, lowrankN, phmN+int8, lowrankN+int8, "
+                                     "phmN:cache or keepK, e.g. phm4, lowrank4+int8, keep3")
+
+
+def spread_layers(total: int, keep: int) -> list[int]:
+    """``keep`` of ``total`` layer indices, evenly spread, first and last included (6, 4 → 0, 2, 3, 5)."""
+    if not 0 < keep <= total:
+        raise ValueError(f"cannot keep {keep} of {total} layers")
+    if keep == 1:
+        return [0]
+    return sorted({round(i * (total - 1) / (keep - 1)) for i in range(keep)})
+
+
+def drop_layers(model, keep: int) -> list[int]:
+    """Keep ``keep`` evenly spread encoder layers of a SentenceTransformer in place; returns their indices."""
+    import torch
+
+    encoder = model[0].auto_model.encoder
+    kept = spread_layers(len(encoder.layer), keep)
+    encoder.layer = torch.nn.ModuleList(encoder.layer[i] for i in kept)
+    model[0].auto_model.config.num_hidden_layers = len(kept)
+    return kept
 
 
 # ----------------------------------------------------------------------------- building the saved folders
@@ -113,6 +141,13 @@ def prepare(args, root: str) -> dict[str, dict]:
             torch.manual_seed(0)
             model = load_sentence_transformer(args.model)
             selected = None
+            if kind == "keep":
+                folder = os.path.join(root, name)
+                drop_layers(model, n)
+                model.save(folder)
+                specs[name] = {"folder": folder, "loader": "teacher", "cache": False,
+                               "file_bytes": weight_file_bytes(folder), "selected_params": None}
+                continue
             if kind != "none":
                 report = convert_linears(model, kind, n, include=args.include or None, min_features=args.min_features,
                                          init="random")
@@ -274,6 +309,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds; default 7 (quick: 3)")
     parser.add_argument("--quick", action="store_true", help="3 rounds of 32 sentences")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per model process; default torch's")
+    parser.add_argument("--json", help="also write the rows to this JSON file (for hyperplex.experiments.frontier)")
     args = parser.parse_args(argv)
     for name in args.variants:
         try:
@@ -287,6 +323,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     sentences = fixed_sentences(count)
     import torch
 
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-compress-") as root:
         specs = prepare(args, root)
         print(f"# bench_compress — {datetime.date.today()} — {platform.processor() or platform.machine()}, "
@@ -320,6 +357,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(row)
         print("| " + " | ".join(cells) + " |", flush=True)
     print(f"\n# load average at end {os.getloadavg()[0]:.2f}")
+    if args.json:
+        from hyperplex.fileio import atomic_write_text
+
+        run = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "model": args.model,
+               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+               "torch": torch.__version__, "threads": args.threads, "rounds": rounds, "sentences": count,
+               "batch_sizes": args.batch_sizes, "load_average": [load_start, os.getloadavg()[0]], "rows": rows}
+        atomic_write_text(args.json, json.dumps(run, indent=1) + "\n")
     return rows
 
 

@@ -64,3 +64,25 @@ def test_errors_name_what_is_missing(tmp_path, capsys):
     assert main([str(path), "--figure", str(tmp_path / "f.png"), "--table", str(tmp_path / "t.md")]) == 0
     assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "t.md").read_text().startswith("| row | n | weights in memory |")
+
+
+def test_serving_columns_from_the_cli(tmp_path, capsys):
+    """--serving adds each mapped row's speed ratios and peak-memory difference; bad pairs are errors."""
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results()))
+    serving = tmp_path / "serving.json"
+    serving.write_text(json.dumps({"batch_sizes": [1, 32], "rows": [
+        {"name": "dense", "ratio_b1": 1.0, "ratio_b32": 1.0, "peak": 500e6},
+        {"name": "int8", "ratio_b1": 2.25, "ratio_b32": 1.5, "peak": 470e6}]}))
+    table = tmp_path / "t.md"
+    assert main([str(path), "--serving", str(serving), "--serving-row", "int8=int8", "--serving-row", "teacher=dense",
+                 "--table", str(table)]) == 0
+    lines = {line.split(" | ")[0][2:]: line for line in table.read_text().splitlines()[2:]}
+    assert "| 2.25× | 1.50× | -30 MB |" in lines["int8"] and "| 1.00× | 1.00× | +0 MB |" in lines["Dense"]
+    assert "| – | – | – |" in lines["PHM"]
+    assert main([str(path), "--serving-row", "int8=int8"]) == 2
+    assert "needs --serving" in capsys.readouterr().err
+    assert main([str(path), "--serving", str(serving), "--serving-row", "int8"]) == 1
+    assert "expected ROW=VARIANT" in capsys.readouterr().err
+    assert main([str(path), "--serving", str(serving), "--serving-row", "int8=phm4"]) == 1
+    assert "no variant 'phm4'" in capsys.readouterr().err

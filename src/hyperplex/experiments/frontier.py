@@ -9,6 +9,11 @@ models are the unconverted teacher: ``--teacher``, default ``teacher``). A row i
 metric when no other row holds at most as many bytes with at least its retention (and is strictly better in
 one of the two); the table marks those rows, and the figure draws bytes (log scale) against retention with the
 frontier as a step line. Mean ± std over seeds is printed where a row has several.
+
+Serving cost comes from ``benchmarks/bench_compress.py --json FILE`` (one run, every model against the teacher
+in the same run): ``--serving FILE --serving-row ROW=VARIANT …`` adds, for each named row, the speed ratios to
+the teacher at each batch size and the peak-memory difference of the bench variant that serves it (a healed
+model serves at the speed of its architecture, so ``phm4=phm4`` and ``phm4_int8=phm4+int8``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import sys
 
 from hyperplex.fileio import atomic_write, atomic_write_text
 
-__all__ = ["FrontierPoint", "frontier_points", "pareto_front", "frontier_table", "frontier_figure", "main"]
+__all__ = ["FrontierPoint", "frontier_points", "pareto_front", "attach_serving", "frontier_table", "frontier_figure",
+           "main"]
 
 #: The quality metrics a frontier is drawn for, in table order.
 METRICS = ("agreement", "wikiqa_map", "sst2_probe")
@@ -81,6 +87,36 @@ def pareto_front(points: list[FrontierPoint], metric: str) -> list[str]:
     return [p["name"] for p in sorted(front, key=lambda p: p["held_bytes"])]
 
 
+def attach_serving(points: list[FrontierPoint], bench: dict, mapping: dict[str, str]) -> list[int]:
+    """Set ``point["serving"]`` of each row named in ``mapping`` (row → bench variant) from a
+    ``bench_compress.py --json`` result: ``ratio`` (speed / the teacher's, per batch size) and ``peak_delta``
+    (peak resident bytes minus the teacher's). Returns the batch sizes. A row or variant that is not there is
+    a :class:`FrontierError` naming it."""
+    variants = {row["name"]: row for row in bench.get("rows", [])}
+    if "dense" not in variants:
+        raise FrontierError("the serving file has no 'dense' row (the teacher every ratio is taken against)")
+    sizes = bench.get("batch_sizes") or []
+    by_name = {p["name"]: p for p in points}
+    for row, variant in mapping.items():
+        if row not in by_name:
+            raise FrontierError(f"--serving-row {row}={variant}: no evaluated row {row!r}; rows: {', '.join(by_name)}")
+        if variant not in variants:
+            raise FrontierError(f"--serving-row {row}={variant}: the serving file has no variant {variant!r}; "
+                                f"variants: {', '.join(variants)}")
+        measured = variants[variant]
+        by_name[row]["serving"] = {"variant": variant,
+                                   "ratio": {b: measured[f"ratio_b{b}"] for b in sizes},
+                                   "peak_delta": measured["peak"] - variants["dense"]["peak"]}
+    return sizes
+
+
+def _serving_cells(point: FrontierPoint, sizes: list[int]) -> list[str]:
+    serving = point.get("serving")
+    if serving is None:
+        return ["–"] * (len(sizes) + 1)
+    return [f"{serving['ratio'][b]:.2f}×" for b in sizes] + [f"{serving['peak_delta'] / 1e6:+.0f} MB"]
+
+
 def _cell(point: FrontierPoint, metric: str) -> str:
     if metric not in point["mean"]:
         return "–"
@@ -89,16 +125,20 @@ def _cell(point: FrontierPoint, metric: str) -> str:
     return f"{value} ({100 * point['retention'][metric]:.0f}%)"
 
 
-def frontier_table(points: list[FrontierPoint], metrics=METRICS) -> str:
+def frontier_table(points: list[FrontierPoint], metrics=METRICS, serving_sizes: list[int] | None = None) -> str:
     """A markdown table, by bytes held: each metric as ``mean [± std] (retention %)``, and the metrics on whose
-    frontier the row lies."""
+    frontier the row lies; with ``serving_sizes`` (from :func:`attach_serving`) also the speed ratio to the
+    teacher at each batch size and the peak-memory difference."""
     fronts = {m: set(pareto_front(points, m)) for m in metrics}
-    lines = ["| row | n | weights in memory | file | " + " | ".join(metrics) + " | on the frontier of |",
-             "|---|---:|---:|---:|" + "---:|" * len(metrics) + "---|"]
+    sizes = list(serving_sizes or [])
+    serving_head = [f"sent/s batch {b} (× teacher)" for b in sizes] + (["peak memory Δ"] if sizes else [])
+    lines = ["| row | n | weights in memory | file | " + " | ".join([*metrics, *serving_head]) + " | on the frontier of |",
+             "|---|---:|---:|---:|" + "---:|" * (len(metrics) + len(serving_head)) + "---|"]
     for p in sorted(points, key=lambda p: p["held_bytes"]):
         on = ", ".join(m for m in metrics if p["name"] in fronts[m]) or "–"
+        cells = [_cell(p, m) for m in metrics] + (_serving_cells(p, sizes) if sizes else [])
         lines.append(f"| {p['label']} | {p['n']} | {p['held_bytes'] / 1e6:.1f} MB | {p['file_bytes'] / 1e6:.1f} MB | "
-                     + " | ".join(_cell(p, m) for m in metrics) + f" | {on} |")
+                     + " | ".join(cells) + f" | {on} |")
     return "\n".join(lines)
 
 
@@ -140,7 +180,23 @@ def build_parser(prog: str = "python -m hyperplex.experiments.frontier") -> argp
     parser.add_argument("--teacher", default="teacher", help="the row whose models are the teacher (default teacher)")
     parser.add_argument("--figure", help="write the figure to this PNG")
     parser.add_argument("--table", help="write the markdown table to this file (default: print it)")
+    parser.add_argument("--serving", help="the JSON of `benchmarks/bench_compress.py --json` (speed and peak memory)")
+    parser.add_argument("--serving-row", action="append", default=[], metavar="ROW=VARIANT",
+                        help="the bench variant that serves a row, e.g. phm4=phm4, phm4_int8=phm4+int8, "
+                             "teacher=dense (repeatable; needs --serving)")
     return parser
+
+
+def _serving_map(pairs: list[str]) -> dict[str, str]:
+    mapping = {}
+    for pair in pairs:
+        row, sep, variant = pair.partition("=")
+        if not sep or not row or not variant:
+            raise FrontierError(f"--serving-row {pair!r}: expected ROW=VARIANT, e.g. phm4_int8=phm4+int8")
+        if row in mapping:
+            raise FrontierError(f"--serving-row: row {row!r} given twice")
+        mapping[row] = variant
+    return mapping
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m hyperplex.experiments.frontier") -> int:
@@ -152,7 +208,19 @@ def main(argv: list[str] | None = None, prog: str = "python -m hyperplex.experim
     except (OSError, json.JSONDecodeError, KeyError, FrontierError) as error:
         print(f"{prog}: {args.results}: {error}", file=sys.stderr)
         return 1
-    table = frontier_table(points)
+    sizes = None
+    if args.serving_row and not args.serving:
+        print(f"{prog}: --serving-row needs --serving FILE", file=sys.stderr)
+        return 2
+    if args.serving:
+        try:
+            mapping = _serving_map(args.serving_row)
+            with open(args.serving, encoding="utf-8") as handle:
+                sizes = attach_serving(points, json.load(handle), mapping)
+        except (OSError, json.JSONDecodeError, KeyError, FrontierError) as error:
+            print(f"{prog}: {args.serving}: {error}", file=sys.stderr)
+            return 1
+    table = frontier_table(points, serving_sizes=sizes)
     if args.table:
         atomic_write_text(args.table, table + "\n")
     else:

@@ -1,0 +1,72 @@
+"""benchmarks/bench_compress.py's layer-dropping variant and its JSON, read back by the frontier's serving
+columns (speed is measured there, never asserted here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sentence_transformers")
+
+from hyperplex.experiments.frontier import FrontierError, attach_serving, frontier_points, frontier_table  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def bench():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_compress.py"
+    spec = importlib.util.spec_from_file_location("bench_compress", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_spread_layers_are_the_frontier_plans(bench):
+    assert bench.spread_layers(6, 4) == [0, 2, 3, 5]
+    assert bench.spread_layers(6, 3) == [0, 2, 5]
+    assert bench.spread_layers(6, 6) == [0, 1, 2, 3, 4, 5]
+    assert bench.spread_layers(6, 1) == [0]
+    with pytest.raises(ValueError, match="cannot keep 7 of 6"):
+        bench.spread_layers(6, 7)
+    assert bench.parse_variant("keep3") == ("keep", 3, False, False)
+    with pytest.raises(Exception, match="keepK"):
+        bench.parse_variant("keep0")
+
+
+def test_keep_variant_and_json_feed_the_frontier(bench, teacher_folder, tmp_path):
+    """keep1 of the tiny teacher's 2 layers: the parameters of one layer fewer, its folder loads as a
+    SentenceTransformer; --json writes rows that attach_serving turns into the table's serving columns."""
+    out = tmp_path / "serving.json"
+    rows = bench.main(["--model", str(teacher_folder), "--variants", "keep1", "phm2", "--rounds", "1",
+                       "--sentences", "4", "--min-features", "8", "--threads", "1", "--json", str(out)])
+    by = {r["name"]: r for r in rows}
+    from sentence_transformers import SentenceTransformer
+
+    teacher = SentenceTransformer(str(teacher_folder), device="cpu")
+    layer = teacher[0].auto_model.encoder.layer[1]
+    assert by["keep1"]["params"] == by["dense"]["params"] - sum(p.numel() for p in layer.parameters())
+    saved = json.loads(out.read_text())
+    assert saved["batch_sizes"] == [1, 32] and [r["name"] for r in saved["rows"]] == ["dense", "keep1", "phm2"]
+    assert saved["rows"][1]["ratio_b1"] == by["keep1"]["ratio_b1"]
+
+    results = {"rows": [
+        {"name": "teacher", "label": "Dense", "runs": [{"metrics": {"agreement": 1.0},
+                                                        "size": {"held_bytes": 10e6, "file_bytes": 10e6}}]},
+        {"name": "keep", "label": "Keep 1", "runs": [{"metrics": {"agreement": 0.8},
+                                                      "size": {"held_bytes": 6e6, "file_bytes": 6e6}}]}]}
+    points = frontier_points(results)
+    sizes = attach_serving(points, saved, {"teacher": "dense", "keep": "keep1"})
+    keep = next(p for p in points if p["name"] == "keep")
+    assert keep["serving"]["ratio"][32] == by["keep1"]["ratio_b32"]
+    assert keep["serving"]["peak_delta"] == by["keep1"]["peak"] - by["dense"]["peak"]
+    table = frontier_table(points, metrics=("agreement",), serving_sizes=sizes).splitlines()
+    assert table[0].count("sent/s batch") == 2 and "peak memory Δ" in table[0]
+    assert f"{by['keep1']['ratio_b1']:.2f}×" in table[2]
+    with pytest.raises(FrontierError, match="no variant 'keep2'"):
+        attach_serving(points, saved, {"keep": "keep2"})
+    with pytest.raises(FrontierError, match="no evaluated row 'phm'"):
+        attach_serving(points, saved, {"phm": "phm2"})

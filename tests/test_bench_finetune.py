@@ -19,7 +19,7 @@ pytest.importorskip("peft")
 
 from conftest import TINY_BERT_WORDS, write_tiny_bert
 
-from hyperplex.cli import runner
+from hyperplex.train.params import params
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "experiments" / "sst2_adapters.yaml"
@@ -61,7 +61,7 @@ def _args(setup, *more: str) -> list[str]:
 
 def _params_trainable(row, bert) -> int:
     """`hyperplex params`' trainable count of a plan row (its config + overrides + ours)."""
-    text = runner.params(row.config, [*row.overrides, *EXTRA, f"--model.path={bert}"])
+    text = params(row.config, [*row.overrides, *EXTRA, f"--model.path={bert}"])
     return int(re.search(r"trainable ([\d,]+) of", text).group(1).replace(",", ""))
 
 

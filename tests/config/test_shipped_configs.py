@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from hyperplex.cli import runner
+from hyperplex.train.params import params
 from hyperplex.config.experiment import load_experiment
 from hyperplex.config.registry import ARCHITECTURES, get_architecture
 
@@ -36,7 +36,7 @@ def test_every_architecture_has_the_one_constructor_signature(name):
 
 
 def table_rows(table: str) -> dict[str, int]:
-    """``{component: count}`` of a :func:`runner.params` table (``| name | 1,234 | 1.23K | share |`` rows)."""
+    """``{component: count}`` of a :func:`hyperplex.train.params.params` table (``| name | 1,234 | 1.23K | share |`` rows)."""
     rows = [line.split("|") for line in table.splitlines()[3:] if line.startswith("|")]  # after title, header, rule
     return {cells[1].strip(): int(cells[2].replace(",", "")) for cells in rows}
 
@@ -62,7 +62,7 @@ def test_params_table_counts_the_built_model(path):
     embeddings = sum({id(m.weight): m.weight.numel() for m in model.modules()
                       if isinstance(m, nn.Embedding) and m.weight.requires_grad}.values())
 
-    table = runner.params(str(path), vocab_size=64, num_classes=5)
+    table = params(str(path), vocab_size=64, num_classes=5)
     assert table.splitlines()[0].startswith(f"{cfg.name}: {cfg.model.architecture} (vocabulary 64")
     rows = table_rows(table)
     assert rows["total"] == trainable
@@ -79,7 +79,7 @@ def non_embedding_total(table: str) -> int:
 def test_linear_switch_shrinks_transformer_about_fourfold(kind):
     # The CLI override path end to end: --model.linear.kind changes every layer's linear maps.
     path = next(p for p in CONFIGS if p.stem == "multi30k_transformer")
-    dense = non_embedding_total(runner.params(str(path), vocab_size=64))
-    other = non_embedding_total(runner.params(str(path), [f"--model.linear.kind={kind}", "--model.linear.n=4"],
+    dense = non_embedding_total(params(str(path), vocab_size=64))
+    other = non_embedding_total(params(str(path), [f"--model.linear.kind={kind}", "--model.linear.n=4"],
                                               vocab_size=64))
     assert 0.2 < other / dense < 0.3  # weights ÷ 4; biases and norms are not divided

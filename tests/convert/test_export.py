@@ -161,6 +161,7 @@ def test_transformer_classifier_from_a_train_folder(tmp_path, capsys):
     from test_cli_robustness import DEV_TSV, TSV, cls_config, write_config
 
     from hyperplex.cli import runner
+    from hyperplex.train.load import load_model
 
     data = tmp_path / "data"
     data.mkdir()
@@ -171,7 +172,7 @@ def test_transformer_classifier_from_a_train_folder(tmp_path, capsys):
     runner.train(str(write_config(tmp_path / "cls.yaml", cfg)), model_dir=str(tmp_path / "cls"))
     assert main(["export", str(tmp_path / "cls"), str(tmp_path / "cls.onnx")]) == 0
     capsys.readouterr()
-    _, _, model = runner.load_model(tmp_path / "cls", read_data=False)
+    _, _, model = load_model(tmp_path / "cls", read_data=False)
     assert any(isinstance(m, PHMLinear) for m in model.modules())
     tokens = torch.randint(1, 10, (4, 9))
     lengths = torch.tensor([9, 3, 6, 1])

@@ -11,13 +11,14 @@ from hyperplex.experiments.cli import main
 
 def test_evaluation_equals_runner_evaluate_and_params_breakdown(done):
     from hyperplex.cli import runner
+    from hyperplex.train.load import load_model
     from hyperplex.models.params import parameter_breakdown
 
     _, out, _, results = done
     item = results["rows"][1]["runs"][1]
     expected = {k: v for k, v in runner.evaluate(item["model_dir"], "last").items() if not k.endswith("_signature")}
     assert expected == pytest.approx(item["metrics"])
-    _, _, model = runner.load_model(item["model_dir"], "last")
+    _, _, model = load_model(item["model_dir"], "last")
     assert item["params"] == parameter_breakdown(model)
 
 

@@ -89,7 +89,7 @@ def test_an_unhealed_adapter_row_saves_what_training_would_start_from(tmp_path):
     from conftest import TINY_BERT_WORDS as WORDS
     from conftest import write_tiny_bert
     from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
-    from hyperplex.cli import runner
+    from hyperplex.train.load import load_model
     from hyperplex.config.experiment import load_experiment
     from hyperplex.experiments.state import NOT_HEALED
     from hyperplex.train.checkpoint import checkpoint_info, load_checkpoint
@@ -125,5 +125,5 @@ def test_an_unhealed_adapter_row_saves_what_training_would_start_from(tmp_path):
     assert set(saved) == trainable | {BASE_KEY}  # no frozen base in the file
     for name in trainable:
         assert torch.equal(saved[name], start.get_parameter(name)), name
-    _, _, model = runner.load_model(out / "phm4" / "seed3", "last", str(tmp_path))
+    _, _, model = load_model(out / "phm4" / "seed3", "last", str(tmp_path))
     assert all(torch.equal(p, start.get_parameter(n)) for n, p in model.named_parameters())

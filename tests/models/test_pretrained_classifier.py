@@ -20,6 +20,8 @@ from conftest import write_tiny_bert
 
 from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
 from hyperplex.cli import runner
+from hyperplex.train.load import load_model
+from hyperplex.train.params import params
 from hyperplex.cli.main import main
 from hyperplex.config.experiment import load_experiment
 from hyperplex.tasks import task_class
@@ -125,7 +127,7 @@ def test_a_saved_run_reloads_onto_a_fresh_base_and_evaluate_agrees(tmp_path, ber
     path = write_config(tmp_path, bert_folder, kind)
     trainer = train(path)
     trained = trainer.model.eval()
-    _, task, loaded = runner.load_model(tmp_path / "m", "last")  # base rebuilt from model.path, adapter loaded
+    _, task, loaded = load_model(tmp_path / "m", "last")  # base rebuilt from model.path, adapter loaded
     batch = task.dev_set.batches(32)[0]
     with torch.no_grad():
         assert torch.equal(loaded(batch["tokens"], batch["lengths"]), trained(batch["tokens"], batch["lengths"]))
@@ -216,8 +218,8 @@ def test_the_task_encodes_with_the_encoder_s_own_tokenizer(tmp_path, bert_folder
 def test_params_shows_the_matched_counts(tmp_path, bert_folder):
     pytest.importorskip("peft")
     path = write_config(tmp_path, bert_folder, "phm")
-    phm = runner.params(str(path))
-    lora = runner.params(str(path), ["--model.adapter.kind=lora"])
+    phm = params(str(path))
+    lora = params(str(path), ["--model.adapter.kind=lora"])
     assert "fine-tuning: PHM n=4, full Sᵢ adapter on 4 layers" in phm and "1,280 adapter parameters" in phm
     # 4 layers of 32 × 32: PHM n=4 has 4·(32·32/4 + 64) = 1,280; LoRA r=5 has 4·5·64 = 1,280
     assert "peft LoRA r=5 (alpha 5) on 4 layers" in lora

@@ -22,6 +22,8 @@ from conftest import write_tiny_bert
 
 from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
 from hyperplex.cli import runner
+from hyperplex.train.load import load_model
+from hyperplex.train.params import params
 from hyperplex.cli.main import main
 from hyperplex.config import ConfigError
 from hyperplex.config.experiment import load_experiment
@@ -225,7 +227,7 @@ def hand_map_mrr(scores: list[float], labels: list[int], groups: list[int]) -> t
 def test_ranking_scores_pairs_with_one_output_and_ranks_them_per_question(tmp_path, bert_folder, capsys):
     path = write_config(tmp_path, bert_folder, "ranking", steps=12)
     metrics = runner.train(str(path))
-    _, task, model = runner.load_model(tmp_path / "m", "last")  # the base rebuilt, the adapter loaded
+    _, task, model = load_model(tmp_path / "m", "last")  # the base rebuilt, the adapter loaded
     assert task.num_outputs == 1 and model.head.out_features == 1
     scores, labels, groups = task.predict(model.eval(), task.dev_set)
     assert scores.shape == (len(task.dev_set), 1) and len(set(groups.tolist())) == 6
@@ -299,10 +301,10 @@ def test_adapter_only_pair_checkpoint_reloads_and_reproduces_the_scores(tmp_path
     trainable = {name for name, p in trained.named_parameters() if p.requires_grad}
     assert set(saved) == trainable | {BASE_KEY}  # adapter + head only (and the base's SHA-256)
     assert sum(saved[k].numel() for k in trainable) < 0.2 * sum(p.numel() for p in trained.parameters())
-    _, task, loaded = runner.load_model(tmp_path / "m", "last")
+    _, task, loaded = load_model(tmp_path / "m", "last")
     want = trained_task.predict(trained, trained_task.dev_set)[0]
     got = task.predict(loaded.eval(), task.dev_set)[0]
     assert torch.equal(got, want)
     # `hyperplex params` counts a pair config like a single-text one (adapter + the 2-class head)
-    table = runner.params(str(path))
+    table = params(str(path))
     assert f"| total | {sum(p.numel() for p in trained.parameters() if p.requires_grad):,} |" in table

@@ -13,6 +13,8 @@ pytest.importorskip("sentence_transformers")
 transformers = pytest.importorskip("transformers")
 
 from hyperplex.cli import runner
+from hyperplex.train.load import load_model
+from hyperplex.train.params import params
 from hyperplex.cli.main import main
 from hyperplex.config.experiment import load_experiment
 from hyperplex.data.readers import DataError
@@ -87,7 +89,7 @@ def test_compress_writes_a_student_that_load_converted_reloads(tmp_path, teacher
     path = write_config(tmp_path, teacher_folder, steps=20, extra={"model.init": init})
     assert main(["compress", str(path)]) == 0
     student = load_converted(tmp_path / "m" / "student")
-    _, task, model = runner.load_model(tmp_path / "m", "best", read_data=False)
+    _, task, model = load_model(tmp_path / "m", "best", read_data=False)
     batch = task._batch(sentences(5, 9), list(range(5)))
     with torch.no_grad():
         expected = model(**batch.tensors)
@@ -123,7 +125,7 @@ def test_bad_inputs_are_refused_with_the_file_or_key(tmp_path, teacher_folder, c
 def test_params_counts_an_activation_student_without_calibration_data(tmp_path, teacher_folder):
     # `hyperplex params` (and the plan's parameter-match check) reads no data: an init: activation student is
     # counted from its structure, which is the SVD student's; the counts must also differ from the teacher's
-    svd = runner.params(str(write_config(tmp_path, teacher_folder, extra={"model.init": "svd"})))
-    act = runner.params(str(write_config(tmp_path, teacher_folder, extra={"model.init": "activation"})))
-    dense = runner.params(str(write_config(tmp_path, teacher_folder, kind="none")))
+    svd = params(str(write_config(tmp_path, teacher_folder, extra={"model.init": "svd"})))
+    act = params(str(write_config(tmp_path, teacher_folder, extra={"model.init": "activation"})))
+    dense = params(str(write_config(tmp_path, teacher_folder, kind="none")))
     assert act == svd and act != dense

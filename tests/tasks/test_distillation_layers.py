@@ -91,7 +91,7 @@ def test_padding_changes_no_sentences_layer_losses(tmp_path, teacher_folder):
 
 
 def test_compress_with_dropped_layers_layer_losses_and_blockwise_fitting(tmp_path, teacher_folder):
-    from hyperplex.cli import runner
+    from hyperplex.train.load import load_model
     from hyperplex.convert import load_converted
 
     path = write_config(tmp_path, teacher_folder, steps=6, extra={**LAYERED, "model.keep_layers": [1],
@@ -102,7 +102,7 @@ def test_compress_with_dropped_layers_layer_losses_and_blockwise_fitting(tmp_pat
     assert "+ 2.0 × hidden-state MSE + 0.5 × attention KL; student layer ↔ teacher layer: 0↔1" in log
     student = load_converted(tmp_path / "m" / "student")
     assert len(transformer_layers(student)) == 1
-    _, task, model = runner.load_model(tmp_path / "m", "best", read_data=False)
+    _, task, model = load_model(tmp_path / "m", "best", read_data=False)
     batch = task._batch(sentences(5, 9), list(range(5)))
     with torch.no_grad():
         expected = model(**batch.tensors)

@@ -54,9 +54,9 @@ def _load(model_path: Path, checkpoint: str, data_root: str | None):
                           f"export the float folder it was quantised from)")
     if folder.is_dir() and (folder / SPEC_NAME).is_file():
         return load_converted(folder), {}
-    from hyperplex.cli import runner
+    from hyperplex.train.load import load_model
 
-    _, _, model = runner.load_model(model_path, checkpoint, data_root, read_data=False)
+    _, _, model = load_model(model_path, checkpoint, data_root, read_data=False)
     model = model.cpu().eval()
     name = type(model).__name__
     if name not in SUPPORTED_MODELS:

@@ -1,5 +1,5 @@
 """Command-line interface: ``hyperplex {demo,train,compress,score-encoder,corpus,evaluate,translate,params,average,
-experiment,export,bench}``.
+experiment,export}``. Benchmarks are scripts of a source checkout (``python benchmarks/bench_phm.py``), not verbs.
 
 Errors end with one line on stderr saying what is wrong and where, and exit code 1 (2 for
 usage errors); ``--debug`` shows the traceback instead.
@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import runpy
 import shlex
 import sys
-from pathlib import Path
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -77,9 +75,9 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def _params(args: argparse.Namespace) -> int:
-    from hyperplex.cli import runner
+    from hyperplex.train.params import params
 
-    print(runner.params(args.config, args.overrides, args.vocab_size, args.tgt_vocab_size, args.num_classes))
+    print(params(args.config, args.overrides, args.vocab_size, args.tgt_vocab_size, args.num_classes))
     return 0
 
 
@@ -94,18 +92,6 @@ def _export(args: argparse.Namespace) -> int:
     from hyperplex.cli.export import export
 
     print(export(args.model, args.output, args.checkpoint, args.token_embeddings, args.opset, args.data_root, args.phm))
-    return 0
-
-
-def _bench(args: argparse.Namespace) -> int:
-    scripts = Path(__file__).resolve().parents[3] / "benchmarks"
-    script = scripts / f"bench_{args.name}.py"
-    if not script.is_file():
-        available = sorted(p.stem.removeprefix("bench_") for p in scripts.glob("bench_*.py")) if scripts.is_dir() else []
-        hint = f"; available: {', '.join(available)}" if available else " (benchmarks need a source checkout)"
-        raise FileNotFoundError(f"no benchmark {script}{hint}")
-    sys.argv = [str(script), *args.bench_args]
-    runpy.run_path(str(script), run_name="__main__")
     return 0
 
 
@@ -323,12 +309,6 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--data-root", **data_root)
     export.set_defaults(func=_export)
 
-    bench = sub.add_parser("bench", parents=[common], help="run a benchmark script from benchmarks/",
-                           description="Run benchmarks/bench_NAME.py (a source checkout) with the given arguments, "
-                           "e.g. `hyperplex bench phm --quick`.")
-    bench.add_argument("name", help="phm, lstm or transformer")
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
-    bench.set_defaults(func=_bench)
     return parser
 
 
@@ -359,7 +339,7 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("bench", "experiment"):  # their own options (--override=--training.x=…) pass untouched
+    if argv and argv[0] == "experiment":  # its own options (--override=--training.x=…) pass untouched
         overrides: list[str] = []
         args = build_parser().parse_args(argv)
         args.command_line = shlex.join(["hyperplex", *argv])

@@ -1,22 +1,19 @@
-"""What the CLI verbs do: train, evaluate, translate, params, average. Each takes plain arguments
-so it can be called from Python as well (``hyperplex.cli.runner.train("configs/x.yaml")``)."""
+"""What the CLI verbs do: train, compress, evaluate, translate, average. Each takes plain arguments
+so it can be called from Python as well (``hyperplex.cli.runner.train("configs/x.yaml")``). A trained model
+is rebuilt by :func:`hyperplex.train.load.load_model`; the ``params`` table is
+:func:`hyperplex.train.params.params`."""
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import inspect
 import json
 import logging
 import os
 import sys
 from pathlib import Path
 
-from hyperplex.config import ConfigError, load_yaml
-from hyperplex.config.experiment import (
-    ExperimentConfig, build_experiment, default_data_root, experiment_dict, flatten, load_experiment,
-    resume_experiment,
-)
+from hyperplex.config.experiment import ExperimentConfig, default_data_root, load_experiment, resume_experiment
+from hyperplex.train.load import load_model
 
 
 
@@ -97,137 +94,6 @@ def compress(config: str, overrides: list[str] | None = None, model_dir: str | N
     return metrics
 
 
-def resolve_model(model: str | Path, checkpoint: str = "best") -> tuple[Path, Path]:
-    """(model folder, checkpoint file) named by the MODEL argument of ``evaluate``/``translate``: a model
-    folder, whose ``checkpoint`` is ``best`` / ``last`` / a file name in it / a path; or a checkpoint file,
-    whose own folder is then the model folder (its vocabulary files are read from beside it)."""
-    model = Path(model)
-    if model.is_dir():
-        return model, checkpoint_path(model, checkpoint)
-    if model.is_file():
-        if checkpoint != "best":
-            raise ValueError(f"{model} is a checkpoint file; --checkpoint {checkpoint} cannot choose another")
-        return model.parent, model
-    what = "checkpoint file" if model.suffix == ".safetensors" else "model folder"
-    raise FileNotFoundError(f"{what} not found: {model}")
-
-
-def _model_config(folder: Path, path: Path, info: dict) -> tuple[ExperimentConfig, str]:
-    """The config a saved model is built with, and where it came from (named in errors).
-
-    The folder's ``config.yaml`` when there is one, as it always was: its decoding and data settings
-    may be edited, and a model section that no longer fits the weights is an error (:func:`load_model`).
-    Otherwise the config the checkpoint stored when it was written (every training checkpoint has it),
-    so a copied checkpoint file, or a folder that lost its ``config.yaml``, still loads."""
-    yaml_path = folder / "config.yaml"
-    if yaml_path.is_file():
-        raw, source = load_yaml(yaml_path), str(yaml_path)
-    else:
-        stored = info["extra"].get("config")
-        if not isinstance(stored, dict):
-            raise ConfigError(f"{path} stores no config (a {info['kind']} file, e.g. written by `hyperplex average`) "
-                              f"and {yaml_path} does not exist: put the training run's config.yaml beside it")
-        raw, source = copy.deepcopy(stored), f"the config stored in {path}"
-        data = raw.get("data")
-        if isinstance(data, dict) and "split_seed" not in data and "seed" in raw:
-            data["split_seed"] = raw["seed"]  # saved before data.split_seed existed: it carved with seed (carve_seed)
-    raw["model_dir"] = str(folder)
-    try:
-        return build_experiment(raw), source
-    except ConfigError as err:
-        raise ConfigError(f"{source}: {err}") from None
-
-
-def _check_model_section(cfg: ExperimentConfig, source: str, path: Path, stored: dict) -> None:
-    """A ``config.yaml`` whose model section differs from the one the checkpoint was trained with is an
-    error even when the tensor shapes happen to fit (an activation, a linear kind with equal shapes):
-    the checkpoint's own config is the truth for its weights."""
-    try:
-        saved = flatten(experiment_dict(build_experiment({**stored, "model_dir": cfg.model_dir}))["model"])
-    except (ConfigError, TypeError):
-        return  # a stored config this version cannot read: the weights fit, there is nothing to compare
-    current = flatten(experiment_dict(cfg)["model"])
-    differ = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
-    if differ:
-        shown = "; ".join(f"model.{k} is {current.get(k)!r} there but {saved.get(k)!r} in the checkpoint"
-                          for k in differ[:3])
-        raise ConfigError(f"{source} does not match the config {path} was trained with: {shown}"
-                          f"{' …' if len(differ) > 3 else ''}; restore those keys, or remove config.yaml to use "
-                          f"the checkpoint's own config")
-
-
-def checkpoint_path(model_dir: Path, checkpoint: str) -> Path:
-    """``best`` / ``last`` / a file name in the folder / a path."""
-    from hyperplex.train.checkpoint import BEST, LAST
-
-    name = {"best": BEST, "last": LAST}.get(checkpoint, checkpoint)
-    for candidate in (model_dir / name, Path(name)):
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(f"checkpoint {checkpoint!r} not found in {model_dir} (expected {model_dir / name})")
-
-
-def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str | None = None,
-               read_data: bool = True, logger: logging.Logger | None = None):
-    """(config, task, model) from a model folder or a checkpoint file alone (:func:`resolve_model`;
-    the config: :func:`_model_config`). ``read_data=False`` loads only the tokenisers, vocabularies
-    (and labels), enough to translate new text or score a file; the vocabulary files are those the
-    checkpoint records, read from the model folder (the standard names for older checkpoints)."""
-    import torch
-
-    from hyperplex.tasks import build_task
-    from hyperplex.train.checkpoint import checkpoint_info, load_into, load_model_weights
-
-    model_dir, path = resolve_model(model_dir, checkpoint)
-    info = checkpoint_info(path)  # header only: "not a hyperplex checkpoint" before anything else is read
-    cfg, source = _model_config(model_dir, path, info)
-    log = logger or logging.getLogger("hyperplex.inference")
-    record = info["extra"].get("task")
-    _check_recorded_files(record, model_dir, path)
-    task = build_task(cfg, model_dir, data_root or default_data_root(), log)
-    task.checkpoint_record = record if isinstance(record, dict) else None
-    if read_data or not hasattr(task, "load_vocabularies"):
-        task.prepare(fresh=False)
-    else:
-        task.load_vocabularies()
-    model = task.build_model()
-    load_into(model, load_model_weights(path), path, expected_from=source)
-    stored = info["extra"].get("config")
-    if source == str(model_dir / "config.yaml") and isinstance(stored, dict):
-        _check_model_section(cfg, source, path, stored)
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.training.device != "cpu" else "cpu")
-    model.to(device).eval()
-    return cfg, task, inference_form(cfg, model)
-
-
-def inference_form(cfg: ExperimentConfig, model):
-    """``model`` in the form ``testing.quantize`` names: unchanged for ``none``; for ``int8``, its dense,
-    low-rank and PHM layers quantised in place by :func:`hyperplex.convert.quantize` (a model already
-    quantised is returned as it is)."""
-    if cfg.testing.quantize == "none":
-        return model
-    from hyperplex.convert.quantize import is_quantized, quantize
-
-    return model if is_quantized(model) else quantize(model)
-
-
-def _check_recorded_files(record, model_dir: Path, path: Path) -> None:
-    """The vocabulary file names a checkpoint header records (``extra.task.files``) must be plain names inside
-    the model folder: a header is untrusted input, and ``../`` or an absolute path would read elsewhere."""
-    from hyperplex.fileio import inside
-
-    files = record.get("files") if isinstance(record, dict) else None
-    if files is None:
-        return
-    if not isinstance(files, dict):
-        raise ValueError(f"{path}: header key extra.task.files is not an object of vocabulary files")
-    for name, entry in files.items():
-        if not isinstance(entry, dict):
-            raise ValueError(f"{path}: header key extra.task.files.{name} is not an object of file names")
-        for kind, file in entry.items():
-            inside(model_dir, file, f"{path}: header key extra.task.files.{name}.{kind}")
-
-
 @contextlib.contextmanager
 def _warnings_to_stderr(verb: str):
     """A logger for loading and decoding whose warnings (e.g. over-long lines cut) reach stderr as
@@ -289,7 +155,7 @@ def _evaluate_split(cfg: ExperimentConfig, task, model, split: str, progress: bo
 
 
 def score(cfg: ExperimentConfig, task, model, progress: bool = False) -> dict[str, float]:
-    """Validation metrics of a loaded model (:func:`load_model`) on ``task``'s current evaluation split;
+    """Validation metrics of a loaded model (:func:`~hyperplex.train.load.load_model`) on ``task``'s current evaluation split;
     translation decodes with ``cfg.testing.beam_size`` (the evaluation beam, not the validation one), with
     a progress bar on a terminal's stderr if ``progress``. sacreBLEU signatures of the last call are in
     ``task.signatures``."""
@@ -353,51 +219,6 @@ def translate(model_dir: str, input_path: str | None = None, output_path: str | 
         src_tokens = task.source_tokens([lines[plotted]], warn=False)[0] + ["</s>"]
         draw(attention, src_tokens, tokens + ["</s>"] if attention.shape[0] > len(tokens) else tokens, plot_attention)
     return len(outputs)
-
-
-def params(config: str, overrides: list[str] | None = None, vocab_size: int | None = None,
-           tgt_vocab_size: int | None = None, num_classes: int | None = None) -> str:
-    """``hyperplex params``: the parameter table of the model a config describes (no data is read)."""
-    return params_report(config, overrides, vocab_size, tgt_vocab_size, num_classes)[0]
-
-
-def params_report(config: str, overrides: list[str] | None = None, vocab_size: int | None = None,
-                  tgt_vocab_size: int | None = None, num_classes: int | None = None) -> tuple[str, dict[str, int]]:
-    """(the table of :func:`params`, the :func:`~hyperplex.models.params.parameter_breakdown` it shows)."""
-    from hyperplex.models.params import format_breakdown, parameter_breakdown
-    from hyperplex.config.registry import get_architecture
-
-    for flag, value in (("--vocab-size", vocab_size), ("--tgt-vocab-size", tgt_vocab_size),
-                        ("--num-classes", num_classes)):
-        if value is not None and value < (2 if flag == "--num-classes" else 1):
-            raise ValueError(f"{flag} must be ≥ {2 if flag == '--num-classes' else 1}, got {value}")
-    cfg = load_experiment(config, overrides, model_dir="(params)")
-    arch = get_architecture(cfg.model.architecture, cfg.data.task)
-    _, model_class = arch.load()
-    v = cfg.data.vocab_size if vocab_size is None else vocab_size
-    own_tokenizer = getattr(model_class, "text_tokenizer", None)  # a pretrained encoder brings its vocabulary
-    if vocab_size is None and callable(own_tokenizer):
-        v = len(own_tokenizer(cfg.model))
-    if arch.family == "seq2seq":  # the second size is the target vocabulary
-        outputs = v if tgt_vocab_size is None else tgt_vocab_size
-    elif cfg.data.task == "ranking":  # one relevance score
-        outputs = 1
-    else:
-        outputs = num_classes if num_classes is not None else max(2, len(cfg.data.labels))
-    # counting needs the structure only: a model whose init fits to data (a student with init: activation)
-    # builds its layers without that fit, as it does before loading a checkpoint
-    extra = {"structure_only": True} if "structure_only" in inspect.signature(model_class).parameters else {}
-    model = model_class(cfg.model, v, outputs, **extra)
-    teacher_tokenizer = getattr(getattr(model, "encoder", None), "tokenizer", None)
-    if vocab_size is None and not callable(own_tokenizer) and teacher_tokenizer is not None:
-        v = len(teacher_tokenizer)  # a pretrained student tokenises as its teacher: data.vocab_size is unused
-    header = f"{cfg.name}: {cfg.model.architecture} (vocabulary {v}"
-    header += f", target vocabulary {v if tgt_vocab_size is None else tgt_vocab_size})" \
-        if arch.family == "seq2seq" else ")"
-    breakdown = parameter_breakdown(model)
-    table = header + "\n" + format_breakdown(breakdown)
-    describe = getattr(model, "describe", None)  # a fine-tuned pretrained encoder: what trains, matched counts
-    return table + ("\n\n" + describe() if callable(describe) else ""), breakdown
 
 
 def _check_average_output(out: Path, paths: list[Path]) -> None:

@@ -164,7 +164,7 @@ def _load_student(student: Student, data_root: str | None):
 
             return load_quantized(student.folder)
         return load_converted(student.folder)
-    from hyperplex.cli.runner import load_model
+    from hyperplex.train.load import load_model
 
     _, _, model = load_model(student.folder, student.checkpoint, data_root, read_data=False)
     return model.encoder.cpu().eval()

@@ -33,12 +33,13 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
     from hyperplex.cli import runner
     from hyperplex.config.experiment import TestingConfig
     from hyperplex.models.params import parameter_breakdown
+    from hyperplex.train.load import inference_form, load_model
 
-    cfg, task, model = runner.load_model(str(model_dir), checkpoint, data_root)
+    cfg, task, model = load_model(str(model_dir), checkpoint, data_root)
     if eval_overrides:
         testing = parse_overrides(eval_overrides)["testing"]
         cfg.testing = from_dict(TestingConfig, merge(to_dict(cfg.testing), testing), "testing.")
-        model = runner.inference_form(cfg, model)  # e.g. --testing.quantize=int8 scores the int8 form
+        model = inference_form(cfg, model)  # e.g. --testing.quantize=int8 scores the int8 form
     if eval_split:  # relative paths are read from the data root, as `hyperplex evaluate --split FILE`
         task.use_evaluation_file(eval_split)
     metrics = runner.score(cfg, task, model)
@@ -57,7 +58,7 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
 def evaluation_key(run: Run, row: Row, checkpoint: str, quality: dict | None = None) -> dict:
     """What an evaluation depends on: the checkpoint chosen and its file (name, size, modification time; none
     for a record), the row's eval overrides and split, and the plan's ``quality`` settings when it has any."""
-    from hyperplex.cli.runner import checkpoint_path
+    from hyperplex.train.load import checkpoint_path
 
     if run.record is not None:
         stat, name = None, None

@@ -117,7 +117,7 @@ _TEACHER_ROWS: dict[tuple, object] = {}  # (teacher path, file, mtime, limit) â†
 
 
 def evaluate_quality(task, model, quality: dict, data_root: str | None) -> dict[str, float]:
-    """The quality metrics of a loaded distillation model (``runner.load_model``): ``model.encoder`` is the
+    """The quality metrics of a loaded distillation model (:func:`hyperplex.train.load.load_model`): ``model.encoder`` is the
     student SentenceTransformer, ``task.teacher`` the frozen teacher. Returns ``{metric: value}`` plus
     ``{"quality_details": {...}}`` (counts: sentences, questions, probe sizes), by
     :func:`hyperplex.convert.quality.score_embedder`."""

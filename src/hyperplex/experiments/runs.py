@@ -128,8 +128,8 @@ def _check_row(plan: Plan, row: Row, out: Path, extra: list[str], resume: bool, 
     """The problems of one row: each seed's config and folder, and (for a row with a config) building its
     model, whose parameter table and counts are kept in ``row.params_table`` / ``row.params``. Fills
     ``resolved`` (row name → config) and ``all_runs`` (model folder → Run)."""
-    from hyperplex.cli import runner
     from hyperplex.config.experiment import load_experiment
+    from hyperplex.train.params import params_report
 
     errors: list[str] = []
     where = f"{plan.path}: row {row.name!r} ({row.config})"
@@ -155,8 +155,7 @@ def _check_row(plan: Plan, row: Row, out: Path, extra: list[str], resume: bool, 
         errors += _check_folder(run, row.config, resume)
     if row.name in resolved and not row.model_of:
         try:  # builds the model from the config: a bad n / size fails here, not hours later
-            row.params_table, row.params = runner.params_report(row.config,
-                                                                run_overrides(plan, row, row.seeds[0], extra))
+            row.params_table, row.params = params_report(row.config, run_overrides(plan, row, row.seeds[0], extra))
         except (ConfigError, ValueError) as err:
             errors.append(f"{where}: the model cannot be built: {err}")
     return errors

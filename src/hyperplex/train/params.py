@@ -1,0 +1,56 @@
+"""The parameter table of the model a config describes (``hyperplex params``), built without reading data:
+the vocabulary sizes come from the arguments, the config, or a pretrained encoder's own tokenizer. The
+counting is :mod:`hyperplex.models.params`'.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from hyperplex.config.experiment import load_experiment
+from hyperplex.config.registry import get_architecture
+from hyperplex.models.params import format_breakdown, parameter_breakdown
+
+__all__ = ["params", "params_report"]
+
+
+def params(config: str, overrides: list[str] | None = None, vocab_size: int | None = None,
+           tgt_vocab_size: int | None = None, num_classes: int | None = None) -> str:
+    """``hyperplex params``: the parameter table of the model a config describes (no data is read)."""
+    return params_report(config, overrides, vocab_size, tgt_vocab_size, num_classes)[0]
+
+
+def params_report(config: str, overrides: list[str] | None = None, vocab_size: int | None = None,
+                  tgt_vocab_size: int | None = None, num_classes: int | None = None) -> tuple[str, dict[str, int]]:
+    """(the table of :func:`params`, the :func:`~hyperplex.models.params.parameter_breakdown` it shows)."""
+    for flag, value in (("--vocab-size", vocab_size), ("--tgt-vocab-size", tgt_vocab_size),
+                        ("--num-classes", num_classes)):
+        if value is not None and value < (2 if flag == "--num-classes" else 1):
+            raise ValueError(f"{flag} must be ≥ {2 if flag == '--num-classes' else 1}, got {value}")
+    cfg = load_experiment(config, overrides, model_dir="(params)")
+    arch = get_architecture(cfg.model.architecture, cfg.data.task)
+    _, model_class = arch.load()
+    v = cfg.data.vocab_size if vocab_size is None else vocab_size
+    own_tokenizer = getattr(model_class, "text_tokenizer", None)  # a pretrained encoder brings its vocabulary
+    if vocab_size is None and callable(own_tokenizer):
+        v = len(own_tokenizer(cfg.model))
+    if arch.family == "seq2seq":  # the second size is the target vocabulary
+        outputs = v if tgt_vocab_size is None else tgt_vocab_size
+    elif cfg.data.task == "ranking":  # one relevance score
+        outputs = 1
+    else:
+        outputs = num_classes if num_classes is not None else max(2, len(cfg.data.labels))
+    # counting needs the structure only: a model whose init fits to data (a student with init: activation)
+    # builds its layers without that fit, as it does before loading a checkpoint
+    extra = {"structure_only": True} if "structure_only" in inspect.signature(model_class).parameters else {}
+    model = model_class(cfg.model, v, outputs, **extra)
+    teacher_tokenizer = getattr(getattr(model, "encoder", None), "tokenizer", None)
+    if vocab_size is None and not callable(own_tokenizer) and teacher_tokenizer is not None:
+        v = len(teacher_tokenizer)  # a pretrained student tokenises as its teacher: data.vocab_size is unused
+    header = f"{cfg.name}: {cfg.model.architecture} (vocabulary {v}"
+    header += f", target vocabulary {v if tgt_vocab_size is None else tgt_vocab_size})" \
+        if arch.family == "seq2seq" else ")"
+    breakdown = parameter_breakdown(model)
+    table = header + "\n" + format_breakdown(breakdown)
+    describe = getattr(model, "describe", None)  # a fine-tuned pretrained encoder: what trains, matched counts
+    return table + ("\n\n" + describe() if callable(describe) else ""), breakdown

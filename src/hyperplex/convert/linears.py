@@ -11,8 +11,6 @@ effective matrix ``H``. Every replacement carries the attribute ``hyperplex_conv
 
 from __future__ import annotations
 
-import fnmatch
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +20,7 @@ from torch import Tensor, nn
 from hyperplex.convert.report import ConversionReport, LayerReport
 from hyperplex.layers.lowrank import LowRankLinear, matching_rank
 from hyperplex.layers.phm import PHMLinear, RuleSpec
+from hyperplex.layers.selection import conv1d_class, dense_sizes, dense_source, glob_patterns, name_matches
 
 __all__ = ["convert_linears", "to_dense", "conversion_spec", "apply_spec", "KINDS", "INITS", "CONVERTED_FROM"]
 
@@ -31,18 +30,6 @@ INITS = ("svd", "random", "activation", "whitened", "whitened_als")
 CALIBRATED_INITS = ("activation", "whitened", "whitened_als")
 #: Attribute set on every layer :func:`convert_linears` puts in a model: ``"linear"`` or ``"conv1d"``.
 CONVERTED_FROM = "hyperplex_converted_from"
-
-
-def _conv1d_class() -> type | None:
-    """``transformers.pytorch_utils.Conv1D`` if ``transformers`` is already imported (a model that
-    holds a ``Conv1D`` implies it is), else ``None`` — so this package never imports transformers."""
-    if "transformers" not in sys.modules:
-        return None
-    try:
-        from transformers.pytorch_utils import Conv1D
-    except ImportError:  # pragma: no cover - very old or partial transformers
-        return None
-    return Conv1D
 
 
 @dataclass
@@ -57,27 +44,8 @@ class _Dense:
 
 def _dense_view(layer: nn.Module, source: str) -> _Dense:
     if source == "conv1d":  # Conv1D computes x @ W + b with W: (in, out), i.e. a Linear of weight Wᵀ
-        return _Dense(layer.weight.t(), layer.bias, layer.nx, layer.nf)
+        return _Dense(layer.weight.t(), layer.bias, *dense_sizes(layer))
     return _Dense(layer.weight, layer.bias, layer.in_features, layer.out_features)
-
-
-def _source(layer: nn.Module, conv1d: type | None) -> str | None:
-    if isinstance(layer, nn.Linear):
-        return "linear"
-    if conv1d is not None and isinstance(layer, conv1d):
-        return "conv1d"
-    return None
-
-
-def _patterns(value: str | Sequence[str] | None, what: str) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    patterns = list(value)
-    if not all(isinstance(p, str) for p in patterns):
-        raise TypeError(f"{what} must be a glob pattern or a list of glob patterns, got {value!r}")
-    return patterns
 
 
 def _param_count(module: nn.Module) -> int:
@@ -93,7 +61,6 @@ def _relative_error(weight: Tensor, effective: Tensor) -> float:
 def _plan(module: nn.Module, kind: str, n: int, rank: int | None, include: list[str], exclude: list[str],
           min_features: int) -> tuple[list[LayerReport], dict[str, nn.Module]]:
     """Decide, without touching the model, which layers to convert; raise for bad selections."""
-    conv1d = _conv1d_class()
     owners: dict[int, list[str]] = {}  # parameter id -> every dotted name it is registered under
     for name, param in module.named_parameters(remove_duplicate=False):
         owners.setdefault(id(param), []).append(name)
@@ -104,14 +71,14 @@ def _plan(module: nn.Module, kind: str, n: int, rank: int | None, include: list[
 
     rows, layers, matched = [], {}, {p: 0 for p in include}
     for name, layer in module.named_modules():
-        source = _source(layer, conv1d)
+        source = dense_source(layer)
         if source is None:
             continue
         view = _dense_view(layer, source)
         d, k = view.in_features, view.out_features
         row = LayerReport(name, source, d, k, "skipped", params_before=_param_count(layer))
         rows.append(row)
-        hits = [p for p in include if fnmatch.fnmatchcase(name, p)]
+        hits = [p for p in include if name_matches(name, p)]
         for p in hits:
             matched[p] += 1
         tied = [o for o in owners[id(layer.weight)] if o != (f"{name}.weight" if name else "weight")]
@@ -119,8 +86,8 @@ def _plan(module: nn.Module, kind: str, n: int, rank: int | None, include: list[
             row.reason = "the root module cannot be replaced in place"
         elif include and not hits:
             row.reason = "not matched by include"
-        elif any(fnmatch.fnmatchcase(name, p) for p in exclude):
-            row.reason = f"excluded by {next(p for p in exclude if fnmatch.fnmatchcase(name, p))!r}"
+        elif any(name_matches(name, p) for p in exclude):
+            row.reason = f"excluded by {next(p for p in exclude if name_matches(name, p))!r}"
         elif min(d, k) < min_features:
             row.reason = f"min(in, out) = {min(d, k)} < min_features={min_features}"
         elif isinstance(parents.get(id(layer)), nn.MultiheadAttention):
@@ -231,9 +198,10 @@ def convert_linears(
             parameters than the PHM layer) unless ``rank`` is given.
         rank: explicit rank, ``"lowrank"`` only.
         rule: PHM multiplication rule (``"learned"``, an algebra name such as ``"quaternion"``).
-        include: glob pattern(s) on the dotted module name (``fnmatch``; ``*`` also crosses dots);
-            only matching layers are converted. Each pattern must match some layer.
-        exclude: glob pattern(s); matching layers stay dense.
+        include: glob pattern(s) on the dotted module name, in the dialect of
+            :mod:`hyperplex.layers.selection` (``fnmatch``, ``*`` also crosses dots, and ``P`` also matches
+            names ending in ``.P``); only matching layers are converted. Each pattern must match some layer.
+        exclude: glob pattern(s) in the same dialect; matching layers stay dense.
         min_features: layers with ``min(in, out) < min_features`` stay dense (small heads hold few
             weights, and their error costs the most).
         init: ``"svd"`` (Kronecker-sum SVD for PHM, truncated SVD for low-rank: the best fit in
@@ -286,8 +254,8 @@ def convert_linears(
         raise ValueError(f"ridge must be ≥ 0, got {ridge!r}")
     if kind == "phm" and rule != "learned":
         PHMLinear(n, n, n, rule=rule)  # validates the rule name against n before anything changes
-    rows, layers = _plan(module, kind, n, rank, _patterns(include, "include"), _patterns(exclude, "exclude"),
-                         min_features)
+    rows, layers = _plan(module, kind, n, rank, list(glob_patterns(include, "include")),
+                         list(glob_patterns(exclude, "exclude")), min_features)
     _check_weights(layers, {r.name: r.source for r in rows})
     before = _param_count(module)
     factors = None
@@ -325,7 +293,7 @@ def _dense_from(layer: nn.Module, source: str) -> nn.Module:
     """A dense layer with weight exactly ``layer.dense_weight()`` and the same bias."""
     H = layer.dense_weight().detach()
     if source == "conv1d":
-        conv1d = _conv1d_class()
+        conv1d = conv1d_class()
         if conv1d is None:  # pragma: no cover - a Conv1D-converted layer without transformers loaded
             raise RuntimeError("this layer came from a transformers Conv1D, but transformers is not imported")
         dense = conv1d(layer.out_features, layer.in_features).to(device=H.device, dtype=H.dtype)
@@ -397,7 +365,6 @@ def apply_spec(module: nn.Module, spec: list[dict], where: str = "the spec") -> 
     a dense layer of the recorded kind, or has other sizes — the signs of a model folder of another
     architecture. Checks every entry before changing anything.
     """
-    conv1d = _conv1d_class()
     targets = []
     for i, entry in enumerate(spec):
         name = entry["name"]
@@ -406,7 +373,7 @@ def apply_spec(module: nn.Module, spec: list[dict], where: str = "the spec") -> 
         except AttributeError:
             raise ValueError(f"{where}: layer {name!r} (layers[{i}]) does not exist in the rebuilt "
                              f"{type(module).__name__}; is this a model folder of another architecture?") from None
-        source = _source(old, conv1d)
+        source = dense_source(old)
         expected = "conv1d" if entry["from_conv1d"] else "linear"
         if source != expected:
             raise ValueError(f"{where}: layer {name!r} is a {type(old).__name__} in the rebuilt model, expected "

@@ -20,8 +20,6 @@ a different one. ``transformers`` is imported only when a model is built.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,14 +33,13 @@ from hyperplex.adapters.finetune import (
     weights_signature,
 )
 from hyperplex.config.registry import ModelConfig
-from hyperplex.pretrained import MINILM, PRETRAINED_EXTRA, resolve_model_path
+from hyperplex.pretrained import MINILM, load_transformer, transformer_folder
 
 __all__ = [
     "BASE_KEY",
     "PretrainedClassifier",
     "PretrainedClassifierConfig",
     "PretrainedTokenizer",
-    "encoder_folder",
 ]
 
 #: The checkpoint key of the frozen base's SHA-256 (32 bytes as a uint8 tensor).
@@ -69,23 +66,6 @@ class PretrainedClassifierConfig(ModelConfig):
     def __post_init__(self) -> None:
         if self.max_length < 2:
             raise ValueError(f"max_length must be ≥ 2 (room for the special tokens), got {self.max_length}")
-
-
-def encoder_folder(path: str) -> str:
-    """The ``transformers`` folder ``path`` names: ``minilm``'s, a SentenceTransformer's Transformer module
-    folder (``modules.json``), or ``path`` itself. ``ValueError`` naming ``model.path`` otherwise."""
-    path = resolve_model_path(path)
-    modules = os.path.join(path, "modules.json")
-    folder = path
-    if os.path.isfile(modules):  # a SentenceTransformer: its Transformer module's folder
-        with open(modules, encoding="utf-8") as handle:
-            entries = json.load(handle)
-        found = [e for e in entries if str(e.get("type", "")).endswith("Transformer")]
-        if found:
-            folder = os.path.join(path, found[0].get("path", ""))
-    if not os.path.isfile(os.path.join(folder, "config.json")):
-        raise ValueError(f"model.path: {path} is not a model folder (no config.json{' in ' + folder if folder != path else ''})")
-    return folder
 
 
 class PretrainedTokenizer:
@@ -128,28 +108,6 @@ class PretrainedTokenizer:
         return f"the encoder's own tokenizer ({type(self.hf).__name__}, {len(self)} tokens), cut at {self.max_length}"
 
 
-def _load_encoder(folder: str) -> nn.Module:
-    try:
-        import transformers
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        raise ImportError(f"model.path: a pretrained encoder needs transformers: {PRETRAINED_EXTRA}") from None
-    # quiet: the load report would list the pooler we leave out, and the bar would clutter train.log's stderr
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        try:  # BERT-like: no pooler (unused by mean/cls pooling; it would only take adapter targets)
-            return transformers.AutoModel.from_pretrained(folder, add_pooling_layer=False, dtype=torch.float32,
-                                                          trust_remote_code=False)
-        except TypeError:
-            return transformers.AutoModel.from_pretrained(folder, dtype=torch.float32, trust_remote_code=False)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
 class PretrainedClassifier(nn.Module):
     """Pretrained encoder + pooling + ``nn.Linear`` head: ``forward(tokens (B, T), lengths (B,)[, token_types
     (B, T)]) → (B, C)``; a text pair comes joined into one sequence with its token types (a cross-encoder).
@@ -169,7 +127,7 @@ class PretrainedClassifier(nn.Module):
                  pad_index: int = 0) -> None:
         super().__init__()
         self.config = config
-        self.encoder = _load_encoder(encoder_folder(config.path))
+        self.encoder = load_transformer(transformer_folder(config.path))
         hidden = self.encoder.config.hidden_size
         positions = getattr(self.encoder.config, "max_position_embeddings", None)
         if isinstance(positions, int) and config.max_length > positions:
@@ -183,7 +141,7 @@ class PretrainedClassifier(nn.Module):
     @classmethod
     def text_tokenizer(cls, config: PretrainedClassifierConfig) -> PretrainedTokenizer:
         """The tokenizer the task must encode text with (the hook of the classification task)."""
-        return PretrainedTokenizer(encoder_folder(config.path), config.max_length)
+        return PretrainedTokenizer(transformer_folder(config.path), config.max_length)
 
     def forward(self, tokens: Tensor, lengths: Tensor, token_types: Tensor | None = None) -> Tensor:
         """``tokens (B, T)`` padded ids with their ``lengths (B,)`` and, for a pair joined into one sequence,

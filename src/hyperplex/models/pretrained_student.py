@@ -17,11 +17,11 @@ import torch
 from torch import Tensor, nn
 
 from hyperplex.config.registry import ModelConfig
-from hyperplex.pretrained import MINILM, PRETRAINED_EXTRA, resolve_model_path
+from hyperplex.pretrained import MINILM, load_sentence_transformer, resolve_model_path
 
 __all__ = ["PretrainedStudent", "PretrainedStudentConfig", "balance_factor_scales", "capture_block_io",
            "check_layer_indices", "embed",
-           "fit_blocks", "keep_transformer_layers", "load_sentence_transformer", "record_internals",
+           "fit_blocks", "keep_transformer_layers", "record_internals",
            "resolve_layer_map", "resolve_model_path", "tokenize", "transformer_layers"]
 
 @dataclass
@@ -90,16 +90,6 @@ class PretrainedStudentConfig(ModelConfig):
                 raise ValueError(f"model.{key} must be ≥ 0, got {getattr(self, key)}")
         if self.blockwise_lr <= 0:
             raise ValueError(f"model.blockwise_lr must be > 0, got {self.blockwise_lr}")
-
-
-def load_sentence_transformer(path: str) -> nn.Module:
-    """A ``SentenceTransformer`` on CPU from ``path`` (:func:`resolve_model_path`), in eval mode."""
-    folder = resolve_model_path(path)
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError:
-        raise ImportError(f"model.path: loading a pretrained model needs sentence-transformers: {PRETRAINED_EXTRA}") from None
-    return SentenceTransformer(folder, device="cpu").eval()
 
 
 def tokenize(encoder: nn.Module, sentences: list[str]) -> dict[str, Tensor]:

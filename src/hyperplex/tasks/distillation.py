@@ -89,7 +89,7 @@ class DistillationTask(Task):
     # -- data -----------------------------------------------------------------
     def load_vocabularies(self) -> None:
         """The teacher alone (its tokenizer is the task's): enough to load a saved student."""
-        from hyperplex.models.pretrained_student import load_sentence_transformer
+        from hyperplex.pretrained import load_sentence_transformer
 
         self.teacher = load_sentence_transformer(self.cfg.model.path)
         for p in self.teacher.parameters():

@@ -50,7 +50,7 @@ import time
 import torch
 from torch import nn
 
-from hyperplex.adapters import adapter_state_dict, add_adapter, merge, trainable_parameters, unmerge
+from hyperplex.adapters import PHMAdapterConfig, adapter_state_dict, add_adapter, merge, trainable_parameters, unmerge
 
 
 class OneLayer(nn.Module):
@@ -76,7 +76,7 @@ def parse_variant(text: str) -> tuple[int, int | None]:
 
 def build_phm(d: int, k: int, n: int, rank: int | None) -> nn.Module:
     model = OneLayer(d, k)
-    add_adapter(model, "a", n=n, rank=rank, targets=["proj"])
+    add_adapter(model, "a", PHMAdapterConfig(n=n, rank=rank, targets=["proj"]))
     with torch.no_grad():  # non-zero weights, and check structured ≡ merged once
         for p in adapter_state_dict(model, "a").values():
             p.normal_(0, 0.02)

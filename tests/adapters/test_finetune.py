@@ -14,9 +14,13 @@ from conftest import write_tiny_bert
 
 from hyperplex.adapters import PHMAdaptedLinear, adapter_parameter_count
 from hyperplex.adapters.finetune import (
+    FINETUNE_KINDS,
     LOKR_FACTORS,
     FineTuneConfig,
+    FineTuneKind,
+    FineTuneReport,
     attach,
+    finetune_kind_names,
     match_peft_rank,
     peft_count,
     weights_signature,
@@ -180,3 +184,29 @@ def test_the_seed_fixes_the_adapter_init(bert_folder, kind):
     assert first.keys() == again.keys() == other.keys()
     assert all(torch.equal(first[k], again[k]) for k in first)
     assert any(not torch.equal(first[k], other[k]) for k in first)  # the random factors differ with the seed
+
+
+def test_every_kind_resolves_through_the_registry(bert_folder, monkeypatch):
+    assert finetune_kind_names() == ("phm", "lora", "lokr", "full", "none")
+    counts = {}
+    for kind in finetune_kind_names():
+        if kind in ("lora", "lokr"):
+            pytest.importorskip("peft")
+        model = encoder(bert_folder)
+        report = attach(model, FineTuneConfig(kind=kind, n=4, rank=2, targets=["query"]))
+        assert report.kind == kind and report.adapter == sum(p.numel() for p in model.parameters() if p.requires_grad)
+        counts[kind] = report.adapter
+    assert counts["none"] == 0 and counts["phm"] == 2 * (2 * (32 + 32) + 4 ** 3)  # 2 query layers, rank 2, n 4
+    assert counts["full"] == sum(p.numel() for p in encoder(bert_folder).parameters())
+
+    def biases_only(model, config):  # a new kind is one function and one registry line
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.endswith("bias"))
+        return FineTuneReport(config.kind, [], sum(p.numel() for p in model.parameters() if p.requires_grad))
+
+    monkeypatch.setitem(FINETUNE_KINDS, "bias", FineTuneKind(biases_only))
+    model = encoder(bert_folder)
+    report = attach(model, from_dict(FineTuneConfig, {"kind": "bias"}, "model.adapter"))
+    assert report.adapter == sum(p.numel() for n, p in model.named_parameters() if n.endswith("bias")) > 0
+    with pytest.raises(ConfigError, match=r"model\.adapter\.kind: 'biass' is not one of .*'bias'"):
+        from_dict(FineTuneConfig, {"kind": "biass"}, "model.adapter")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hyperplex.adapters import (active_adapter, adapted_layers, adapter_names, adapter_state_dict, add_adapter,
+from hyperplex.adapters import (PHMAdapterConfig, active_adapter, adapted_layers, adapter_names, adapter_state_dict, add_adapter,
                                 load_adapter, merge, read_adapter_spec, save_adapter, set_active)
 from hyperplex.adapters.io import SPEC_NAME, WEIGHTS_NAME
 from hyperplex.models.transformer import TransformerClassifier, TransformerConfig
@@ -29,7 +29,7 @@ def tokens():
 
 def trained(rank=2, shared=False, name="sst2"):
     model = classifier()
-    add_adapter(model, name, n=4, rank=rank, targets=TARGETS, shared_rule=shared, scale=0.5)
+    add_adapter(model, name, PHMAdapterConfig(n=4, rank=rank, targets=TARGETS, shared_rule=shared, scale=0.5))
     with torch.no_grad():
         for p in adapter_state_dict(model, name).values():
             p.normal_(0, 0.3)

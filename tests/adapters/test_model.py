@@ -46,7 +46,7 @@ def test_adapted_classifier_equals_base_and_only_adapter_is_trainable(rank, shar
     tokens, lengths = batch()
     before = model(tokens, lengths)
     base_params = {name: p for name, p in model.named_parameters()}
-    add_adapter(model, "a", n=4, rank=rank, targets=TARGETS, shared_rule=shared)
+    add_adapter(model, "a", PHMAdapterConfig(n=4, rank=rank, targets=TARGETS, shared_rule=shared))
     assert torch.equal(model(tokens, lengths), before)
     layers = dict(adapted_layers(model))
     assert len(layers) == 2 * 4  # 2 encoder layers × (qkv, out, linear1, linear2); the classifier is not targeted
@@ -63,7 +63,7 @@ def test_adapted_classifier_equals_base_and_only_adapter_is_trainable(rank, shar
 def test_training_changes_only_adapter_weights_and_base_stays_bit_identical():
     model = classifier()
     base_before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    add_adapter(model, "a", n=4, rank=2, targets=TARGETS)
+    add_adapter(model, "a", PHMAdapterConfig(n=4, rank=2, targets=TARGETS))
     adapter_before = {k: v.clone() for k, v in adapter_state_dict(model, "a").items()}
     model.train()
     # weight_decay would move frozen weights if the optimiser saw gradients for them; it must not.
@@ -85,13 +85,13 @@ def test_training_changes_only_adapter_weights_and_base_stays_bit_identical():
 
 def test_shared_rule_is_one_tensor_and_its_gradient_sums_over_layers():
     shared_model = classifier()
-    add_adapter(shared_model, "a", n=4, rank=2, targets=TARGETS, shared_rule=True)
+    add_adapter(shared_model, "a", PHMAdapterConfig(n=4, rank=2, targets=TARGETS, shared_rule=True))
     randomize(shared_model, "a")
     rules = {id(layer.adapters["a"].rule) for _, layer in adapted_layers(shared_model)}
     assert len(rules) == 1
     # The same model with a separate copy of the rule per layer: the shared gradient is their sum.
     own_model = classifier()
-    add_adapter(own_model, "a", n=4, rank=2, targets=TARGETS, shared_rule=False)
+    add_adapter(own_model, "a", PHMAdapterConfig(n=4, rank=2, targets=TARGETS, shared_rule=False))
     state = adapter_state_dict(shared_model, "a")
     own_state = {k: v for k, v in state.items() if k != "shared_rule"}
     own_state.update({f"{path}.rule": state["shared_rule"] for path, _ in adapted_layers(own_model)})
@@ -113,7 +113,7 @@ def test_shared_rule_is_one_tensor_and_its_gradient_sums_over_layers():
 def test_merge_unmerge_round_trip_on_translator(rank):
     model = translator()
     original = {n: p.detach().clone() for n, p in model.named_parameters()}
-    add_adapter(model, "a", n=2, rank=rank, targets=["encoder.*", "decoder.*"])
+    add_adapter(model, "a", PHMAdapterConfig(n=2, rank=rank, targets=["encoder.*", "decoder.*"]))
     randomize(model, "a")
     src, lengths = batch()
     tgt = src[:, :4]
@@ -131,7 +131,7 @@ def test_merge_unmerge_round_trip_on_translator(rank):
 
 def test_merge_refuses_a_weight_tied_to_the_embedding():
     model = translator()  # tie_embeddings: output_projection.weight is the target embedding matrix
-    add_adapter(model, "a", n=2, targets=["output_projection"])
+    add_adapter(model, "a", PHMAdapterConfig(n=2, targets=["output_projection"]))
     with pytest.raises(RuntimeError, match=r"output_projection \(weight also used as tgt_embed.token.weight\)"):
         merge(model)
 
@@ -140,10 +140,10 @@ def test_several_adapters_switching_and_removal():
     model = classifier()
     tokens, lengths = batch()
     base_out = model(tokens, lengths)
-    add_adapter(model, "a", n=4, rank=2, targets=["*.qkv_proj"])
+    add_adapter(model, "a", PHMAdapterConfig(n=4, rank=2, targets=["*.qkv_proj"]))
     randomize(model, "a")
     a_out = model(tokens, lengths)
-    add_adapter(model, "b", n=2, targets=["*.qkv_proj", "ffn.linear2"])  # the newest becomes active
+    add_adapter(model, "b", PHMAdapterConfig(n=2, targets=["*.qkv_proj", "ffn.linear2"]))  # the newest becomes active
     randomize(model, "b")
     b_out = model(tokens, lengths)
     assert adapter_names(model) == ["a", "b"] and active_adapter(model) == "b"
@@ -173,7 +173,7 @@ def test_several_adapters_switching_and_removal():
 
 def test_merge_and_unwrap_gives_a_plain_model_computing_the_adapted_function():
     model = classifier()
-    add_adapter(model, "a", n=4, targets=TARGETS)
+    add_adapter(model, "a", PHMAdapterConfig(n=4, targets=TARGETS))
     randomize(model, "a")
     tokens, lengths = batch()
     adapted = model(tokens, lengths)
@@ -208,21 +208,23 @@ def test_bad_add_adapter_calls_are_clear_and_leave_the_model_untouched():
     reference = copy.deepcopy(model)
     with pytest.raises(ValueError, match="pattern 'query' matches no nn.Linear/Conv1D module; linear layers in the "
                                          "model: encoder.layers.0.self_attn.qkv_proj"):
-        add_adapter(model, "a", n=4, targets=["*.qkv_proj", "query"])
+        add_adapter(model, "a", PHMAdapterConfig(n=4, targets=["*.qkv_proj", "query"]))
     with pytest.raises(ValueError, match=r"'embed.token' .*matches only modules that are not linear layers: "
                                          r"embed.token \(Embedding\)"):
-        add_adapter(model, "a", n=4, targets=["embed.token"])
+        add_adapter(model, "a", PHMAdapterConfig(n=4, targets=["embed.token"]))
     with pytest.raises(ValueError, match=r"n=3 must divide .*self_attn.qkv_proj \(16 → 48\)"):
-        add_adapter(model, "a", n=3, targets=["*.qkv_proj"])
+        add_adapter(model, "a", PHMAdapterConfig(n=3, targets=["*.qkv_proj"]))
     with pytest.raises(ValueError, match="adapter name must be a non-empty string without '.'"):
-        add_adapter(model, "a.b", n=4)
-    with pytest.raises(TypeError, match="either a PHMAdapterConfig or keyword arguments"):
-        add_adapter(model, "a", PHMAdapterConfig(), n=4)
+        add_adapter(model, "a.b", PHMAdapterConfig(n=4))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'n'"):  # one way to configure: the config
+        add_adapter(model, "a", n=4)
+    with pytest.raises(TypeError, match=r"add_adapter takes a PHMAdapterConfig .*got dict"):
+        add_adapter(model, "a", {"n": 4})
     assert [type(m) for m in model.modules()] == [type(m) for m in reference.modules()]
     assert all(p.requires_grad for p in model.parameters())  # nothing was frozen by a refused call
-    add_adapter(model, "a", n=4, targets=["classifier"])
+    add_adapter(model, "a", PHMAdapterConfig(n=4, targets=["classifier"]))
     with pytest.raises(ValueError, match="already has an adapter named 'a'"):
-        add_adapter(model, "a", n=4, targets=["classifier"])
+        add_adapter(model, "a", PHMAdapterConfig(n=4, targets=["classifier"]))
     with pytest.raises(KeyError, match=r"no adapter named 'x' in the model; attached: \['a'\]"):
         set_active(model, "x")
     set_active(model, None)

@@ -6,7 +6,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from hyperplex.adapters import (adapted_layers, adapter_state_dict, add_adapter, load_adapter, merge,  # noqa: E402
+from hyperplex.adapters import (PHMAdapterConfig, adapted_layers, adapter_state_dict, add_adapter, load_adapter, merge,  # noqa: E402
                                 save_adapter, trainable_parameters, unmerge)
 
 
@@ -34,7 +34,7 @@ def test_bert_adapter_identity_training_and_reload(tmp_path):
     ids = inputs()
     base_out = model(ids).last_hidden_state
     base_before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    add_adapter(model, "a", n=4, rank=2, targets=["query", "value"], shared_rule=True)
+    add_adapter(model, "a", PHMAdapterConfig(n=4, rank=2, targets=["query", "value"], shared_rule=True))
     assert sorted(p for p, _ in adapted_layers(model)) == [
         f"encoder.layer.{i}.attention.self.{m}" for i in range(2) for m in ("query", "value")]
     assert torch.equal(model(ids).last_hidden_state, base_out)
@@ -71,7 +71,7 @@ def test_gpt2_conv1d_structured_equals_merged_and_round_trips(rank):
     ids = inputs()
     base_out = model(ids).last_hidden_state
     weight_before = model.h[0].mlp.c_fc.weight.detach().clone()  # Conv1D: (in, out) = (32, 128)
-    add_adapter(model, "a", n=4, rank=rank, targets=["c_attn", "c_fc", "c_proj"])
+    add_adapter(model, "a", PHMAdapterConfig(n=4, rank=rank, targets=["c_attn", "c_fc", "c_proj"]))
     assert len(dict(adapted_layers(model))) == 4
     assert torch.equal(model(ids).last_hidden_state, base_out)
     with torch.no_grad():

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from hyperplex.adapters import (add_adapter, adapter_names, load_adapter, merge, save_adapter,
+from hyperplex.adapters import (PHMAdapterConfig, add_adapter, adapter_names, load_adapter, merge, save_adapter,
                                 unmerge)
 from hyperplex.adapters.io import SPEC_NAME, WEIGHTS_NAME
 
@@ -37,14 +37,14 @@ def test_adapter_names_that_clash_are_refused_before_anything_is_frozen(name):
     model = base()
     before = state_of(model)
     with pytest.raises(ValueError, match="adapter name"):
-        add_adapter(model, name, n=2, rank=1, targets=["0", "2"])
+        add_adapter(model, name, PHMAdapterConfig(n=2, rank=1, targets=["0", "2"]))
     assert_same(model, before)
 
 
 @pytest.mark.parametrize("name", ["training", "forward"])
 def test_a_saved_adapter_named_like_an_attribute_is_refused(tmp_path, name):
     model = base()
-    add_adapter(model, "good", n=2, rank=1, targets=["0", "2"])
+    add_adapter(model, "good", PHMAdapterConfig(n=2, rank=1, targets=["0", "2"]))
     save_adapter(model, "good", tmp_path)
     spec = json.loads((tmp_path / SPEC_NAME).read_text())
     spec["name"] = name
@@ -72,7 +72,7 @@ def test_a_nan_adapter_file_is_refused_on_load(tmp_path):
     from safetensors.torch import load_file
 
     model = base()
-    add_adapter(model, "a", n=2, rank=1, targets=["0", "2"])
+    add_adapter(model, "a", PHMAdapterConfig(n=2, rank=1, targets=["0", "2"]))
     save_adapter(model, "a", tmp_path)
     state = load_file(os.fspath(tmp_path / WEIGHTS_NAME))
     key = sorted(state)[0]
@@ -89,7 +89,7 @@ def test_a_nan_adapter_file_is_refused_on_load(tmp_path):
 
 def test_a_merge_that_would_write_nan_or_overflow_changes_no_weight():
     model = base()
-    add_adapter(model, "a", n=2, rank=1, targets=["0", "2"])
+    add_adapter(model, "a", PHMAdapterConfig(n=2, rank=1, targets=["0", "2"]))
     layer = model[2]
     with torch.no_grad():
         next(layer.adapters["a"].parameters()).fill_(float("nan"))
@@ -101,7 +101,7 @@ def test_a_merge_that_would_write_nan_or_overflow_changes_no_weight():
 
     # finite in the adapter, but the sum overflows float16 (max 65504)
     half = base(torch.float16)
-    add_adapter(half, "big", n=2, rank=1, targets=["0"])
+    add_adapter(half, "big", PHMAdapterConfig(n=2, rank=1, targets=["0"]))
     with torch.no_grad():
         for p in half[0].adapters["big"].parameters():
             p.fill_(200.0)
@@ -115,7 +115,7 @@ def test_a_merge_that_would_write_nan_or_overflow_changes_no_weight():
 
 def test_save_adapter_onto_a_file_is_a_clear_error(tmp_path):
     model = base()
-    add_adapter(model, "a", n=2, rank=1, targets=["0"])
+    add_adapter(model, "a", PHMAdapterConfig(n=2, rank=1, targets=["0"]))
     target = tmp_path / "file"
     target.write_text("keep")
     with pytest.raises(ValueError, match=r"file: exists and is a file; save_adapter writes a folder"):

@@ -10,7 +10,34 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-__all__ = ["PHMAdapterConfig", "adapter_parameter_count"]
+from hyperplex.layers.selection import glob_patterns
+
+__all__ = ["PHMAdapterConfig", "adapter_parameter_count", "check_adapter_fields", "check_int", "check_dropout"]
+
+
+def check_int(value, key: str, *, minimum: int = 1, none: str | None = None) -> int | None:
+    """``value`` if it is an integer ≥ ``minimum`` (``None`` too when ``none`` says what it means), else
+    ``ValueError`` naming ``key``: the one check of ``n``, ``rank`` and their kin in adapter configs."""
+    if value is None and none is not None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
+        raise ValueError(f"{key} must be {f'{none} or ' if none else ''}{what}, got {value!r}")
+    return value
+
+
+def check_dropout(value, key: str) -> float:
+    """``value`` as a float in ``[0, 1)``, else ``ValueError`` naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{key} must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def check_adapter_fields(prefix: str, n, rank, targets, dropout, none_rank: str) -> tuple:
+    """``(n, rank, targets, dropout)`` checked and normalised (``targets`` a tuple); the ``ValueError`` names
+    the key as ``prefix + key``. Shared by :class:`PHMAdapterConfig` and the ``model.adapter`` section."""
+    return (check_int(n, f"{prefix}n"), check_int(rank, f"{prefix}rank", none=none_rank),
+            glob_patterns(targets, f"{prefix}targets", required=True), check_dropout(dropout, f"{prefix}dropout"))
 
 
 @dataclass
@@ -18,8 +45,10 @@ class PHMAdapterConfig:
     """Hyper-parameters of one PHM delta adapter; invalid values raise ``ValueError`` naming the field.
 
     A module is adapted when it is an ``nn.Linear`` (or ``transformers``' ``Conv1D``) and its dotted
-    name matches one of ``targets`` (:func:`fnmatch.fnmatchcase`; a pattern ``P`` also matches any
-    name ending in ``.P``, so ``"query"`` finds ``encoder.layer.0.attention.self.query``).
+    name matches one of ``targets`` (the dialect of :mod:`hyperplex.layers.selection`: ``fnmatch``, and a
+    pattern ``P`` also matches any name ending in ``.P``, so ``"query"`` finds
+    ``encoder.layer.0.attention.self.query``). Modules matching ``modules_to_save`` (same dialect; e.g. a
+    new classification head) are trained in full by this adapter and saved with it.
     """
 
     n: int = field(default=4, metadata={"help": "Kronecker terms; must divide in and out features of every "
@@ -32,39 +61,30 @@ class PHMAdapterConfig:
     shared_rule: bool = field(default=False, metadata={"help": "one set of Aᵢ for every adapted layer (Compacter); "
                                                                "default false: a rule per layer"})
     dropout: float = field(default=0.0, metadata={"help": "dropout on the adapter's input (as LoRA); default 0.0"})
+    modules_to_save: tuple[str, ...] = field(default=(), metadata={
+        "help": "glob patterns of modules (any type, e.g. a new head) that the adapter trains in full, as a copy "
+                "per adapter, and saves with its weights; each must match a module; default none"})
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
-            raise ValueError(f"PHMAdapterConfig.n must be a positive integer, got {self.n!r}")
-        if self.rank is not None and (not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1):
-            raise ValueError(f"PHMAdapterConfig.rank must be None (full Sᵢ) or a positive integer, got {self.rank!r}")
-        if isinstance(self.targets, str):  # a lone string would be read as a sequence of one-letter patterns
-            self.targets = (self.targets,)
-        try:
-            targets = tuple(self.targets)
-        except TypeError:
-            raise ValueError(f"PHMAdapterConfig.targets must be a list of glob patterns, got {self.targets!r}") from None
-        if not targets or not all(isinstance(t, str) and t for t in targets):
-            raise ValueError(f"PHMAdapterConfig.targets must be a non-empty list of non-empty strings, got {self.targets!r}")
-        self.targets = targets
+        self.n, self.rank, self.targets, self.dropout = check_adapter_fields(
+            "PHMAdapterConfig.", self.n, self.rank, self.targets, self.dropout, none_rank="None (full Sᵢ)")
+        self.modules_to_save = glob_patterns(self.modules_to_save, "PHMAdapterConfig.modules_to_save")
         if isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)) or not math.isfinite(self.scale):
             raise ValueError(f"PHMAdapterConfig.scale must be a finite number, got {self.scale!r}")
         self.scale = float(self.scale)
         if not isinstance(self.shared_rule, bool):
             raise ValueError(f"PHMAdapterConfig.shared_rule must be true or false, got {self.shared_rule!r}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"PHMAdapterConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
-        self.dropout = float(self.dropout)
 
     def to_dict(self) -> dict:
         """JSON-ready dict (``targets`` as a list)."""
         data = asdict(self)
-        data["targets"] = list(self.targets)
+        data["targets"], data["modules_to_save"] = list(self.targets), list(self.modules_to_save)
         return data
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "adapter config") -> "PHMAdapterConfig":
-        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming them and ``where``."""
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming them and ``where``; a missing key
+        takes its default (a spec without ``modules_to_save`` saves no module)."""
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected a mapping of PHMAdapterConfig fields, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}

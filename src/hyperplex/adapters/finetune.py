@@ -6,6 +6,10 @@ peft's rows go through peft's own API (``LoraConfig`` / ``LoKrConfig`` + ``injec
 nothing of LoRA or LoKr is re-implemented here, and their trainable parameters are counted on peft's
 own layers.
 
+The kinds are a registry, :data:`FINETUNE_KINDS` (name → :class:`FineTuneKind`, like ``LINEAR_KINDS``): a new
+kind is one attach function and one :func:`register_finetune_kind` call; the ``kind`` key's choices follow it.
+The peft kinds are one more table, :data:`PEFT_METHODS` (peft's config, its layer class, its parameter prefix).
+
 Matched trainable parameters (``peft_rank: 0``): the target is the PHM adapter that ``n``, ``rank`` and
 ``shared_rule`` describe on the same layers (:func:`~hyperplex.adapters.adapter_parameter_count`).
 LoRA takes the ``r`` whose count is closest to it (ties: the smaller ``r``). LoKr takes the
@@ -21,27 +25,34 @@ one per distinct layer size.
 from __future__ import annotations
 
 import functools
-import hashlib
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import nn
 
-from hyperplex.adapters.config import PHMAdapterConfig, adapter_parameter_count
-from hyperplex.adapters.layer import linear_sizes
-from hyperplex.adapters.model import add_adapter, resolve_targets
+from hyperplex.adapters.config import PHMAdapterConfig, adapter_parameter_count, check_adapter_fields, check_int
+from hyperplex.adapters.layer import tensors_sha256
+from hyperplex.adapters.model import add_adapter
+from hyperplex.adapters.targets import resolve_targets
+from hyperplex.layers.selection import dense_sizes
 from hyperplex.pretrained import PEFT_EXTRA
 
 __all__ = [
     "ADAPTER_NAME",
+    "FINETUNE_KINDS",
     "LOKR_FACTORS",
+    "PEFT_METHODS",
     "FineTuneConfig",
+    "FineTuneKind",
     "FineTuneReport",
+    "PeftMethod",
     "attach",
+    "finetune_kind_names",
     "match_peft_rank",
     "peft_count",
+    "register_finetune_kind",
     "weights_signature",
 ]
 
@@ -49,14 +60,35 @@ __all__ = [
 ADAPTER_NAME = "default"
 #: LoKr ``decompose_factor`` values tried when matching (``-1``: peft's near-square split).
 LOKR_FACTORS = (-1, 2, 4, 8, 16, 32)
-_PEFT_PREFIX = {"lora": "lora_", "lokr": "lokr_"}
+
+
+@dataclass(frozen=True)
+class FineTuneKind:
+    """A registered fine-tuning kind: ``attach(encoder, config) → FineTuneReport`` makes the encoder trainable
+    as the kind says (in place), raising before any change when the config does not fit it."""
+
+    attach: Callable[[nn.Module, "FineTuneConfig"], "FineTuneReport"]
+
+
+#: kind name → :class:`FineTuneKind`; read by :class:`FineTuneConfig` (choices) and :func:`attach`.
+FINETUNE_KINDS: dict[str, FineTuneKind] = {}
+
+
+def register_finetune_kind(name: str, kind: FineTuneKind) -> None:
+    """Add (or replace) a fine-tuning kind under ``name``."""
+    FINETUNE_KINDS[name] = kind
+
+
+def finetune_kind_names() -> tuple[str, ...]:
+    return tuple(FINETUNE_KINDS)
 
 
 @dataclass
 class FineTuneConfig:
     """The ``model.adapter`` section: what of the pretrained encoder is trained, and how."""
 
-    kind: Literal["phm", "lora", "lokr", "full", "none"] = field(default="phm", metadata={
+    kind: str = field(default="phm", metadata={
+        "choices": finetune_kind_names,
         "help": "phm: PHM delta adapter (hyperplex.adapters); lora / lokr: peft's LoRA / LoKr; full: every weight "
                 "trained; none: the encoder frozen, only the head trained"})
     n: int = field(default=4, metadata={
@@ -83,18 +115,14 @@ class FineTuneConfig:
         "help": "dropout on the adapter's input (phm; lora: lora_dropout; lokr: rank_dropout)"})
 
     def __post_init__(self) -> None:
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be a positive integer, got {self.n!r}")
-        if self.rank is not None and (isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1):
-            raise ValueError(f"rank must be null (full Sᵢ) or a positive integer, got {self.rank!r}")
-        if isinstance(self.peft_rank, bool) or not isinstance(self.peft_rank, int) or self.peft_rank < 0:
-            raise ValueError(f"peft_rank must be 0 (matched) or a positive integer, got {self.peft_rank!r}")
+        if self.kind not in FINETUNE_KINDS:
+            raise ValueError(f"kind: unknown {self.kind!r}; valid: {', '.join(FINETUNE_KINDS)}")
+        self.n, self.rank, targets, self.dropout = check_adapter_fields(
+            "", self.n, self.rank, self.targets, self.dropout, none_rank="null (full Sᵢ)")
+        self.targets = list(targets)
+        check_int(self.peft_rank, "peft_rank", minimum=0)
         if isinstance(self.factor, bool) or not isinstance(self.factor, int) or self.factor < -1 or self.factor == 1:
             raise ValueError(f"factor must be 0 (chosen), -1 (peft's default) or an integer ≥ 2, got {self.factor!r}")
-        if isinstance(self.targets, str) or not self.targets or not all(isinstance(t, str) and t for t in self.targets):
-            raise ValueError(f"targets must be a non-empty list of glob patterns, got {self.targets!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.alpha < 0:
             raise ValueError(f"alpha must be ≥ 0 (0 = r), got {self.alpha!r}")
 
@@ -127,13 +155,7 @@ class FineTuneReport:
 def weights_signature(module: nn.Module) -> str:
     """SHA-256 (hex) of ``module``'s state dict: every name, dtype, shape and byte, in name order. Recorded
     in adapter-only checkpoints so that loading onto another base is an error."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
-        t = tensor.detach().to("cpu").contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        if t.numel():
-            digest.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-    return digest.hexdigest()
+    return tensors_sha256(sorted(module.state_dict().items()))
 
 
 # ---------------------------------------------------------------------------- peft
@@ -145,25 +167,29 @@ def _peft():
     return peft
 
 
+@dataclass(frozen=True)
+class PeftMethod:
+    """A peft method the fine-tuning offers: ``config(peft, r, factor, alpha, dropout, targets)`` builds peft's
+    own config for exact module names, ``layer()`` imports peft's layer class, parameters whose name holds
+    ``prefix`` are the adapter's, ``match(sizes, target, factor) → (r, factor, count)`` picks the rank, and
+    ``has_factor`` says whether the method takes a ``decompose_factor`` (reported only then)."""
+
+    config: Callable[..., object]
+    layer: Callable[[], type]
+    prefix: str
+    match: Callable[[list[tuple[int, int]], int, int], tuple[int, int, int]]
+    has_factor: bool = False
+
+
+def _peft_method(kind: str) -> PeftMethod:
+    if kind not in PEFT_METHODS:
+        raise ValueError(f"model.adapter.kind: {kind!r} is not a peft kind ({', '.join(PEFT_METHODS)})")
+    return PEFT_METHODS[kind]
+
+
 def peft_config(kind: str, rank: int, factor: int, alpha: float, dropout: float, targets: list[str]):
     """peft's own ``LoraConfig`` / ``LoKrConfig`` for exact module names ``targets`` (alpha 0 → r)."""
-    peft = _peft()
-    alpha = alpha or rank
-    if kind == "lora":
-        return peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets),
-                               bias="none")
-    if kind == "lokr":
-        return peft.LoKrConfig(r=rank, alpha=alpha, rank_dropout=dropout, decompose_factor=factor,
-                               target_modules=list(targets))
-    raise ValueError(f"model.adapter.kind: {kind!r} is not a peft kind (lora, lokr)")
-
-
-def _layer_classes(kind: str) -> tuple[type, ...]:
-    if kind == "lora":
-        from peft.tuners.lora import LoraLayer
-        return (LoraLayer,)
-    from peft.tuners.lokr import LoKrLayer
-    return (LoKrLayer,)
+    return _peft_method(kind).config(_peft(), rank, factor, alpha or rank, dropout, list(targets))
 
 
 class _Skeleton(nn.Module):
@@ -196,12 +222,20 @@ def peft_count(kind: str, sizes: list[tuple[int, int]], rank: int, factor: int =
 def match_peft_rank(kind: str, sizes: list[tuple[int, int]], target: int, factor: int = 0) -> tuple[int, int, int]:
     """``(r, decompose_factor, count)`` of peft's ``kind`` whose trainable count on layers ``sizes`` is closest
     to ``target`` (the rule of the module docstring; LoRA's factor is reported as -1)."""
-    if kind == "lora":
-        per_rank = peft_count(kind, sizes, 1)
-        guess = max(1, round(target / per_rank))
-        ranks = {max(1, guess - 1), guess, guess + 1}
-        best = min((abs(peft_count(kind, sizes, r) - target), r) for r in ranks)
-        return best[1], -1, peft_count(kind, sizes, best[1])
+    return _peft_method(kind).match(sizes, target, factor)
+
+
+def _match_lora(sizes: list[tuple[int, int]], target: int, factor: int = 0) -> tuple[int, int, int]:
+    """LoRA's count is ``r`` times its rank-1 count: the nearest ``r`` and its neighbours."""
+    per_rank = peft_count("lora", sizes, 1)
+    guess = max(1, round(target / per_rank))
+    ranks = {max(1, guess - 1), guess, guess + 1}
+    best = min((abs(peft_count("lora", sizes, r) - target), r) for r in ranks)
+    return best[1], -1, peft_count("lora", sizes, best[1])
+
+
+def _match_lokr(sizes: list[tuple[int, int]], target: int, factor: int = 0) -> tuple[int, int, int]:
+    """Every allowed factor; per factor the ends of each affine piece of the count and its crossing of ``target``."""
     factors = [factor] if factor else [f for f in LOKR_FACTORS
                                        if f == -1 or all(d % f == 0 and k % f == 0 for d, k in sizes)]
     full = max(max(d, k) for d, k in sizes)  # r at which every w₂ is a full matrix
@@ -210,12 +244,12 @@ def match_peft_rank(kind: str, sizes: list[tuple[int, int]], target: int, factor
         points = _lokr_breakpoints(sizes, f, full)
         ranks = set(points)
         for a, b in itertools.pairwise(points):  # the count is affine in r on [a, b]
-            ca, cb = peft_count(kind, sizes, a, f), peft_count(kind, sizes, b, f)
+            ca, cb = peft_count("lokr", sizes, a, f), peft_count("lokr", sizes, b, f)
             if b > a + 1 and cb != ca:
                 crossing = a + (target - ca) * (b - a) / (cb - ca)
                 ranks.update(r for r in (int(crossing), int(crossing) + 1) if a < r < b)
         for r in sorted(ranks):
-            count = peft_count(kind, sizes, r, f)
+            count = peft_count("lokr", sizes, r, f)
             key = (abs(count - target), r, order)
             if best is None or key < best[0]:
                 best = (key, (r, f, count))
@@ -241,7 +275,7 @@ def _lokr_breakpoints(sizes: list[tuple[int, int]], factor: int, full: int) -> l
 def _target_layers(encoder: nn.Module, config: FineTuneConfig, n: int) -> tuple[list[str], list[tuple[int, int]]]:
     layers = resolve_targets(encoder, config.targets, n=n, key="model.adapter")
     modules = dict(encoder.named_modules())
-    return layers, [linear_sizes(modules[name]) for name in layers]
+    return layers, [dense_sizes(modules[name]) for name in layers]
 
 
 def _phm_count(config: FineTuneConfig, sizes: list[tuple[int, int]]) -> int:
@@ -250,26 +284,36 @@ def _phm_count(config: FineTuneConfig, sizes: list[tuple[int, int]]) -> int:
 
 
 def attach(encoder: nn.Module, config: FineTuneConfig) -> FineTuneReport:
-    """Make ``encoder`` fine-tunable as ``config`` says (in place): ``requires_grad`` is set on exactly the
-    parameters that train (``full``: all; ``none``: none; otherwise the adapter's). Errors name the
-    ``model.adapter`` key (a pattern matching no linear layer, an ``n`` that does not divide a layer)
-    before the encoder is changed."""
-    kind = config.kind
-    if kind == "full":
-        for p in encoder.parameters():
-            p.requires_grad_(True)
-        return FineTuneReport(kind, [], sum(p.numel() for p in encoder.parameters()))
-    if kind == "none":
-        for p in encoder.parameters():
-            p.requires_grad_(False)
-        return FineTuneReport(kind, [], 0)
-    if kind == "phm":
-        layers, sizes = _target_layers(encoder, config, config.n)
-        add_adapter(encoder, ADAPTER_NAME, config.phm, layers=layers)  # freezes everything else
-        trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
-        return FineTuneReport(kind, layers, trainable)
-    if kind not in _PEFT_PREFIX:
-        raise ValueError(f"model.adapter.kind: unknown {kind!r}; valid: phm, lora, lokr, full, none")
+    """Make ``encoder`` fine-tunable as ``config`` says (in place), through its kind's entry in
+    :data:`FINETUNE_KINDS`: ``requires_grad`` is set on exactly the parameters that train (``full``: all;
+    ``none``: none; otherwise the adapter's). Errors name the ``model.adapter`` key (a pattern matching no
+    linear layer, an ``n`` that does not divide a layer) before the encoder is changed."""
+    if config.kind not in FINETUNE_KINDS:
+        raise ValueError(f"model.adapter.kind: unknown {config.kind!r}; valid: {', '.join(FINETUNE_KINDS)}")
+    return FINETUNE_KINDS[config.kind].attach(encoder, config)
+
+
+def _attach_full(encoder: nn.Module, config: FineTuneConfig) -> FineTuneReport:
+    for p in encoder.parameters():
+        p.requires_grad_(True)
+    return FineTuneReport(config.kind, [], sum(p.numel() for p in encoder.parameters()))
+
+
+def _attach_none(encoder: nn.Module, config: FineTuneConfig) -> FineTuneReport:
+    for p in encoder.parameters():
+        p.requires_grad_(False)
+    return FineTuneReport(config.kind, [], 0)
+
+
+def _attach_phm(encoder: nn.Module, config: FineTuneConfig) -> FineTuneReport:
+    layers, _ = _target_layers(encoder, config, config.n)
+    add_adapter(encoder, ADAPTER_NAME, config.phm, layers=layers)  # freezes everything else
+    trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
+    return FineTuneReport(config.kind, layers, trainable)
+
+
+def _attach_peft(encoder: nn.Module, config: FineTuneConfig) -> FineTuneReport:
+    kind, method = config.kind, _peft_method(config.kind)
     matched = config.peft_rank == 0
     layers, sizes = _target_layers(encoder, config, config.n if matched else 1)
     phm_count = _phm_count(config, sizes) if matched else None
@@ -282,15 +326,43 @@ def attach(encoder: nn.Module, config: FineTuneConfig) -> FineTuneReport:
     peft_cfg = peft_config(kind, rank, factor, config.alpha, config.dropout, layers)
     _peft().inject_adapter_in_model(peft_cfg, encoder, ADAPTER_NAME)
     modules = dict(encoder.named_modules())
-    wrong = [name for name in layers if not isinstance(modules.get(name), _layer_classes(kind))]
+    wrong = [name for name in layers if not isinstance(modules.get(name), method.layer())]
     if wrong:
         raise RuntimeError(f"peft did not wrap {', '.join(wrong[:3])} in its {kind} layer")
-    prefix = _PEFT_PREFIX[kind]
     for name, p in encoder.named_parameters():  # peft's own marking, made explicit: only its adapter trains
-        p.requires_grad_(prefix in name)
+        p.requires_grad_(method.prefix in name)
     trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
     expected = peft_count(kind, sizes, rank, factor)
     if trainable != expected:  # the meta-device count must be the real one, or the match would be wrong
         raise RuntimeError(f"peft {kind} r={rank}: {trainable} trainable parameters, but {expected} were counted")
-    return FineTuneReport(kind, layers, trainable, phm_count, rank, factor if kind == "lokr" else None,
+    return FineTuneReport(kind, layers, trainable, phm_count, rank, factor if method.has_factor else None,
                           config.alpha or rank)
+
+
+def _lora_layer() -> type:
+    from peft.tuners.lora import LoraLayer
+    return LoraLayer
+
+
+def _lokr_layer() -> type:
+    from peft.tuners.lokr import LoKrLayer
+    return LoKrLayer
+
+
+#: peft method name → :class:`PeftMethod` (the kinds ``lora`` and ``lokr`` of :data:`FINETUNE_KINDS`).
+PEFT_METHODS: dict[str, PeftMethod] = {
+    "lora": PeftMethod(
+        config=lambda peft, r, factor, alpha, dropout, targets: peft.LoraConfig(
+            r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none"),
+        layer=_lora_layer, prefix="lora_", match=_match_lora),
+    "lokr": PeftMethod(
+        config=lambda peft, r, factor, alpha, dropout, targets: peft.LoKrConfig(
+            r=r, alpha=alpha, rank_dropout=dropout, decompose_factor=factor, target_modules=targets),
+        layer=_lokr_layer, prefix="lokr_", match=_match_lokr, has_factor=True),
+}
+
+register_finetune_kind("phm", FineTuneKind(_attach_phm))
+register_finetune_kind("lora", FineTuneKind(_attach_peft))
+register_finetune_kind("lokr", FineTuneKind(_attach_peft))
+register_finetune_kind("full", FineTuneKind(_attach_full))
+register_finetune_kind("none", FineTuneKind(_attach_none))

@@ -8,36 +8,30 @@ costs exactly what the base layer costs.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import math
-import sys
 
 import torch
 from torch import Tensor, nn
 
 from hyperplex.adapters.config import PHMAdapterConfig
 from hyperplex.layers.functional import materialize_weight, phm_linear_structured
+from hyperplex.layers.selection import dense_sizes, dense_source, is_dense
 
-__all__ = ["PHMDelta", "PHMAdaptedLinear", "phm_lowrank_structured", "is_adaptable", "linear_sizes"]
-
-
-def _conv1d_type() -> type | None:
-    """``transformers.pytorch_utils.Conv1D`` if transformers is loaded (a model holding one loaded it)."""
-    module = sys.modules.get("transformers.pytorch_utils")
-    return getattr(module, "Conv1D", None)
+__all__ = ["PHMDelta", "AdapterWrapper", "PHMAdaptedLinear", "SavedModule", "phm_lowrank_structured",
+           "tensors_sha256"]
 
 
-def is_adaptable(module: nn.Module) -> bool:
-    """True for the layer types an adapter can wrap: ``nn.Linear`` and ``transformers``' ``Conv1D``."""
-    conv1d = _conv1d_type()
-    return isinstance(module, nn.Linear) or (conv1d is not None and isinstance(module, conv1d))
-
-
-def linear_sizes(module: nn.Module) -> tuple[int, int]:
-    """``(in_features, out_features)`` of an adaptable layer (``Conv1D`` stores its weight as ``(d, k)``)."""
-    if isinstance(module, nn.Linear):
-        return module.in_features, module.out_features
-    d, k = module.weight.shape
-    return d, k
+def tensors_sha256(named: list[tuple[str, Tensor]]) -> str:
+    """SHA-256 (hex) of ``(name, tensor)`` pairs in the order given: each name, dtype, shape and every byte."""
+    digest = hashlib.sha256()
+    for name, tensor in named:
+        t = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        if t.numel():
+            digest.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    return digest.hexdigest()
 
 
 def phm_lowrank_structured(x: Tensor, rule: Tensor, left: Tensor, right: Tensor) -> Tensor:
@@ -132,28 +126,60 @@ class PHMDelta(nn.Module):
                 f"scale={c.scale}, shared_rule={c.shared_rule}")
 
 
-class PHMAdaptedLinear(nn.Module):
+class AdapterWrapper(nn.Module):
+    """What an adapter puts in a model in place of one of its modules (peft's ``BaseTunerLayer`` has this role).
+
+    Attributes:
+        base_layer: the wrapped module, frozen.
+        adapters: ``nn.ModuleDict`` adapter name → what that adapter adds (a :class:`PHMDelta`, or a trained copy).
+        active_adapter: name or ``None``.
+        requires_grad_before: ``(parameter, requires_grad)`` of every parameter of the model from before the
+            first adapter froze them: one list, shared by every wrapper in the model, given back when the
+            last adapter is removed. Adapter state, so it lives here and not on the user's model.
+    """
+
+    def __init__(self, base_layer: nn.Module) -> None:
+        super().__init__()
+        self.base_layer = base_layer
+        self.adapters = nn.ModuleDict()
+        self.active_adapter: str | None = None
+        self.requires_grad_before: list[tuple[nn.Parameter, bool]] = []
+
+    def set_active(self, name: str | None) -> None:
+        """Make adapter ``name`` the active one here (``None`` where this wrapper does not hold it); only its
+        parameters get ``requires_grad`` (a shared rule belongs to one adapter: no conflict)."""
+        self.active_adapter = name if name in self.adapters else None
+        for key, module in self.adapters.items():
+            module.requires_grad_(key == name)
+
+
+def dense_signature(layer: nn.Module) -> str:
+    """SHA-256 of a dense layer's ``weight`` and ``bias`` (:func:`tensors_sha256`)."""
+    return tensors_sha256([(name, t) for name, t in (("weight", layer.weight), ("bias", layer.bias)) if t is not None])
+
+
+class PHMAdaptedLinear(AdapterWrapper):
     """A frozen ``nn.Linear`` / ``Conv1D`` (``base_layer``) plus named PHM adapters, at most one active.
 
     ``forward(x (..., d)) → (..., k)``: ``base_layer(x) + adapters[active](x)``; ``base_layer(x)`` alone
     when no adapter is active or the active one is merged into ``base_layer.weight``.
 
-    Attributes:
-        base_layer: the wrapped layer (its parameters are frozen by :func:`~hyperplex.adapters.add_adapter`).
+    Attributes (beside :class:`AdapterWrapper`'s):
         adapters: ``nn.ModuleDict`` name → :class:`PHMDelta`.
-        active_adapter: name or ``None``.
         merged_adapter: name of the adapter folded into ``base_layer.weight``, or ``None``.
     """
 
     def __init__(self, base_layer: nn.Module) -> None:
-        super().__init__()
-        if not is_adaptable(base_layer):
+        if not is_dense(base_layer):
             raise TypeError(f"a PHM adapter wraps nn.Linear or transformers' Conv1D, got {type(base_layer).__name__}")
-        self.base_layer = base_layer
-        self.in_features, self.out_features = linear_sizes(base_layer)
-        self.adapters = nn.ModuleDict()
-        self.active_adapter: str | None = None
+        super().__init__(base_layer)
+        self.in_features, self.out_features = dense_sizes(base_layer)
         self.merged_adapter: str | None = None
+        self._unmerged_signature: str | None = None  # the base's signature, kept while an adapter is merged
+
+    def base_signature(self) -> str:
+        """:func:`dense_signature` of the base layer as it is without any adapter (also while one is merged)."""
+        return self._unmerged_signature or dense_signature(self.base_layer)
 
     @property
     def weight(self) -> Tensor:
@@ -175,7 +201,7 @@ class PHMAdaptedLinear(nn.Module):
         dtype (what a merge would write; shape of ``base_layer.weight``). The layer is not changed."""
         delta = self.adapters[self.active_adapter].delta_weight().detach()  # (k, d)
         weight = self.base_layer.weight
-        if not isinstance(self.base_layer, nn.Linear):  # Conv1D: weight is (d, k), y = x W + b
+        if dense_source(self.base_layer) == "conv1d":  # weight is (d, k), y = x W + b
             delta = delta.T
         compute = torch.promote_types(weight.dtype, torch.float32)
         with torch.no_grad():
@@ -206,6 +232,7 @@ class PHMAdaptedLinear(nn.Module):
         if self.active_adapter is None:
             raise RuntimeError("no active adapter to merge")
         self.check_foldable()
+        self._unmerged_signature = dense_signature(self.base_layer)
         self._fold(+1.0)
         self.merged_adapter = self.active_adapter
 
@@ -216,7 +243,41 @@ class PHMAdaptedLinear(nn.Module):
         if self.merged_adapter != self.active_adapter:  # set_active refuses while merged; guard anyway
             raise RuntimeError(f"merged adapter {self.merged_adapter!r} is not the active one")
         self._fold(-1.0)
-        self.merged_adapter = None
+        self.merged_adapter = self._unmerged_signature = None
 
     def extra_repr(self) -> str:
         return f"active_adapter={self.active_adapter!r}, merged_adapter={self.merged_adapter!r}"
+
+
+class SavedModule(AdapterWrapper):
+    """A module that adapters train in full and save (``PHMAdapterConfig.modules_to_save``): a new head, say.
+
+    ``base_layer`` is the original module, frozen; each adapter holds its own copy of it in ``adapters``,
+    made when the adapter is added, trained while it is active and saved with its weights. ``forward`` runs
+    the active adapter's copy, or the original when no adapter here is active. Attributes that are not the
+    wrapper's own are read from that module, so code that reads ``head.out_features`` keeps working.
+    """
+
+    _OWN = frozenset({"base_layer", "adapters", "active_adapter", "requires_grad_before"})
+
+    def add_copy(self, name: str) -> None:
+        """Give adapter ``name`` its own copy of the original module (same values, device, dtype)."""
+        self.adapters[name] = copy.deepcopy(self.base_layer)
+
+    def current(self) -> nn.Module:
+        """The module ``forward`` runs: the active adapter's copy, or the original."""
+        return self.base_layer if self.active_adapter is None else self.adapters[self.active_adapter]
+
+    def forward(self, *args, **kwargs):
+        return self.current()(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in self._OWN or name.startswith("_"):
+                raise
+            return getattr(self.current(), name)
+
+    def extra_repr(self) -> str:
+        return f"active_adapter={self.active_adapter!r}"

@@ -67,3 +67,10 @@ def test_batches_are_made_only_when_indexed():
         batches[3]
     with pytest.raises(ValueError, match="batch size"):
         LazyBatches(order, 0, make)
+    given = LazyBatches.from_batches([[5], [1, 2, 6], [4, 0, 3]], make)
+    assert len(given) == 3 and [given.chunk(k) for k in range(3)] == [[5], [1, 2, 6], [4, 0, 3]]
+    assert given[-1] == 7 and given[0:2] == [5, 9]
+    with pytest.raises(IndexError):
+        given[3]
+    with pytest.raises(ValueError, match="an empty batch"):
+        LazyBatches.from_batches([[1], []], make)

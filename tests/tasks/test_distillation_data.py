@@ -27,7 +27,7 @@ from conftest import tiny_sentences
 sentences = tiny_sentences  # 3–8 words from the tiny BERT's vocabulary; teacher_folder: tests/conftest.py
 
 
-def task_for(tmp_path, teacher, train: list[str], dev: list[str] | None, **data):
+def task_for(tmp_path, teacher, train: list[str], dev: list[str] | None, bucket: bool = False, **data):
     train_file = tmp_path / "train.txt.gz"
     train_file.write_bytes(gzip.compress(("\n".join(train) + "\n").encode()))
     raw_data = {"task": "distillation", "train": str(train_file), **data}
@@ -37,7 +37,7 @@ def task_for(tmp_path, teacher, train: list[str], dev: list[str] | None, **data)
     raw = {"name": "stream", "seed": 3, "model_dir": str(tmp_path / "m"), "data": raw_data,
            "model": {"architecture": "pretrained_student", "path": str(teacher), "kind": "none"},
            "training": {"batch_size": 4, "max_steps": 5, "num_threads": 1, "progress_bar": False, "plots": False,
-                        "device": "cpu"}}
+                        "device": "cpu", "bucket": bucket}}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
     cfg = load_experiment(path)
@@ -45,6 +45,7 @@ def task_for(tmp_path, teacher, train: list[str], dev: list[str] | None, **data)
 
 
 def test_the_corpus_is_streamed_and_batches_are_the_eager_ones(tmp_path, teacher_folder):
+    """training.bucket false: the shuffled order cut into consecutive batches."""
     train = sentences(30, 1)
     task = task_for(tmp_path, teacher_folder, train, sentences(5, 2))
     task.prepare(fresh=True)
@@ -59,6 +60,32 @@ def test_the_corpus_is_streamed_and_batches_are_the_eager_ones(tmp_path, teacher
         assert lazy.indices == expected.indices and torch.equal(lazy["input_ids"], expected["input_ids"])
     assert [b.num_tokens for b in batches[:]] == [4] * 7 + [2]
     assert [i for b in task.train_batches(2) for i in b.indices] != order  # another epoch, another order
+
+
+def test_bucketed_batches_hold_similar_lengths(tmp_path, teacher_folder):
+    """training.bucket (the default): every sentence once per epoch, in make_batches' length-sorted pools
+    (bytes of the line), the batch order shuffled; less padding than the same sentences unbucketed."""
+    from hyperplex.data.batching import make_batches
+
+    train = sentences(30, 1, low=1, high=12)
+    task = task_for(tmp_path, teacher_folder, train, sentences(5, 2), bucket=True)
+    task.prepare(fresh=True)
+    batches = task.train_batches(1)
+    assert list(task.train_set.byte_lengths()) == [len(s.encode()) for s in train]
+    expected = make_batches([len(s.encode()) for s in train], 4, shuffle=True, seed=3, epoch=1)
+    assert [b.indices for b in batches[:]] == expected
+    assert sorted(i for b in batches[:] for i in b.indices) == list(range(30))
+    # one pool holds the whole epoch here: the batches, in length order, partition the sorted sentences
+    ordered = sorted(batches[:], key=lambda b: min(len(train[i].encode()) for i in b.indices))
+    spans = [(min(len(train[i].encode()) for i in b.indices), max(len(train[i].encode()) for i in b.indices))
+             for b in ordered]
+    assert all(high <= low_next for (_, high), (low_next, _) in zip(spans, spans[1:]))
+    padded = sum(b["input_ids"].numel() for b in batches[:])
+    (tmp_path / "plain").mkdir()
+    unbucketed = task_for(tmp_path / "plain", teacher_folder, train, sentences(5, 2))
+    unbucketed.prepare(fresh=True)
+    assert padded < sum(b["input_ids"].numel() for b in unbucketed.train_batches(1)[:])
+    assert [b.indices for b in task.train_batches(2)] != expected  # another epoch, another order
 
 
 def test_dev_sentences_are_dropped_after_normalising(tmp_path, teacher_folder, caplog):

@@ -146,6 +146,11 @@ class LineIndex(Sequence[str]):
         """Close the file (and so every view of it); the temporary copy of a gzip file is deleted."""
         self._storage.close()
 
+    def byte_lengths(self) -> np.ndarray:
+        """``int64`` array: the UTF-8 length in bytes of every line (before stripping), a cheap proxy of its
+        token count for length bucketing; nothing is read from the file."""
+        return self._ends - self._starts
+
     @property
     def nbytes(self) -> int:
         """Bytes of memory the index itself holds (the offsets; the text stays in the file)."""
@@ -156,21 +161,35 @@ class LazyBatches(Sequence):
     """The batches of a shuffled order, each made only when it is indexed.
 
     Batch ``k`` is ``make(order[k * size:(k + 1) * size])`` (a list of ints; the last batch may be
-    shorter); ``len`` is the number of batches and a slice gives a list, so a trainer that indexes
-    ``batches[i:i + accum]`` step by step reads and tokenises only those sentences.
+    shorter), or with :meth:`from_batches` ``make`` of the ``k``-th given index list; ``len`` is the number
+    of batches and a slice gives a list, so a trainer that indexes ``batches[i:i + accum]`` step by step
+    reads and tokenises only those sentences.
     """
 
     def __init__(self, order: Sequence[int] | np.ndarray, size: int, make) -> None:
         if size < 1:
             raise ValueError(f"batch size must be ≥ 1, got {size}")
-        self.order, self.size, self.make = np.asarray(order, dtype=np.int64), size, make
+        self.order, self.make = np.asarray(order, dtype=np.int64), make
+        self.bounds = np.append(np.arange(0, len(self.order), size, dtype=np.int64), len(self.order))
+
+    @classmethod
+    def from_batches(cls, batches: Sequence[Sequence[int]], make) -> LazyBatches:
+        """Batches given as lists of item indices (e.g. :func:`hyperplex.data.batching.make_batches`'s
+        length-bucketed ones), held as one flat ``int64`` array and its bounds; none may be empty."""
+        if any(len(batch) == 0 for batch in batches):
+            raise ValueError("an empty batch")
+        self = cls.__new__(cls)
+        self.make = make
+        self.order = np.fromiter((i for batch in batches for i in batch), dtype=np.int64)
+        self.bounds = np.append(0, np.cumsum([len(batch) for batch in batches], dtype=np.int64))
+        return self
 
     def __len__(self) -> int:
-        return -(-len(self.order) // self.size)
+        return len(self.bounds) - 1
 
     def chunk(self, k: int) -> list[int]:
         """The item indices of batch ``k``."""
-        return self.order[k * self.size:(k + 1) * self.size].tolist()
+        return self.order[self.bounds[k]:self.bounds[k + 1]].tolist()
 
     def __getitem__(self, item):
         if isinstance(item, slice):

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from hyperplex.data.batching import make_batches
 from hyperplex.data.corpus import HeldOut, evaluation_sentences
 from hyperplex.data.datasets import Batch
 from hyperplex.data.lines import LazyBatches, LineIndex
@@ -161,14 +162,26 @@ class DistillationTask(Task):
 
     def train_batches(self, epoch: int) -> LazyBatches:
         """The batches of ``epoch``: ``training.batch_size`` training sentences each, in an order shuffled by
-        (``seed``, epoch); a lazy sequence whose batches are read from the file and tokenised when indexed."""
+        (``seed``, epoch); with ``training.bucket`` the sentences of each pool of
+        :data:`~hyperplex.data.batching.POOL_BATCHES` batches are sorted by length (bytes of the line) before
+        they are cut into batches, and the batches shuffled, so a batch pads to similar lengths. A lazy
+        sequence whose batches are read from the file and tokenised when indexed."""
         cached = getattr(self, "_epoch_batches", None)
         if cached is not None and cached[0] == epoch:
             return cached[1]
-        order = list(range(len(self.train_set)))
-        random.Random(self.cfg.seed * 1_000_003 + epoch).shuffle(order)
-        batches = LazyBatches(order, self.cfg.training.batch_size,
-                              lambda chunk: self._batch([self.train_set[i] for i in chunk], chunk))
+        t = self.cfg.training
+
+        def make(chunk: list[int]) -> Batch:
+            return self._batch([self.train_set[i] for i in chunk], chunk)
+
+        if t.bucket:
+            lengths = self.train_set.byte_lengths().tolist()
+            batches = LazyBatches.from_batches(
+                make_batches(lengths, t.batch_size, shuffle=True, seed=self.cfg.seed, epoch=epoch), make)
+        else:
+            order = list(range(len(self.train_set)))
+            random.Random(self.cfg.seed * 1_000_003 + epoch).shuffle(order)
+            batches = LazyBatches(order, t.batch_size, make)
         self._epoch_batches = (epoch, batches)
         return batches
 

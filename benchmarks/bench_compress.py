@@ -127,7 +127,7 @@ def prepare(args, root: str) -> dict[str, dict]:
 
     from hyperplex.convert import convert_linears, save_converted
     from hyperplex.convert.quantize import quantize, save_quantized
-    from hyperplex.models.pretrained_student import load_sentence_transformer
+    from hyperplex.pretrained import load_sentence_transformer
     from hyperplex.pretrained import resolve_model_path
 
     teacher_folder = resolve_model_path(args.model)

@@ -1,8 +1,8 @@
 """Dependencies run one way: every ``hyperplex`` import (module level or inside a function) points to a
 module at the same layer or below. The layers, lowest first:
 
-0. ``algebra``, ``fileio``, ``threads``, ``metrics``, ``pretrained``, ``config`` (core, registry)
-1. ``layers``
+0. ``algebra``, ``fileio``, ``threads``, ``metrics``, ``config`` (core, registry)
+1. ``layers``, ``pretrained`` (finding and loading a pretrained encoder: reads its files through ``fileio``)
 2. ``nn``, ``data``
 3. ``convert``, ``adapters`` (dense layers of any model swapped for PHM / low-rank layers or wrapped by adapters)
 4. ``models`` (every model, the pretrained student and classifier too: they are built with ``convert`` and
@@ -10,7 +10,8 @@ module at the same layer or below. The layers, lowest first:
 5. ``config.experiment``, ``config.reference`` (the experiment schema, which names model configs)
 6. ``train``
 7. ``tasks``
-8. ``cli``, ``experiments`` (experiment plans: they train and evaluate through the CLI's runner) and the
+8. ``scoring`` (sentence encoders in their folders scored next to their teacher: loads trained models)
+9. ``cli``, ``experiments`` (experiment plans: they train and evaluate through the CLI's runner) and the
    package root, which re-exports the public API
 
 Within one layer, packages may not import each other (``convert`` ↔ ``adapters``), except a package
@@ -27,19 +28,20 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "hyperplex"
 #: The top layer: its packages may import each other (the CLI runs experiment plans, plans train through it).
-TOP = 8
+TOP = 9
 
 LAYERS = {
-    "hyperplex.algebra": 0, "hyperplex.fileio": 0, "hyperplex.threads": 0, "hyperplex.metrics": 0, "hyperplex.pretrained": 0,
+    "hyperplex.algebra": 0, "hyperplex.fileio": 0, "hyperplex.threads": 0, "hyperplex.metrics": 0,
     "hyperplex.config": 0,
     "hyperplex.config.core": 0, "hyperplex.config.registry": 0,
-    "hyperplex.layers": 1,
+    "hyperplex.layers": 1, "hyperplex.pretrained": 1,
     "hyperplex.nn": 2, "hyperplex.data": 2,
     "hyperplex.convert": 3, "hyperplex.adapters": 3,
     "hyperplex.models": 4,
     "hyperplex.config.experiment": 5, "hyperplex.config.reference": 5,
     "hyperplex.train": 6,
     "hyperplex.tasks": 7,
+    "hyperplex.scoring": 8,
     "hyperplex.cli": TOP, "hyperplex.experiments": TOP, "hyperplex.__main__": TOP, "hyperplex": TOP,
 }
 

@@ -1,4 +1,5 @@
-"""``hyperplex score-encoder``: compressed sentence encoders scored next to their teacher, in one table.
+"""Compressed sentence encoders scored next to their teacher (``hyperplex score-encoder``, from Python
+:func:`score_encoders`).
 
 Each STUDENT is a folder :func:`hyperplex.convert.save_converted` wrote (``hyperplex_convert.json``) or a
 ``hyperplex compress`` model folder (``config.yaml`` with ``data.task: distillation``), which is scored
@@ -6,13 +7,15 @@ through its ``student/`` when there is one, else its best checkpoint, else its l
 plan's ``heal: false`` rows have only that). The teacher is ``--teacher``, or the ``model.path`` the
 students' ``config.yaml`` records (a ``student/`` folder: its parent's); it is always the first row.
 
-The measuring is :mod:`hyperplex.convert.quality`'s (:func:`~hyperplex.convert.quality.score_embedder`,
-the same code as ``experiments/run.py``'s ``quality:`` key): ``agreement`` (mean cosine to the teacher on
-held-out sentences, the teacher embedded once), ``wikiqa_map`` / ``wikiqa_mrr`` (zero-shot ranking by
-cosine), ``sst2_probe`` (a logistic-regression probe on frozen embeddings, whole sentences only); and the
-sizes: ``params`` (whole model), ``converted_layers``, ``converted_params`` (those layers; for the teacher
-the same layers dense) and ``file_bytes`` (``model.safetensors`` as ``save_converted`` writes it).
-Everything that can be checked without embedding is checked first, so bad input fails in seconds.
+The scoring is :mod:`hyperplex.convert.quality`'s, the same as an experiment plan's ``quality:`` key
+(:mod:`hyperplex.experiments.quality`): ``agreement`` (mean cosine to the teacher on held-out sentences,
+the teacher embedded once, :func:`~hyperplex.convert.quality.teacher_agreement`), ``wikiqa_map`` /
+``wikiqa_mrr`` (zero-shot ranking by cosine), ``sst2_probe`` (a logistic-regression probe on frozen
+embeddings, whole sentences only); and the sizes (:func:`~hyperplex.convert.quality.encoder_size`):
+``params`` (whole model), ``converted_layers``, ``selected_params`` (the parameters of the layers the
+students converted; for the teacher the same layers dense) and ``file_bytes`` (``model.safetensors`` as
+``save_converted`` writes it). Everything that can be checked without embedding is checked first, so
+bad input fails in seconds.
 """
 
 from __future__ import annotations
@@ -24,23 +27,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEFAULT_FILES", "METRICS", "find_student", "format_table", "score_encoders"]
+__all__ = ["DEFAULT_FILES", "METRICS", "PROBE_C", "find_student", "resolve_teacher", "score_encoders"]
 
 #: ``--metrics`` name → the file it is measured on, relative to the data root (the files
 #: ``experiments/minilm_compress.yaml`` uses); its flag is ``--NAME``.
 DEFAULT_FILES = {"agreement": "tatoeba_en_fr/dev.en.gz", "wikiqa": "wikiqa/dev.jsonl.gz",
                  "sst2": "sst2/train.tsv.gz"}
 METRICS = tuple(DEFAULT_FILES)
-#: Sentences embedded per call (as experiments/compress_quality.py).
-BATCH_SIZE = 64
 #: The SST-2 probe's logistic-regression strength and carve (whole sentences: no test text is seen in training).
 PROBE_C, PROBE_CARVE = 1.0, "sentences"
-#: (result key, table header, the --metrics name it needs or None for the size columns).
-COLUMNS = [("agreement", "agreement", "agreement"), ("wikiqa_map", "WikiQA MAP", "wikiqa"),
-           ("wikiqa_mrr", "WikiQA MRR", "wikiqa"), ("sst2_probe", "SST-2 probe", "sst2"),
-           ("params", "params", None), ("converted_layers", "converted layers", None),
-           ("converted_params", "params of converted layers", None), ("file_bytes", "file size", None)]
-DIGITS = 4
 
 
 @dataclass
@@ -204,7 +199,7 @@ def score_encoders(students: list[str], teacher: str | None = None, data_root: s
                    files: dict[str, str | None] | None = None, metrics: list[str] | None = None,
                    probe_train: int = 2000, probe_test: int = 1000, split_seed: int = 0,
                    json_path: str | None = None, threads: int | str | None = None, progress: bool = True) -> dict:
-    """``hyperplex score-encoder``: the teacher and each student scored on the same data.
+    """The teacher and each student scored on the same data (``hyperplex score-encoder``).
 
     Args:
         students: STUDENT folders (:func:`find_student`).
@@ -219,35 +214,47 @@ def score_encoders(students: list[str], teacher: str | None = None, data_root: s
 
     Returns:
         ``{"teacher", "teacher_from", "files", "probe", "details", "rows"}``; each row is ``{"name", "role",
-        "source", "conversion", metric: value …, "params", "converted_layers", "converted_params",
+        "source", "conversion", metric: value …, "params", "converted_layers", "selected_params",
         "file_bytes"}``, the teacher first.
     """
-    import torch
-
     from hyperplex.config.experiment import default_data_root
-    from hyperplex.convert import conversion_spec
-    from hyperplex.convert.quality import (
-        embed_batched,
-        layer_parameters,
-        read_sentences,
-        score_embedder,
-        sentence_transformer_embedder,
-        sst2_pool,
-        weight_file_bytes,
-    )
-    from hyperplex.convert.quantize import factorised_layers, is_quantized
-    from hyperplex.models.pretrained_student import load_sentence_transformer
-    from hyperplex.pretrained import resolve_model_path
-    from hyperplex.threads import (
-        TOKENS_PER_SENTENCE,
-        model_width,
-        parse_threads,
-        set_threads,
-    )
+    from hyperplex.threads import parse_threads
 
     # -- everything that needs no model: arguments, folders, teacher, data files --------------------------
     threads = 0 if threads is None else parse_threads(threads)
     metrics = list(METRICS if metrics is None else metrics)
+    found, teacher, teacher_from = _check_arguments(students, teacher, metrics, probe_train, probe_test)
+    data_root = data_root or default_data_root()
+    paths = _data_files(metrics, files or {}, data_root)
+    if "sst2" in metrics:
+        from hyperplex.convert.quality import sst2_pool
+
+        pool = len(sst2_pool(paths["sst2"], PROBE_CARVE))
+        if probe_train + probe_test > pool:
+            raise ValueError(f"--probe-train + --probe-test = {probe_train + probe_test} exceeds the {pool} whole "
+                             f"sentences of {paths['sst2']} (--sst2)")
+    if json_path and not Path(json_path).resolve().parent.is_dir():
+        raise FileNotFoundError(f"--json: the folder of {json_path} does not exist")
+    probe = {"train": probe_train, "test": probe_test, "split_seed": split_seed, "C": PROBE_C,
+             "carve": PROBE_CARVE} if "sst2" in metrics else None
+
+    with _quiet_transformers():  # its own bars for every model loaded or saved; this verb has one bar
+        teacher_model, models = _load_models(found, teacher, data_root, threads)
+        rows, details = _score_rows(teacher, teacher_model, found, models, paths, probe, progress)
+    result = {"teacher": teacher, "teacher_from": teacher_from, "files": paths, "probe": probe,
+              "details": details, "rows": rows}
+    if json_path:
+        from hyperplex.fileio import atomic_write_text
+
+        atomic_write_text(json_path, json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def _check_arguments(students: list[str], teacher: str | None, metrics: list[str], probe_train: int,
+                     probe_test: int) -> tuple[list[Student], str, str]:
+    """(the students found, the teacher, where it came from), or the error naming the bad argument."""
+    from hyperplex.pretrained import resolve_model_path
+
     unknown = [m for m in metrics if m not in METRICS]
     if unknown or not metrics:
         raise ValueError(f"--metrics: {unknown[0] if unknown else 'nothing'!r} is not a metric; choose from "
@@ -262,112 +269,83 @@ def score_encoders(students: list[str], teacher: str | None = None, data_root: s
         resolve_model_path(teacher)
     except (ValueError, ImportError) as err:
         raise type(err)(f"the teacher ({teacher_from}): {str(err).removeprefix('model.path: ')}") from None
-    data_root = data_root or default_data_root()
-    paths = _data_files(metrics, files or {}, data_root)
-    if "sst2" in metrics:
-        pool = len(sst2_pool(paths["sst2"], PROBE_CARVE))
-        if probe_train + probe_test > pool:
-            raise ValueError(f"--probe-train + --probe-test = {probe_train + probe_test} exceeds the {pool} whole "
-                             f"sentences of {paths['sst2']} (--sst2)")
-    if json_path and not Path(json_path).resolve().parent.is_dir():
-        raise FileNotFoundError(f"--json: the folder of {json_path} does not exist")
-
-    with _quiet_transformers():  # its own bars for every model loaded or saved; this verb has one bar
-        # -- the models: the same width, the same layer names -----------------------------------------------
-        teacher_model = load_sentence_transformer(teacher)
-        models = [_load_student(s, data_root) for s in found]
-        width = sentence_transformer_embedder(teacher_model)(["width"]).shape[1]
-        for student, model in zip(found, models):
-            own = sentence_transformer_embedder(model)(["width"]).shape[1]
-            if own != width:
-                raise ValueError(f"STUDENT {student.argument}: its embeddings have {own} dimensions but the teacher's "
-                                 f"({teacher}) have {width}; is it this teacher's student?")
-        specs = [factorised_layers(model) if is_quantized(model) else conversion_spec(model) for model in models]
-        converted = list(dict.fromkeys(entry["name"] for spec in specs for entry in spec))
-        try:
-            teacher_selected = layer_parameters(teacher_model, converted)
-        except KeyError as err:
-            raise ValueError(f"the teacher ({teacher}) has no layer {err.args[0].split()[-1]} that a student "
-                             f"converted; is it their teacher?") from None
-        set_threads(threads, BATCH_SIZE * TOKENS_PER_SENTENCE, model_width(teacher_model))
-
-        # -- scoring ------------------------------------------------------------------------------------------
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(models) + 1, unit="model", file=sys.stderr, disable=None, dynamic_ncols=True)
-        agreement = None
-        if "agreement" in metrics:
-            sentences = read_sentences(paths["agreement"])
-            bar and bar.set_description("teacher: embedding the agreement sentences")
-            with torch.no_grad():
-                agreement = (sentences, embed_batched(sentence_transformer_embedder(teacher_model, BATCH_SIZE),
-                                                      sentences, BATCH_SIZE))
-        wikiqa = {"path": paths["wikiqa"]} if "wikiqa" in metrics else None
-        sst2 = {"path": paths["sst2"], "train_size": probe_train, "test_size": probe_test, "split_seed": split_seed,
-                "C": PROBE_C, "carve": PROBE_CARVE} if "sst2" in metrics else None
-        rows, details = [], {}
-        entries = [("teacher", f"teacher ({teacher})", teacher_model, [], resolve_model_path(teacher))]
-        entries += [("student", s.argument, m, spec, s.source) for s, m, spec in zip(found, models, specs)]
-        for role, name, model, spec, source in entries:
-            def tick(metric: str, name=name) -> None:
-                if bar:
-                    bar.set_description(f"{name}: {metric}")
-            values, details = score_embedder(sentence_transformer_embedder(model, BATCH_SIZE), agreement, wikiqa, sst2,
-                                             BATCH_SIZE, progress=tick)
-            selected = teacher_selected if role == "teacher" else sum(e["params"] for e in spec) if is_quantized(model) \
-                else layer_parameters(model, [e["name"] for e in spec])
-            rows.append({"name": name, "role": role, "source": source,
-                         "conversion": "dense (teacher)" if role == "teacher" else _conversion(spec) + (
-                             ", int8" if is_quantized(model) else ""), **values,
-                         "params": sum(p.numel() for p in model.parameters()), "converted_layers": len(spec),
-                         "converted_params": selected, "file_bytes": weight_file_bytes(model)})
-            bar and bar.update(1)
-        if bar:
-            bar.set_description("scored")
-            bar.close()
-    result = {"teacher": teacher, "teacher_from": teacher_from, "files": paths,
-              "probe": {"train": probe_train, "test": probe_test, "split_seed": split_seed, "C": PROBE_C,
-                        "carve": PROBE_CARVE} if sst2 else None,
-              "details": details, "rows": rows}
-    if json_path:
-        from hyperplex.fileio import atomic_write_text
-
-        atomic_write_text(json_path, json.dumps(result, indent=1) + "\n")
-    return result
+    return found, teacher, teacher_from
 
 
-def _cell(key: str, value) -> str:
-    if key in ("params", "converted_layers", "converted_params"):
-        return f"{value:,}"
-    if key == "file_bytes":
-        return f"{value / 1e6:.1f} MB"
-    return f"{value:.{DIGITS}f}"
+def _load_models(found: list[Student], teacher: str, data_root: str | None, threads: int):
+    """(teacher, students) loaded on the CPU, each student checked to embed in the teacher's width; the
+    torch threads set for their size."""
+    from hyperplex.convert.quality import BATCH_SIZE, sentence_transformer_embedder
+    from hyperplex.pretrained import load_sentence_transformer
+    from hyperplex.threads import TOKENS_PER_SENTENCE, model_width, set_threads
+
+    teacher_model = load_sentence_transformer(teacher)
+    models = [_load_student(s, data_root) for s in found]
+    width = sentence_transformer_embedder(teacher_model)(["width"]).shape[1]
+    for student, model in zip(found, models):
+        own = sentence_transformer_embedder(model)(["width"]).shape[1]
+        if own != width:
+            raise ValueError(f"STUDENT {student.argument}: its embeddings have {own} dimensions but the teacher's "
+                             f"({teacher}) have {width}; is it this teacher's student?")
+    set_threads(threads, BATCH_SIZE * TOKENS_PER_SENTENCE, model_width(teacher_model))
+    return teacher_model, models
 
 
-def format_table(result: dict) -> str:
-    """The result of :func:`score_encoders` as a markdown table (teacher first) and a line per data file."""
-    columns = [(key, header) for key, header, _ in COLUMNS if key in result["rows"][0]]
-    lines = ["| model | conversion | " + " | ".join(h for _, h in columns) + " |",
-             "|---|---|" + "---:|" * len(columns)]
-    for row in result["rows"]:
-        lines.append(f"| {row['name']} | {row['conversion']} | "
-                     + " | ".join(_cell(key, row[key]) for key, _ in columns) + " |")
-    details, files = result["details"], result["files"]
-    notes = []
-    if "agreement" in details:
-        notes.append(f"agreement: mean cosine to the teacher on {details['agreement']['sentences']:,} distinct "
-                     f"sentences of {files['agreement']}")
-    if "wikiqa" in details:
-        d = details["wikiqa"]
-        notes.append(f"WikiQA: zero-shot, {d['questions']} questions with a correct answer ({d['skipped']} without, "
-                     f"skipped), {d['candidates']:,} candidates of {files['wikiqa']}")
-    if "sst2_probe" in details:
-        d = details["sst2_probe"]
-        notes.append(f"SST-2 probe: logistic regression (C = {PROBE_C:g}) trained on {d['train']:,} and tested on "
-                     f"{d['test']:,} other whole sentences (of {d['pool']:,}) of {files['sst2']}, split seed "
-                     f"{d['split_seed']}")
-    notes.append("params of converted layers: the layers the students converted (the teacher: the same layers "
-                 "dense); file size: model.safetensors as save_converted writes it")
-    return "\n".join(lines) + "\n\n" + "\n".join(notes)
+def _score_rows(teacher: str, teacher_model, found: list[Student], models: list, paths: dict[str, str],
+                probe: dict | None, progress: bool) -> tuple[list[dict], dict]:
+    """One row per model, the teacher first: the metrics of :func:`~hyperplex.convert.quality.score_embedder`
+    and the sizes of :func:`~hyperplex.convert.quality.encoder_size` (the teacher's selected layers: every
+    layer a student converted). Also the details (counts) of the last row."""
+    from hyperplex.convert.quality import (
+        BATCH_SIZE, encoder_size, score_embedder, sentence_transformer_embedder, teacher_agreement,
+    )
+    from hyperplex.convert.quantize import is_quantized
+    from hyperplex.pretrained import resolve_model_path
+
+    specs = [_converted_spec(model) for model in models]
+    converted = list(dict.fromkeys(entry["name"] for spec in specs for entry in spec))
+    try:
+        teacher_size = encoder_size(teacher_model, converted)
+    except KeyError as err:
+        raise ValueError(f"the teacher ({teacher}) has no layer {err.args[0].split()[-1]} that a student "
+                         f"converted; is it their teacher?") from None
+    sizes = [encoder_size(model) for model in models]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(models) + 1, unit="model", file=sys.stderr, disable=None, dynamic_ncols=True)
+    agreement = None
+    if "agreement" in paths:
+        bar and bar.set_description("teacher: embedding the agreement sentences")
+        agreement = teacher_agreement(teacher_model, teacher, paths["agreement"], 0, BATCH_SIZE)
+    wikiqa = {"path": paths["wikiqa"]} if "wikiqa" in paths else None
+    sst2 = {"path": paths["sst2"], "train_size": probe["train"], "test_size": probe["test"],
+            "split_seed": probe["split_seed"], "C": PROBE_C, "carve": PROBE_CARVE} if probe else None
+    rows, details = [], {}
+    entries = [("teacher", f"teacher ({teacher})", teacher_model, teacher_size, "dense (teacher)",
+                resolve_model_path(teacher))]
+    entries += [("student", s.argument, m, size, _conversion(spec) + (", int8" if is_quantized(m) else ""), s.source)
+                for s, m, size, spec in zip(found, models, sizes, specs)]
+    for role, name, model, size, conversion, source in entries:
+        def tick(metric: str, name=name) -> None:
+            if bar:
+                bar.set_description(f"{name}: {metric}")
+        values, details = score_embedder(sentence_transformer_embedder(model, BATCH_SIZE), agreement, wikiqa, sst2,
+                                         BATCH_SIZE, progress=tick)
+        rows.append({"name": name, "role": role, "source": source, "conversion": conversion, **values,
+                     "params": sum(p.numel() for p in model.parameters()),
+                     **{key: size[key] for key in ("converted_layers", "selected_params", "file_bytes")}})
+        bar and bar.update(1)
+    if bar:
+        bar.set_description("scored")
+        bar.close()
+    return rows, details
+
+
+def _converted_spec(model) -> list[dict]:
+    """The PHM and low-rank layers of a student (int8 ones too), as :func:`hyperplex.convert.conversion_spec`."""
+    from hyperplex.convert import conversion_spec
+    from hyperplex.convert.quantize import factorised_layers, is_quantized
+
+    return factorised_layers(model) if is_quantized(model) else conversion_spec(model)

@@ -1,6 +1,6 @@
-"""``hyperplex score-encoder`` (hyperplex/cli/score_encoder.py) on a tiny random BERT teacher saved as a
-SentenceTransformer folder and its PHM / low-rank conversions, with tiny synthetic agreement, WikiQA and SST-2
-files: the teacher row, the n = 1 conversion scoring exactly as the teacher, parameter counts and file sizes
+"""``hyperplex score-encoder`` (hyperplex/scoring.py, its table hyperplex/cli/score_encoder.py) on a tiny random
+BERT teacher saved as a SentenceTransformer folder and its PHM / low-rank conversions, with tiny synthetic
+agreement, WikiQA and SST-2 files: the teacher row, the n = 1 conversion scoring exactly as the teacher, parameter counts and file sizes
 against an independent count, the JSON equal to the printed table, `hyperplex compress` folders (student/
 and the best checkpoint, teacher from their config), and one clear error line for each bad input."""
 
@@ -27,7 +27,7 @@ from conftest import TINY_BERT_WORDS as WORDS
 from conftest import write_tiny_bert, write_tiny_sentence_transformer
 
 from hyperplex.cli import main
-from hyperplex.cli.score_encoder import DEFAULT_FILES
+from hyperplex.scoring import DEFAULT_FILES
 
 try:  # sentence-transformers 6 moved the modules; 3-5 have them in .models
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
@@ -118,7 +118,7 @@ def test_teacher_row_first_and_the_n1_student_scores_as_the_teacher(scored, setu
     assert teacher["agreement"] == pytest.approx(1.0, abs=1e-6)
     for metric in METRICS:  # n = 1: H = A ⊗ S is W up to float rounding, so every metric is the teacher's
         assert phm1[metric] == pytest.approx(teacher[metric], abs=1e-6), metric
-    assert phm1["params"] == teacher["params"] and phm1["converted_params"] == teacher["converted_params"]
+    assert phm1["params"] == teacher["params"] and phm1["selected_params"] == teacher["selected_params"]
     assert rows[os.fspath(folders["phm2"])]["agreement"] < 1 - 1e-5  # n = 2 changes the embeddings
     assert (teacher["conversion"], phm1["conversion"], rows[os.fspath(folders["phm2"])]["conversion"]) == \
         ("dense (teacher)", "phm n=1", "phm n=2")
@@ -174,7 +174,7 @@ def test_parameters_and_file_sizes_match_an_independent_count(scored, setup):
                 os.fspath(folders["lowrank2"]): (total - dense + lowrank2, 12, lowrank2)}
     for name, counts in expected.items():
         row = rows[name]
-        assert (row["params"], row["converted_layers"], row["converted_params"]) == counts, name
+        assert (row["params"], row["converted_layers"], row["selected_params"]) == counts, name
         assert 4 * row["params"] <= row["file_bytes"] <= 4 * row["params"] + 32_000, name  # float32 + header
     for name, folder in folders.items():  # the same writer: the student folder's own weights file
         assert rows[os.fspath(folder)]["file_bytes"] == (folder / "model.safetensors").stat().st_size, name
@@ -187,7 +187,7 @@ def test_the_json_holds_the_printed_tables_numbers(scored):
     assert header == ["model", "conversion", "agreement", "WikiQA MAP", "WikiQA MRR", "SST-2 probe", "params",
                       "converted layers", "params of converted layers", "file size"]
     keys = ["agreement", "wikiqa_map", "wikiqa_mrr", "sst2_probe", "params", "converted_layers",
-            "converted_params", "file_bytes"]
+            "selected_params", "file_bytes"]
     assert len(table) == 1 + len(result["rows"])
     for line, row in zip(table[1:], result["rows"]):
         cells = [cell.strip() for cell in line.strip("|").split("|")]
@@ -195,7 +195,7 @@ def test_the_json_holds_the_printed_tables_numbers(scored):
         for key, cell in zip(keys, cells[2:]):
             if key == "file_bytes":
                 assert cell.endswith(" MB") and float(cell[:-3]) == round(row[key] / 1e6, 1)
-            elif key in ("params", "converted_layers", "converted_params"):
+            elif key in ("params", "converted_layers", "selected_params"):
                 assert int(cell.replace(",", "")) == row[key], key
             else:
                 assert float(cell) == round(row[key], 4), key
@@ -433,7 +433,7 @@ def test_an_int8_student_folder_is_scored_in_int8(setup, tmp_path, capsys):
     row = rows_by_role(json.loads(out.read_text()))[os.fspath(folder)]
     assert row["conversion"] == "phm n=2, int8"
     shapes = [(e["in_features"], e["out_features"]) for e in factorised_layers(student)]
-    assert shapes and row["converted_params"] == sum(d * k // 2 + 2 ** 3 + k for d, k in shapes)
+    assert shapes and row["selected_params"] == sum(d * k // 2 + 2 ** 3 + k for d, k in shapes)
     assert row["file_bytes"] == sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
     sentences = read_sentences(data / DEFAULT_FILES["agreement"])
     reloaded = sentence_transformer_embedder(load_quantized(folder), 8)

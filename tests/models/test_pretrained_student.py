@@ -14,9 +14,9 @@ transformers = pytest.importorskip("transformers")
 
 from hyperplex.convert import load_converted, save_converted
 from hyperplex.models.pretrained_student import (PretrainedStudent, PretrainedStudentConfig,
-                                                 balance_factor_scales, capture_block_io, embed,
-                                                 load_sentence_transformer, record_internals, tokenize,
-                                                 transformer_layers)
+                                                 balance_factor_scales, capture_block_io, embed, record_internals,
+                                                 tokenize, transformer_layers)
+from hyperplex.pretrained import load_sentence_transformer
 from hyperplex.layers.conversion import phm_from_linear
 from hyperplex.layers.phm import PHMLinear
 

@@ -40,7 +40,8 @@ def _compress(args: argparse.Namespace) -> int:
 
 
 def _score_encoder(args: argparse.Namespace) -> int:
-    from hyperplex.cli.score_encoder import format_table, score_encoders
+    from hyperplex.cli.score_encoder import format_table
+    from hyperplex.scoring import score_encoders
 
     files = {"agreement": args.agreement, "wikiqa": args.wikiqa, "sst2": args.sst2}
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]

@@ -10,9 +10,14 @@ code scores the dense teacher and any student: :func:`sentence_transformer_embed
 * :func:`sst2_probe` — accuracy of a logistic-regression probe (scikit-learn) on frozen embeddings,
   on a carved train/test split of ``train.tsv.gz`` with a fixed split seed (``carve="sentences"``:
   whole sentences only, so no test sentence is seen by the probe as a phrase);
-* :func:`score_embedder` — those three for one embedder, against precomputed teacher rows
-  (``hyperplex score-encoder`` and the ``quality:`` key of ``experiments/run.py`` both call it);
-* :func:`saved_file_bytes`, :func:`layer_parameters` — the size columns of those tables.
+* :func:`score_embedder` — those three for one embedder, against the teacher's rows of the agreement
+  sentences (:func:`teacher_agreement`, embedded once per process);
+* :func:`encoder_size` — the size columns: converted layers, parameters of the selected layers, bytes
+  written and held.
+
+``hyperplex score-encoder`` (:mod:`hyperplex.scoring`) and the ``quality:`` key of experiment plans
+(:mod:`hyperplex.experiments.quality`) both score through :func:`teacher_agreement`, :func:`score_embedder`
+and :func:`encoder_size`.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from hyperplex.data.readers import read_jsonl, read_tsv
 from hyperplex.metrics import accuracy, ranking_metrics
 
 __all__ = [
+    "BATCH_SIZE",
     "Embedder",
     "carve_split",
     "embed_batched",
+    "encoder_size",
     "layer_parameters",
     "saved_quantized_file_bytes",
     "weight_file_bytes",
@@ -45,8 +52,12 @@ __all__ = [
     "sentence_transformer_embedder",
     "sst2_pool",
     "sst2_probe",
+    "teacher_agreement",
     "wikiqa_ranking",
 ]
+
+#: Sentences embedded per call when an encoder is scored.
+BATCH_SIZE = 64
 
 #: ``embed(sentences) -> (len(sentences), D)`` float tensor.
 Embedder = Callable[[list[str]], Tensor]
@@ -216,6 +227,24 @@ def read_sentences(path: str | os.PathLike, limit: int = 0) -> list[str]:
     return lines[:limit] if limit else lines
 
 
+_TEACHER_ROWS: dict[tuple, Tensor] = {}  # (teacher, file, its mtime, limit) → (N, D) teacher embeddings
+
+
+def teacher_agreement(teacher, name: str, path: str | os.PathLike, limit: int = 0,
+                      batch_size: int = BATCH_SIZE) -> tuple[list[str], Tensor]:
+    """``(sentences, rows)`` for :func:`score_embedder`'s ``agreement``: the distinct lines of ``path``
+    (:func:`read_sentences`, the first ``limit``) and the ``(N, D)`` embeddings the ``teacher``
+    SentenceTransformer gives them. ``name`` identifies the teacher (its ``model.path``): the rows are
+    embedded once per process for each teacher, file version and limit, and reused for every student."""
+    sentences = read_sentences(path, limit)
+    key = (name, os.fspath(path), os.stat(path).st_mtime_ns, limit)
+    if key not in _TEACHER_ROWS:
+        with torch.no_grad():
+            _TEACHER_ROWS[key] = embed_batched(sentence_transformer_embedder(teacher, batch_size), sentences,
+                                               batch_size)
+    return sentences, _TEACHER_ROWS[key]
+
+
 def lookup_embedder(sentences: Sequence[str], rows: Tensor) -> Embedder:
     """An ``embed`` that returns precomputed ``rows`` ``(N, D)`` for the ``N`` ``sentences`` (a teacher
     embedded once and compared with many students); a sentence not among them is a ``KeyError``."""
@@ -298,15 +327,56 @@ def saved_quantized_file_bytes(model) -> int:
 
 def layer_parameters(model: torch.nn.Module, names: Sequence[str]) -> int:
     """Parameters (bias included) of the modules of ``model`` with these dotted ``names``, each counted
-    once; ``KeyError`` naming a module that does not exist."""
+    once; an int8 layer (:func:`hyperplex.convert.quantize`) counts the weights it holds. ``KeyError``
+    naming a module that does not exist."""
+    from hyperplex.convert.quantize import factorised_layers, is_quantized
+
     modules = dict(model.named_modules())
+    int8 = {entry["name"]: entry["params"] for entry in factorised_layers(model)} if is_quantized(model) else {}
     seen: set[int] = set()
     total = 0
     for name in names:
         if name not in modules:
             raise KeyError(f"{type(model).__name__} has no module {name!r}")
-        for p in modules[name].parameters():
+        if name in int8:
+            total += int8[name]
+            continue
+        params = list(modules[name].parameters())
+        if not params and hasattr(modules[name], "in_features"):  # an int8 dense layer: its packed weight + bias
+            layer = modules[name]
+            total += layer.in_features * layer.out_features + layer.out_features * (layer.bias() is not None)
+        for p in params:
             if id(p) not in seen:
                 seen.add(id(p))
                 total += p.numel()
     return total
+
+
+def encoder_size(model: torch.nn.Module, selected: Sequence[str] | None = None) -> dict:
+    """The size columns of a sentence encoder (a SentenceTransformer, converted or not, float or int8):
+
+    * ``converted_layers``: its PHM and low-rank layers;
+    * ``selected_layers``, ``selected_params``: the layers a conversion selects and their parameters, bias
+      included (:func:`layer_parameters`): ``selected`` (dotted names; for the dense teacher, the layers its
+      students converted), else the converted layers themselves;
+    * ``selected_params_dense``: the same layers as dense ``nn.Linear`` (``in · out + bias``);
+    * ``file_bytes``: the weight files it is written to (:func:`weight_file_bytes`);
+    * ``held_bytes``: parameters, buffers and packed int8 weights in memory
+      (:func:`hyperplex.convert.quantize.model_bytes`); and ``quantized: "int8"`` for an int8 model.
+    """
+    from hyperplex.convert.linears import conversion_spec
+    from hyperplex.convert.quantize import factorised_layers, is_quantized, model_bytes
+
+    quantized = is_quantized(model)
+    spec = factorised_layers(model) if quantized else conversion_spec(model)
+    names = list(selected) if selected is not None else [entry["name"] for entry in spec]
+    converted = {entry["name"]: entry for entry in spec}
+    dense = layer_parameters(model, [name for name in names if name not in converted])  # dense already
+    for name in (name for name in names if name in converted):
+        layer = converted[name]
+        dense += layer["in_features"] * layer["out_features"] + layer["out_features"] * bool(layer["bias"])
+    size = {"converted_layers": len(spec), "selected_layers": len(names),
+            "selected_params": layer_parameters(model, names), "selected_params_dense": dense,
+            "file_bytes": weight_file_bytes(model), "held_bytes": model_bytes(model)}
+    return size | ({"quantized": "int8"} if quantized else {})
+

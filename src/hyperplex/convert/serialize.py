@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from hyperplex.convert.linears import KINDS, apply_spec, conversion_spec, to_dense
-from hyperplex.pretrained import QUANTIZED_SPEC
+from hyperplex.pretrained import QUANTIZED_SPEC, read_modules_json
 from hyperplex.fileio import (
     UnsafePathError, atomic_write, atomic_write_bytes, atomic_write_text, check_folder_files, inside, read_bounded,
     sha256_file,
@@ -50,10 +50,9 @@ FORMAT = "hyperplex-converted"
 FORMAT_VERSION = 2
 #: Versions :func:`load_converted` reads (version 1 folders do not store non-persistent buffers).
 READ_VERSIONS = (1, 2)
-#: Bounds on what a spec may hold: its size, its layer count, the size of ``modules.json``.
+#: Bounds on what a spec may hold: its size, its layer count (``modules.json``: :func:`read_modules_json`).
 MAX_SPEC_BYTES = 64 << 20
 MAX_LAYERS = 100_000
-MAX_MODULES_JSON_BYTES = 1 << 20
 #: The floating dtypes a spec's ``dtype`` may name.
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: Module types a converted SentenceTransformer's ``modules.json`` may name (classes of the installed
@@ -144,10 +143,8 @@ def _sentence_transformer_weights(model: nn.Module, scratch: str) -> set[str]:
     ``load_converted`` rebuilds from their config (the Transformer modules). Every other module that
     holds converted layers is saved again into its folder as a dense copy (:func:`to_dense`), so the
     skeleton ``load_converted`` builds has weight files of the dense shapes."""
-    with open(os.path.join(scratch, "modules.json"), encoding="utf-8") as handle:
-        modules = json.load(handle)
     transformer_dirs = set()
-    for entry in modules:
+    for entry in read_modules_json(scratch):
         path = os.path.normpath(entry.get("path", ""))
         path = "" if path == "." else path
         if entry.get("type", "").endswith("Transformer"):
@@ -383,14 +380,10 @@ def _check_modules_json(folder: str) -> None:
     if not os.path.isfile(path):
         raise LoadError(f"{folder}: no modules.json to rebuild the SentenceTransformer")
     try:
-        modules = json.loads(read_bounded(path, MAX_MODULES_JSON_BYTES).decode("utf-8"))
-    except (UnsafePathError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise LoadError(f"{path}: not a modules.json ({_short(str(err))})") from None
-    if not isinstance(modules, list) or not modules:
-        raise LoadError(f"{path}: expected a non-empty list of modules, got {_short(modules)}")
+        modules = read_modules_json(folder)
+    except ValueError as err:
+        raise LoadError(str(err)) from None
     for i, entry in enumerate(modules):
-        if not isinstance(entry, dict):
-            raise LoadError(f"{path}: entry {i} is {_short(entry)}, expected an object with 'idx', 'name', 'path', 'type'")
         module_type = entry.get("type")
         if not isinstance(module_type, str) or not module_type.startswith(_MODULE_PREFIX):
             raise LoadError(f"{path}: entry {i} key 'type' is {_short(module_type)}; a converted model may use only "

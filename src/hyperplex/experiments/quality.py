@@ -9,17 +9,17 @@ PHM or low-rank) may ask for these metrics of every model, next to the task's ow
       sst2_probe: {file: sst2/train.tsv.gz, train_size: 2000, test_size: 1000, split_seed: 0, carve: sentences}
 
 and lists them in ``metrics:`` as ``agreement``, ``wikiqa_map``, ``wikiqa_mrr``, ``sst2_probe``. Relative
-files are read from the data root. The functions are :mod:`hyperplex.convert.quality`'s; this module
-only parses the plan key, runs them on a loaded model and counts its size:
-``selected_params`` (the layers the conversion selects: after conversion, or dense for the teacher),
-``converted_layers`` and ``file_bytes`` (``model.safetensors`` written by
-:func:`hyperplex.convert.save_converted`).
+files are read from the data root. The scoring is :mod:`hyperplex.convert.quality`'s, the same as
+``hyperplex score-encoder``'s (:mod:`hyperplex.scoring`); this module parses the plan key and says which
+teacher, files and layers a loaded model is scored with.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+
+from hyperplex.convert.quality import BATCH_SIZE
 
 #: quality kind → {key: default}; ``file`` is required.
 QUALITY_KEYS = {
@@ -33,8 +33,6 @@ QUALITY_METRICS = {"agreement": "agreement", "wikiqa_map": "wikiqa", "wikiqa_mrr
                    "sst2_probe": "sst2_probe"}
 #: The task whose models these metrics apply to.
 TASK = "distillation"
-#: Sentences embedded per call.
-BATCH_SIZE = 64
 
 
 class QualityError(ValueError):
@@ -113,31 +111,18 @@ def check_files(quality: dict, data_root: str | None) -> list[str]:
     return problems
 
 
-_TEACHER_ROWS: dict[tuple, object] = {}  # (teacher path, file, mtime, limit) → (N, D) teacher embeddings
-
-
 def evaluate_quality(task, model, quality: dict, data_root: str | None) -> dict[str, float]:
-    """The quality metrics of a loaded distillation model (:func:`hyperplex.train.load.load_model`): ``model.encoder`` is the
-    student SentenceTransformer, ``task.teacher`` the frozen teacher. Returns ``{metric: value}`` plus
-    ``{"quality_details": {...}}`` (counts: sentences, questions, probe sizes), by
+    """The quality metrics of a loaded distillation model (:func:`hyperplex.train.load.load_model`):
+    ``model.encoder`` is the student SentenceTransformer, ``task.teacher`` the frozen teacher. Returns
+    ``{metric: value}`` plus ``{"quality_details": {...}}`` (counts: sentences, questions, probe sizes), by
     :func:`hyperplex.convert.quality.score_embedder`."""
-    from hyperplex.convert.quality import (
-        embed_batched,
-        read_sentences,
-        score_embedder,
-        sentence_transformer_embedder,
-    )
+    from hyperplex.convert.quality import score_embedder, sentence_transformer_embedder, teacher_agreement
 
     agreement = wikiqa = sst2 = None
     if "agreement" in quality:
         q = quality["agreement"]
-        path = resolve_file(q["file"], data_root)
-        sentences = read_sentences(path, q["limit"])
-        key = (task.cfg.model.path, path, os.stat(path).st_mtime_ns, q["limit"])
-        if key not in _TEACHER_ROWS:  # the teacher is the same for every model of a plan: embed it once
-            teacher = sentence_transformer_embedder(task.teacher, batch_size=BATCH_SIZE)
-            _TEACHER_ROWS[key] = embed_batched(teacher, sentences, BATCH_SIZE)
-        agreement = (sentences, _TEACHER_ROWS[key])
+        agreement = teacher_agreement(task.teacher, task.cfg.model.path, resolve_file(q["file"], data_root),
+                                      q["limit"], BATCH_SIZE)
     if "wikiqa" in quality:
         q = quality["wikiqa"]
         wikiqa = {"path": resolve_file(q["file"], data_root), "limit_questions": q["limit_questions"] or None}
@@ -153,35 +138,19 @@ def evaluate_quality(task, model, quality: dict, data_root: str | None) -> dict[
 
 
 def model_size(model) -> dict:
-    """Sizes of a loaded ``pretrained_student``: ``converted_layers`` (layers replaced by PHM / low-rank),
-    ``selected_params`` (parameters of the layers its conversion selects, bias included: after conversion,
-    or, for ``kind: none``, the dense count of the layers a conversion with the same include/exclude/
-    min_features would replace), ``selected_params_dense`` (the same layers dense), ``file_bytes`` (the
-    ``model.safetensors`` that :func:`hyperplex.convert.save_converted` writes for ``model.encoder``; for an int8
-    model, the weight files of ``save_quantized``) and ``held_bytes`` (parameters, buffers and packed int8
-    weights held in memory: :func:`hyperplex.convert.quantize.model_bytes`)."""
+    """:func:`hyperplex.convert.quality.encoder_size` of a loaded ``pretrained_student``'s encoder, its
+    selected layers those its conversion selected; for ``kind: none`` (the dense teacher copy), those a
+    conversion with the same include/exclude/min_features would replace. An int8 form of the dense copy
+    has no float layers left to select from: its ``selected_params`` are ``None``."""
     from hyperplex.convert import convert_linears
-    from hyperplex.convert.quality import saved_file_bytes
-    from hyperplex.convert.quantize import is_quantized, model_bytes
+    from hyperplex.convert.quality import encoder_size
+    from hyperplex.convert.quantize import is_quantized
 
     report = model.report
-    if is_quantized(model.encoder):  # testing.quantize: int8 — what save_quantized writes, what it holds
-        from hyperplex.convert.quality import saved_quantized_file_bytes
-
-        dense = report.converted_params_before if report is not None else None
-        return {"converted_layers": len(report.converted) if report is not None else 0,
-                "selected_layers": len(report.converted) if report is not None else 0,
-                "selected_params": report.converted_params_after if report is not None else None,
-                "selected_params_dense": dense, "file_bytes": saved_quantized_file_bytes(model.encoder),
-                "held_bytes": model_bytes(model.encoder), "quantized": "int8"}
-    if report is None:  # the dense teacher copy: what a conversion would select (n = 1 divides every size)
+    if report is None and is_quantized(model.encoder):
+        return encoder_size(model.encoder, []) | {"selected_params": None, "selected_params_dense": None}
+    if report is None:  # what a conversion would select (n = 1 divides every size)
         cfg = model.config
         report = convert_linears(copy.deepcopy(model.encoder), "phm", 1, include=cfg.include or None,
                                  exclude=cfg.exclude or None, min_features=cfg.min_features)
-        converted, selected = 0, report.converted_params_before
-    else:
-        converted, selected = len(report.converted), report.converted_params_after
-    file_bytes = saved_file_bytes(model.encoder)
-    return {"converted_layers": converted, "selected_layers": len(report.converted), "selected_params": selected,
-            "selected_params_dense": report.converted_params_before, "file_bytes": file_bytes,
-            "held_bytes": model_bytes(model.encoder)}
+    return encoder_size(model.encoder, [layer.name for layer in report.converted])

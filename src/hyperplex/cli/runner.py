@@ -141,17 +141,20 @@ def evaluate(model_dir: str, checkpoint: str = "best", split: str = "dev", data_
 
 
 def _evaluate_split(cfg: ExperimentConfig, task, model, split: str, progress: bool) -> dict:
+    from hyperplex.train.protocols import EvaluatesFiles, SignsMetrics
+
     if split == "train":
         if cfg.data.task == "translation":
             raise ValueError("--split train is not supported for translation (references are not kept)")
         task.dev_set = task.train_set
     elif split != "dev":  # a file (or parallel prefix) in the task's format, e.g. a held-out test split
-        if not hasattr(task, "use_evaluation_file"):
+        if not isinstance(task, EvaluatesFiles):
             raise ValueError(f"--split {split}: a {cfg.data.task} model is scored on its validation data only "
                              f"(--split dev)")
         task.use_evaluation_file(split)
     metrics = score(cfg, task, model, progress)
-    return metrics | {f"{name}_signature": sig for name, sig in getattr(task, "signatures", {}).items()}
+    signatures = task.signatures if isinstance(task, SignsMetrics) else {}
+    return metrics | {f"{name}_signature": sig for name, sig in signatures.items()}
 
 
 def score(cfg: ExperimentConfig, task, model, progress: bool = False) -> dict[str, float]:
@@ -159,7 +162,9 @@ def score(cfg: ExperimentConfig, task, model, progress: bool = False) -> dict[st
     translation decodes with ``cfg.testing.beam_size`` (the evaluation beam, not the validation one), with
     a progress bar on a terminal's stderr if ``progress``. sacreBLEU signatures of the last call are in
     ``task.signatures``."""
-    if cfg.data.task == "translation":
+    from hyperplex.train.protocols import Translates
+
+    if isinstance(task, Translates):
         return task.validate(model, beam_size=cfg.testing.beam_size, progress=progress)
     return task.validate(model)
 
@@ -183,12 +188,13 @@ def translate(model_dir: str, input_path: str | None = None, output_path: str | 
     model's positions are cut, with a warning on stderr naming them. ``threads``: torch CPU threads
     (0/None: the :mod:`hyperplex.threads` rule); ``progress``: a bar on stderr (a terminal only)."""
     from hyperplex.threads import parse_threads
+    from hyperplex.train.protocols import Translates
 
     threads = None if threads is None else parse_threads(threads)
     with _warnings_to_stderr("translate") as log:
         cfg, task, model = load_model(model_dir, checkpoint, read_data=False, logger=log)
         cfg.testing = cfg.testing.with_beam_size(beam_size)
-        if cfg.data.task != "translation":
+        if not isinstance(task, Translates):
             raise ValueError(f"{model_dir} holds a {cfg.data.task} model; translate needs a translation model")
         if input_path:
             from hyperplex.data.readers import read_lines

@@ -138,6 +138,9 @@ class ClassificationDataset(_EncodedDataset):
     ``num_tokens`` = number of examples. Bucketing length: the sequence length.
     """
 
+    #: Integer query ids of the examples, for MAP/MRR: none for single texts.
+    groups: torch.Tensor | None = None
+
     def __init__(self, token_ids: Sequence[Sequence[int]], labels: Sequence, pad_index: int = PAD_INDEX):
         if len(token_ids) != len(labels):
             raise ValueError(f"{len(token_ids)} sequences but {len(labels)} labels")

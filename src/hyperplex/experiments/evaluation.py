@@ -34,6 +34,7 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
     from hyperplex.config.experiment import TestingConfig
     from hyperplex.models.params import parameter_breakdown
     from hyperplex.train.load import inference_form, load_model
+    from hyperplex.train.protocols import SignsMetrics
 
     cfg, task, model = load_model(str(model_dir), checkpoint, data_root)
     if eval_overrides:
@@ -44,7 +45,7 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
         task.use_evaluation_file(eval_split)
     metrics = runner.score(cfg, task, model)
     breakdown = parameter_breakdown(model)
-    signatures = dict(getattr(task, "signatures", {}))  # sacreBLEU signatures, translation only
+    signatures = dict(task.signatures) if isinstance(task, SignsMetrics) else {}  # sacreBLEU's, translation only
     result = {"metrics": {k: float(v) for k, v in metrics.items()}, "params": breakdown, "signatures": signatures,
               "beam_size": cfg.testing.beam_size if cfg.data.task == "translation" else None}
     if quality:

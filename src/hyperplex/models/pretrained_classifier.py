@@ -6,13 +6,14 @@ It reads one text (``classification``) or a text pair as one sequence — a cros
 ``model.path`` is resolved by :func:`hyperplex.pretrained.resolve_model_path`, as for the compression
 student (:mod:`hyperplex.models.pretrained_student`).
 
-The task encodes text with the encoder's own tokenizer (:meth:`PretrainedClassifier.text_tokenizer`,
-the hook :class:`~hyperplex.tasks.classification.ClassificationTask` looks for), cut at ``max_length``. A pair
+The task encodes text with the encoder's own tokenizer (:meth:`PretrainedClassifier.text_tokenizer`, the
+:class:`~hyperplex.train.protocols.OwnTokenizer` hook the classification tasks call), cut at ``max_length``. A pair
 goes to the tokenizer as a pair (:meth:`PretrainedTokenizer.encode_pair_batch`), so it is joined the way the
 encoder was pretrained on pairs — BERT: ``[CLS] a [SEP] b [SEP]`` with token type ids 0 for ``[CLS] a [SEP]`` and
 1 for ``b [SEP]`` — and cut at ``max_length`` longest side first (the tokenizer's ``longest_first``).
 
-Checkpoints (:meth:`PretrainedClassifier.checkpoint_state_dict`): ``kind: full`` saves the whole model;
+Checkpoints (:meth:`PretrainedClassifier.checkpoint_state_dict`, the
+:class:`~hyperplex.train.protocols.CustomCheckpointState` hook): ``kind: full`` saves the whole model;
 every other kind saves only the trainable tensors (adapter + head) and ``base_sha256``, the SHA-256 of
 the frozen encoder's weights as loaded from ``path``. Loading rebuilds the base from ``path`` and refuses
 a different one. ``transformers`` is imported only when a model is built.

@@ -391,6 +391,13 @@ class PretrainedStudent(nn.Module):
                                         block_features["attention_mask"], args, kwargs,
                                         config.blockwise_steps, config.blockwise_lr)
 
+    @classmethod
+    def build_without_fit(cls, config: PretrainedStudentConfig, vocab_size: int = 0,
+                          num_outputs: int = 0) -> PretrainedStudent:
+        """The student's layers without the fits to calibration sentences (``structure_only``): enough to count
+        its parameters or to load a checkpoint into (the hook ``hyperplex params`` calls)."""
+        return cls(config, vocab_size, num_outputs, structure_only=True)
+
     def tokenize(self, sentences: list[str]) -> dict[str, Tensor]:
         """The teacher's tokenisation (padded to the longest, cut at its ``max_seq_length``)."""
         return tokenize(self.encoder, sentences)

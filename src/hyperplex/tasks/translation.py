@@ -29,10 +29,12 @@ from hyperplex.metrics import corpus_bleu, corpus_chrf, perplexity
 
 
 class TranslationTask(Task):
+    """Sequence to sequence (``data.task: translation``): parallel files or the generated arithmetic task,
+    scored by BLEU/chrF (with their sacreBLEU signatures) and exact match; it can score any parallel file and
+    translate new text (the hooks :class:`~hyperplex.train.protocols.EvaluatesFiles`,
+    :class:`~hyperplex.train.protocols.SignsMetrics`, :class:`~hyperplex.train.protocols.Translates`)."""
+
     name = "translation"
-    #: The task metadata of the checkpoint being loaded (set by the runner before ``prepare(fresh=False)``
-    #: or :meth:`load_vocabularies`): its ``"files"`` name the vocabulary files to read.
-    checkpoint_record: dict | None = None
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -109,10 +109,10 @@ def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str |
     _check_recorded_files(record, model_dir, path)
     task = get_task(cfg.data.task).load()(cfg, model_dir, data_root or default_data_root(), log)
     task.checkpoint_record = record if isinstance(record, dict) else None
-    if read_data or not hasattr(task, "load_vocabularies"):
+    if read_data:
         task.prepare(fresh=False)
     else:
-        task.load_vocabularies()
+        task.load_vocabularies()  # the tokenisers alone, or the data for a task that needs it (Task's default)
     model = task.build_model()
     load_into(model, load_model_weights(path), path, expected_from=source)
     stored = info["extra"].get("config")

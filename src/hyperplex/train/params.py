@@ -5,11 +5,10 @@ counting is :mod:`hyperplex.models.params`'.
 
 from __future__ import annotations
 
-import inspect
-
 from hyperplex.config.experiment import load_experiment
 from hyperplex.config.registry import get_architecture
 from hyperplex.models.params import format_breakdown, parameter_breakdown
+from hyperplex.train.protocols import Describes, FitsWhenBuilt, OwnTokenizer
 
 __all__ = ["params", "params_report"]
 
@@ -31,9 +30,9 @@ def params_report(config: str, overrides: list[str] | None = None, vocab_size: i
     arch = get_architecture(cfg.model.architecture, cfg.data.task)
     _, model_class = arch.load()
     v = cfg.data.vocab_size if vocab_size is None else vocab_size
-    own_tokenizer = getattr(model_class, "text_tokenizer", None)  # a pretrained encoder brings its vocabulary
-    if vocab_size is None and callable(own_tokenizer):
-        v = len(own_tokenizer(cfg.model))
+    own_tokenizer = issubclass(model_class, OwnTokenizer)  # a pretrained encoder brings its vocabulary
+    if vocab_size is None and own_tokenizer:
+        v = len(model_class.text_tokenizer(cfg.model))
     if arch.family == "seq2seq":  # the second size is the target vocabulary
         outputs = v if tgt_vocab_size is None else tgt_vocab_size
     elif cfg.data.task == "ranking":  # one relevance score
@@ -42,15 +41,18 @@ def params_report(config: str, overrides: list[str] | None = None, vocab_size: i
         outputs = num_classes if num_classes is not None else max(2, len(cfg.data.labels))
     # counting needs the structure only: a model whose init fits to data (a student with init: activation)
     # builds its layers without that fit, as it does before loading a checkpoint
-    extra = {"structure_only": True} if "structure_only" in inspect.signature(model_class).parameters else {}
-    model = model_class(cfg.model, v, outputs, **extra)
+    if issubclass(model_class, FitsWhenBuilt):
+        model = model_class.build_without_fit(cfg.model, v, outputs)
+    else:
+        model = model_class(cfg.model, v, outputs)
     teacher_tokenizer = getattr(getattr(model, "encoder", None), "tokenizer", None)
-    if vocab_size is None and not callable(own_tokenizer) and teacher_tokenizer is not None:
+    if vocab_size is None and not own_tokenizer and teacher_tokenizer is not None:
         v = len(teacher_tokenizer)  # a pretrained student tokenises as its teacher: data.vocab_size is unused
     header = f"{cfg.name}: {cfg.model.architecture} (vocabulary {v}"
     header += f", target vocabulary {v if tgt_vocab_size is None else tgt_vocab_size})" \
         if arch.family == "seq2seq" else ")"
     breakdown = parameter_breakdown(model)
     table = header + "\n" + format_breakdown(breakdown)
-    describe = getattr(model, "describe", None)  # a fine-tuned pretrained encoder: what trains, matched counts
-    return table + ("\n\n" + describe() if callable(describe) else ""), breakdown
+    if isinstance(model, Describes):  # a fine-tuned pretrained encoder: what trains, matched counts
+        table += "\n\n" + model.describe()
+    return table, breakdown

@@ -3,7 +3,8 @@
 The trainer (:mod:`hyperplex.train.trainer`) is one loop for every kind of data; each kind is a
 :class:`Task` subclass in :mod:`hyperplex.tasks` (translation, classification, sentence pairs,
 ranking). The protocol lives here, below the tasks, so that ``train`` never imports ``tasks``:
-dependencies run one way (tasks → train).
+dependencies run one way (tasks → train). The hooks only some tasks or models have (scoring any file,
+translating, a model's own tokenizer or checkpoint state, …) are declared in :mod:`hyperplex.train.protocols`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ class Task:
     #: What ``batch.num_tokens`` counts (the loss normaliser), named in the trainer's throughput log:
     #: target tokens for sequence tasks, whole examples for classification.
     loss_unit = "tokens"
+    #: The task metadata of the checkpoint being loaded (``extra.task`` of its header, what :meth:`metadata`
+    #: returned when it was saved), set by :func:`hyperplex.train.load.load_model` before ``prepare(fresh=False)``
+    #: or :meth:`load_vocabularies`; ``None`` while training. Its ``"files"`` name the saved vocabulary files.
+    checkpoint_record: dict | None = None
 
     def __init__(self, cfg, model_dir: Path, data_root: str | None, logger: logging.Logger | None = None) -> None:
         self.cfg = cfg
@@ -44,6 +49,13 @@ class Task:
         """Read and validate the data; build tokenisers/vocabularies from the training split and save them
         in the model folder (``fresh``), or load them from it (resume, evaluate, translate)."""
         raise NotImplementedError
+
+    def load_vocabularies(self) -> None:
+        """Load only what a saved model needs to read new input (tokenisers, vocabularies, labels), by the files
+        :attr:`checkpoint_record` names, without the training data: enough to translate new text or score a
+        file. Called by :func:`hyperplex.train.load.load_model` with ``read_data=False``. This default reads
+        the data (``prepare(fresh=False)``); tasks that can do without override it."""
+        self.prepare(fresh=False)
 
     def train_batches(self, epoch: int) -> list:
         """All training batches of 1-based ``epoch``, in order; deterministic in (seed, epoch)."""

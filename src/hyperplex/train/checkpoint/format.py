@@ -37,6 +37,7 @@ from hyperplex import fileio
 from hyperplex.fileio import WriteError
 
 from hyperplex.train.checkpoint.rng import capture_rng
+from hyperplex.train.protocols import CustomCheckpointState
 
 __all__ = [
     "CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint", "checkpoint_info", "save_model_weights",
@@ -317,12 +318,12 @@ _MODEL_KEYS_SHOWN = ("architecture", "d_model", "num_heads", "d_ff", "encoder_la
 
 
 def model_state(model: torch.nn.Module) -> dict[str, Tensor]:
-    """What a checkpoint stores of ``model``: ``model.checkpoint_state_dict()`` where the model defines it
-    (a frozen pretrained base with an adapter saves only the trainable tensors and a signature of the base,
+    """What a checkpoint stores of ``model``: ``model.checkpoint_state_dict()`` where the model has the
+    :class:`~hyperplex.train.protocols.CustomCheckpointState` hook (a frozen pretrained base with an adapter
+    saves only the trainable tensors and a signature of the base,
     :class:`~hyperplex.models.pretrained_classifier.PretrainedClassifier`), else ``model.state_dict()``. The model's
     ``load_checkpoint_state_dict(state)`` is then the inverse that :func:`load_into` calls."""
-    hook = getattr(model, "checkpoint_state_dict", None)
-    return hook() if callable(hook) else model.state_dict()
+    return model.checkpoint_state_dict() if isinstance(model, CustomCheckpointState) else model.state_dict()
 
 
 def load_into(model: torch.nn.Module, state: dict[str, Tensor], path, expected_from: str = "its config") -> None:
@@ -336,12 +337,11 @@ def load_into(model: torch.nn.Module, state: dict[str, Tensor], path, expected_f
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     if not (shapes or missing or unexpected):
-        hook = getattr(model, "load_checkpoint_state_dict", None)
-        if not callable(hook):
+        if not isinstance(model, CustomCheckpointState):
             model.load_state_dict(state)
             return
         try:
-            hook(state)
+            model.load_checkpoint_state_dict(state)
         except ValueError as err:  # e.g. an adapter trained on another base model
             raise CheckpointError(f"{os.fspath(path)}: {err}") from None
         return

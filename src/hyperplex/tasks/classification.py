@@ -111,6 +111,7 @@ class LabelledTextTask(Task):
         raise NotImplementedError
 
     def _read_agreement(self, file) -> list[dict]:
+        """Records of a ``data.format: agreement`` file: single texts, so refused here."""
         raise DataError(f"data.format agreement is single-text; it cannot feed task {self.name!r}")
 
     def _read_file(self, key: str, path: str) -> list[dict]:
@@ -211,6 +212,7 @@ class LabelledTextTask(Task):
         return self._carve_examples(train, seed)
 
     def _carve_sentences(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
+        """``data.carve: sentences`` is for single-text phrase files, so refused here."""
         raise DataError(f"data.carve sentences is for single-text phrase files (SST-2), not task {self.name!r}")
 
     def _carve_examples(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:

@@ -206,7 +206,11 @@ def test_every_kind_resolves_through_the_registry(bert_folder, monkeypatch):
 
     monkeypatch.setitem(FINETUNE_KINDS, "bias", FineTuneKind(biases_only))
     model = encoder(bert_folder)
-    report = attach(model, from_dict(FineTuneConfig, {"kind": "bias"}, "model.adapter"))
+    config = from_dict(FineTuneConfig, {"kind": "bias"}, "model.adapter")
+    report = attach(model, config)
     assert report.adapter == sum(p.numel() for n, p in model.named_parameters() if n.endswith("bias")) > 0
+    # what a model says of it and saves: the defaults (its count; checkpoints of the trainable tensors only)
+    assert FINETUNE_KINDS["bias"].describe(report, config) == f"bias: {report.adapter:,} trainable parameters"
+    assert not FINETUNE_KINDS["bias"].trains_base and FINETUNE_KINDS["full"].trains_base
     with pytest.raises(ConfigError, match=r"model\.adapter\.kind: 'biass' is not one of .*'bias'"):
         from_dict(FineTuneConfig, {"kind": "biass"}, "model.adapter")

@@ -7,7 +7,9 @@ nothing of LoRA or LoKr is re-implemented here, and their trainable parameters a
 own layers.
 
 The kinds are a registry, :data:`FINETUNE_KINDS` (name → :class:`FineTuneKind`, like ``LINEAR_KINDS``): a new
-kind is one attach function and one :func:`register_finetune_kind` call; the ``kind`` key's choices follow it.
+kind is one attach function and one :func:`register_finetune_kind` call; the ``kind`` key's choices follow it,
+and so do what a model says of the kind (:meth:`FineTuneKind.describe`) and what its checkpoints hold
+(:attr:`FineTuneKind.trains_base`).
 The peft kinds are one more table, :data:`PEFT_METHODS` (peft's config, its layer class, its parameter prefix).
 
 Matched trainable parameters (``peft_rank: 0``): the target is the PHM adapter that ``n``, ``rank`` and
@@ -62,15 +64,31 @@ ADAPTER_NAME = "default"
 LOKR_FACTORS = (-1, 2, 4, 8, 16, 32)
 
 
+def _where(report: FineTuneReport) -> str:
+    """`` on 4 layers (a, b, …)`` (nothing for a report without layers)."""
+    shown = ", ".join(report.layers[:2]) + (", …" if len(report.layers) > 2 else "")
+    return f" on {len(report.layers)} layers ({shown})" if report.layers else ""
+
+
+def _describe_adapter(report: FineTuneReport, config: FineTuneConfig) -> str:
+    return f"{report.kind}{_where(report)}: {report.adapter:,} trainable parameters"
+
+
 @dataclass(frozen=True)
 class FineTuneKind:
     """A registered fine-tuning kind: ``attach(encoder, config) → FineTuneReport`` makes the encoder trainable
-    as the kind says (in place), raising before any change when the config does not fit it."""
+    as the kind says (in place), raising before any change when the config does not fit it;
+    ``describe(report, config) → str`` says what trains (a ``train.log`` / ``hyperplex params`` line; default: the
+    kind, its layers and its adapter parameters); ``trains_base``: every base weight trains, so a checkpoint
+    holds the whole model (otherwise only the trainable tensors, beside the base's SHA-256)."""
 
-    attach: Callable[[nn.Module, "FineTuneConfig"], "FineTuneReport"]
+    attach: Callable[[nn.Module, FineTuneConfig], FineTuneReport]
+    describe: Callable[[FineTuneReport, FineTuneConfig], str] = _describe_adapter
+    trains_base: bool = False
 
 
-#: kind name → :class:`FineTuneKind`; read by :class:`FineTuneConfig` (choices) and :func:`attach`.
+#: kind name → :class:`FineTuneKind`; read by :class:`FineTuneConfig` (choices), :func:`attach` and the
+#: fine-tuned models (:class:`~hyperplex.models.pretrained_classifier.PretrainedClassifier`: describe, checkpoints).
 FINETUNE_KINDS: dict[str, FineTuneKind] = {}
 
 
@@ -169,11 +187,12 @@ def _peft():
 
 @dataclass(frozen=True)
 class PeftMethod:
-    """A peft method the fine-tuning offers: ``config(peft, r, factor, alpha, dropout, targets)`` builds peft's
-    own config for exact module names, ``layer()`` imports peft's layer class, parameters whose name holds
-    ``prefix`` are the adapter's, ``match(sizes, target, factor) → (r, factor, count)`` picks the rank, and
-    ``has_factor`` says whether the method takes a ``decompose_factor`` (reported only then)."""
+    """A peft method the fine-tuning offers: ``label`` its name in reports, ``config(peft, r, factor, alpha,
+    dropout, targets)`` builds peft's own config for exact module names, ``layer()`` imports peft's layer class,
+    parameters whose name holds ``prefix`` are the adapter's, ``match(sizes, target, factor) → (r, factor, count)``
+    picks the rank, and ``has_factor`` says whether the method takes a ``decompose_factor`` (reported only then)."""
 
+    label: str
     config: Callable[..., object]
     layer: Callable[[], type]
     prefix: str
@@ -352,17 +371,42 @@ def _lokr_layer() -> type:
 #: peft method name → :class:`PeftMethod` (the kinds ``lora`` and ``lokr`` of :data:`FINETUNE_KINDS`).
 PEFT_METHODS: dict[str, PeftMethod] = {
     "lora": PeftMethod(
-        config=lambda peft, r, factor, alpha, dropout, targets: peft.LoraConfig(
+        label="LoRA", config=lambda peft, r, factor, alpha, dropout, targets: peft.LoraConfig(
             r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none"),
         layer=_lora_layer, prefix="lora_", match=_match_lora),
     "lokr": PeftMethod(
-        config=lambda peft, r, factor, alpha, dropout, targets: peft.LoKrConfig(
+        label="LoKr", config=lambda peft, r, factor, alpha, dropout, targets: peft.LoKrConfig(
             r=r, alpha=alpha, rank_dropout=dropout, decompose_factor=factor, target_modules=targets),
         layer=_lokr_layer, prefix="lokr_", match=_match_lokr, has_factor=True),
 }
 
-register_finetune_kind("phm", FineTuneKind(_attach_phm))
-register_finetune_kind("lora", FineTuneKind(_attach_peft))
-register_finetune_kind("lokr", FineTuneKind(_attach_peft))
-register_finetune_kind("full", FineTuneKind(_attach_full))
-register_finetune_kind("none", FineTuneKind(_attach_none))
+# ---------------------------------------------------------------------------- describe
+def _describe_full(report: FineTuneReport, config: FineTuneConfig) -> str:
+    return f"full (every encoder weight trains: {report.adapter:,})"
+
+
+def _describe_none(report: FineTuneReport, config: FineTuneConfig) -> str:
+    return "frozen encoder, head only"
+
+
+def _describe_phm(report: FineTuneReport, config: FineTuneConfig) -> str:
+    return f"{config.describe_phm()} adapter{_where(report)}: {report.adapter:,} adapter parameters"
+
+
+def _describe_peft(report: FineTuneReport, config: FineTuneConfig) -> str:
+    """peft's method, rank (and factor), alpha, layers and count; matched rows add the PHM count they match."""
+    factor = f", decompose_factor {report.peft_factor}" if report.peft_factor is not None else ""
+    text = (f"peft {PEFT_METHODS[report.kind].label} r={report.peft_rank}{factor} (alpha {report.alpha:g})"
+            f"{_where(report)}: {report.adapter:,} adapter parameters")
+    if report.phm_count is not None:
+        gap = 100.0 * (report.adapter - report.phm_count) / report.phm_count
+        text += (f"; matched to the {config.describe_phm()} adapter on the same layers: {report.phm_count:,} "
+                 f"({gap:+.2f}%; rule: the peft count closest to PHM's)")
+    return text
+
+
+register_finetune_kind("phm", FineTuneKind(_attach_phm, _describe_phm))
+register_finetune_kind("lora", FineTuneKind(_attach_peft, _describe_peft))
+register_finetune_kind("lokr", FineTuneKind(_attach_peft, _describe_peft))
+register_finetune_kind("full", FineTuneKind(_attach_full, _describe_full, trains_base=True))
+register_finetune_kind("none", FineTuneKind(_attach_none, _describe_none))

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from hyperplex.adapters.finetune import (
+    FINETUNE_KINDS,
     FineTuneConfig,
     FineTuneReport,
     attach,
@@ -160,8 +161,9 @@ class PretrainedClassifier(nn.Module):
     # ------------------------------------------------------------------ checkpoints
     @property
     def adapter_only(self) -> bool:
-        """Whether checkpoints hold only the trainable tensors (every kind but ``full``)."""
-        return self.config.adapter.kind != "full"
+        """Whether checkpoints hold only the trainable tensors (every kind whose base does not train, i.e. all but
+        ``full``: :attr:`~hyperplex.adapters.finetune.FineTuneKind.trains_base`)."""
+        return not FINETUNE_KINDS[self.config.adapter.kind].trains_base
 
     def checkpoint_state_dict(self) -> dict[str, Tensor]:
         """What a checkpoint stores: the whole ``state_dict`` for ``full``; else the trainable tensors and
@@ -191,27 +193,13 @@ class PretrainedClassifier(nn.Module):
 
     # ------------------------------------------------------------------ reporting
     def describe(self) -> str:
-        """Trainable parameters and, for peft rows, the matched PHM count (for ``train.log`` and ``params``)."""
-        r, cfg = self.report, self.config.adapter
+        """Trainable parameters and what trains, as the fine-tuning kind describes it
+        (:attr:`~hyperplex.adapters.finetune.FineTuneKind.describe`; peft rows: the matched PHM count), for
+        ``train.log`` and ``params``."""
         head = sum(p.numel() for p in self.head.parameters())
         total = sum(p.numel() for p in self.parameters())
         trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
-        shown = ", ".join(r.layers[:2]) + (", …" if len(r.layers) > 2 else "")
-        where = f" on {len(r.layers)} layers ({shown})" if r.layers else ""
-        if r.kind == "full":
-            what = f"full (every encoder weight trains: {r.adapter:,})"
-        elif r.kind == "none":
-            what = "frozen encoder, head only"
-        elif r.kind == "phm":
-            what = f"{cfg.describe_phm()} adapter{where}: {r.adapter:,} adapter parameters"
-        else:
-            name = {"lora": "LoRA", "lokr": "LoKr"}[r.kind]
-            factor = f", decompose_factor {r.peft_factor}" if r.kind == "lokr" else ""
-            what = f"peft {name} r={r.peft_rank}{factor} (alpha {r.alpha:g}){where}: {r.adapter:,} adapter parameters"
-            if r.phm_count is not None:
-                gap = 100.0 * (r.adapter - r.phm_count) / r.phm_count
-                what += (f"; matched to the {cfg.describe_phm()} adapter on the same layers: {r.phm_count:,} ({gap:+.2f}%; "
-                         f"rule: the peft count closest to PHM's)")
+        what = FINETUNE_KINDS[self.report.kind].describe(self.report, self.config.adapter)
         saved = "checkpoints hold every weight" if not self.adapter_only else \
             f"checkpoints hold only the {trainable:,} trainable tensors + the base's SHA-256 {self.base_sha256[:12]}…"
         return (f"fine-tuning: {what}; head {head:,}; trainable {trainable:,} of {total:,} "

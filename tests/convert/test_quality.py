@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from hyperplex.convert.quality import carve_split, embed_batched, mean_cosine, sst2_probe, wikiqa_ranking
+from hyperplex.convert.quality import carve_train_test, embed_batched, mean_cosine, sst2_probe, wikiqa_ranking
 from hyperplex.metrics import ranking_metrics
 
 VECTORS = {"q1": [1.0, 0.0], "right": [0.9, 0.1], "wrong": [0.0, 1.0], "half": [0.6, 0.8],
@@ -80,12 +80,12 @@ def test_sst2_probe_separable_and_split(tmp_path):
         sst2_probe(by_word, path, train_size=50, test_size=20)
 
 
-def test_carve_split_is_disjoint_and_seeded():
-    train, test = carve_split(100, 30, 20, seed=7)
+def test_carve_train_test_is_disjoint_and_seeded():
+    train, test = carve_train_test(100, 30, 20, seed=7)
     assert len(set(train) | set(test)) == 50 and not set(train) & set(test)
-    again, _ = carve_split(100, 40, 10, seed=7)
+    again, _ = carve_train_test(100, 40, 10, seed=7)
     assert list(again[:30]) == list(train)  # a larger train set extends the smaller one
-    assert list(carve_split(100, 30, 20, seed=8)[0]) != list(train)
+    assert list(carve_train_test(100, 30, 20, seed=8)[0]) != list(train)
 
 
 def test_wikiqa_dev_plumbing_on_real_file(shared_data):

@@ -3,7 +3,7 @@ whose sentences, held-out phrases and counts are known."""
 
 import pytest
 
-from hyperplex.data.phrases import contained_texts, sentence_carve
+from hyperplex.data.phrases import carve_sentences, contained_texts
 
 # Two parse trees' worth of phrases plus one sentence without phrases, a duplicate line, and
 # "bears" (a word inside sentence 0) vs "bear" (inside no other text on token boundaries).
@@ -31,7 +31,7 @@ def test_contained_texts_on_token_boundaries():
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
 def test_carve_holds_out_sentences_and_drops_their_phrases(seed):
-    carve = sentence_carve(TEXTS, 0.25, seed)  # 25% of 4 sentences = 1
+    carve = carve_sentences(TEXTS, 0.25, seed)  # 25% of 4 sentences = 1
     assert (carve.texts, carve.sentences) == (10, 4)
     assert len(carve.dev) == 1 and carve.dev[0] in SENTENCES
     held = TEXTS[carve.dev[0]].split()
@@ -47,13 +47,13 @@ def test_carve_holds_out_sentences_and_drops_their_phrases(seed):
 
 
 def test_every_sentence_is_held_out_by_some_seed_and_seed_fixes_it():
-    held = {sentence_carve(TEXTS, 0.25, seed).dev[0] for seed in range(40)}
+    held = {carve_sentences(TEXTS, 0.25, seed).dev[0] for seed in range(40)}
     assert held == SENTENCES
-    assert sentence_carve(TEXTS, 0.25, 7) == sentence_carve(TEXTS, 0.25, 7)
+    assert carve_sentences(TEXTS, 0.25, 7) == carve_sentences(TEXTS, 0.25, 7)
 
 
 def test_two_sentences_out_drop_both_phrase_sets():
-    carve = sentence_carve(TEXTS, 0.5, 3)
+    carve = carve_sentences(TEXTS, 0.5, 3)
     assert len(carve.dev) == 2 and set(carve.dev) <= SENTENCES
     assert len(carve.train) + len(carve.dev) + carve.dropped == len(TEXTS)
 
@@ -61,4 +61,4 @@ def test_two_sentences_out_drop_both_phrase_sets():
 @pytest.mark.parametrize("fraction", [0.0, 1.0, 0.9])
 def test_bad_fraction(fraction):
     with pytest.raises(ValueError, match="fraction"):
-        sentence_carve(TEXTS, fraction, 1)
+        carve_sentences(TEXTS, fraction, 1)

@@ -157,7 +157,7 @@ LINES = [f"the cat {w} sees" for w in WORDS] * 3  # 36 lines, carve 25% = 9
 
 
 def test_split_seed_fixes_the_carve_whatever_the_model_seed(tmp_path):
-    from hyperplex.tasks.common import split_off
+    from hyperplex.tasks.common import carve_random
 
     dev = {}
     for seed, split_seed in ((1, None), (2, None), (3, 1), (2, 2)):
@@ -168,37 +168,37 @@ def test_split_seed_fixes_the_carve_whatever_the_model_seed(tmp_path):
         assert sorted(_lines_of(task.train_set) + dev[seed, split_seed]) == list(range(36))
     # default split_seed = 1: model seeds 1, 2 and 3 share one split ...
     assert dev[1, None] == dev[2, None] == dev[3, 1]
-    # ... bit-identical to the carve seed-1 runs made before split_seed existed (split_off with seed 1)
-    assert dev[1, None] == sorted(split_off(list(range(36)), 0.25, 1)[1])
+    # ... bit-identical to the carve seed-1 runs made before split_seed existed (carve_random with seed 1)
+    assert dev[1, None] == sorted(carve_random(list(range(36)), 0.25, 1)[1])
     assert dev[2, 2] != dev[1, None]  # and another split_seed gives another split
 
 
 def test_folder_saved_before_split_seed_keeps_its_seed_carve(tmp_path):
-    from hyperplex.tasks.common import split_off
+    from hyperplex.tasks.common import carve_random
 
     first = _carving_task(tmp_path, LINES, seed=2, split_seed=2)
     first.prepare(fresh=True)  # writes the vocabulary into the folder
     (tmp_path / "m" / "config.yaml").write_text(yaml.safe_dump({"seed": 2, "data": {"dev_fraction": 0.25}}))
     old = _carving_task(tmp_path, LINES, seed=2)  # split_seed defaults to 1, but the folder predates it
     old.prepare(fresh=False)
-    assert _lines_of(old.dev_set) == sorted(split_off(list(range(36)), 0.25, 2)[1]) == _lines_of(first.dev_set)
+    assert _lines_of(old.dev_set) == sorted(carve_random(list(range(36)), 0.25, 2)[1]) == _lines_of(first.dev_set)
     (tmp_path / "m" / "config.yaml").write_text(yaml.safe_dump({"seed": 2, "data": {"split_seed": 1}}))
     new = _carving_task(tmp_path, LINES, seed=2)
     new.prepare(fresh=False)
-    assert _lines_of(new.dev_set) == sorted(split_off(list(range(36)), 0.25, 1)[1])
+    assert _lines_of(new.dev_set) == sorted(carve_random(list(range(36)), 0.25, 1)[1])
 
 
-def test_sentence_carve_through_the_task(tmp_path, caplog):
+def test_carve_sentences_through_the_task(tmp_path, caplog):
     import logging
 
-    from hyperplex.data.phrases import sentence_carve
+    from hyperplex.data.phrases import carve_sentences
 
     texts = ["When are bears bears and", "bears bears", "bears", "a fine film", "fine film", "film", "bear",
              "it is dull", "when are bears bears and", "is dull"]
     task = _carving_task(tmp_path, texts, seed=5, split_seed=3, carve="sentences", fraction=0.25, lowercase=True)
     with caplog.at_level(logging.INFO, logger="hyperplex"):
         task.prepare(fresh=True)
-    expected = sentence_carve([t.lower() for t in texts], 0.25, 3)  # lowercased: lines 0 and 8 are one sentence
+    expected = carve_sentences([t.lower() for t in texts], 0.25, 3)  # lowercased: lines 0 and 8 are one sentence
     assert _lines_of(task.dev_set) == expected.dev and _lines_of(task.train_set) == expected.train
     counts = task.metadata()["carve"]
     assert counts == {"texts": 10, "sentences": 4, "validation": 1, "dropped_from_training": expected.dropped,

@@ -8,7 +8,7 @@ import yaml
 
 from hyperplex.config.experiment import DataConfig, load_experiment
 from hyperplex.data.readers import DataError
-from hyperplex.tasks.common import carve_seed, data_file, split_off, subset, tokenizer_and_vocab, tokenizer_options
+from hyperplex.tasks.common import carve_random, carve_seed, data_file, subset, tokenizer_and_vocab, tokenizer_options
 
 
 # --------------------------------------------------------------------------- data_file
@@ -45,24 +45,24 @@ def test_data_file_errors_name_the_key_the_candidates_and_the_root(tmp_path):
                               f"(no data root: set --data-root or HYPERPLEX_DATA)")
 
 
-# --------------------------------------------------------------------------- split_off / subset
-def test_split_off_sizes_disjoint_and_in_corpus_order():
+# --------------------------------------------------------------------------- carve_random / subset
+def test_carve_random_sizes_disjoint_and_in_corpus_order():
     examples = [f"e{i}" for i in range(10)]
-    train, dev = split_off(examples, 0.3, seed=4)
+    train, dev = carve_random(examples, 0.3, seed=4)
     assert (len(train), len(dev)) == (7, 3)  # round(10 × 0.3)
     assert sorted(train + dev) == sorted(examples) and not set(train) & set(dev)
     assert train == sorted(train, key=examples.index) and dev == sorted(dev, key=examples.index)
-    assert split_off(examples, 0.3, seed=4) == (train, dev)  # the seed fixes the split
-    assert len(split_off(examples, 0.01, seed=4)[1]) == 1  # at least one validation example
+    assert carve_random(examples, 0.3, seed=4) == (train, dev)  # the seed fixes the split
+    assert len(carve_random(examples, 0.01, seed=4)[1]) == 1  # at least one validation example
 
 
-def test_split_off_depends_on_the_seed_and_refuses_to_empty_training():
+def test_carve_random_depends_on_the_seed_and_refuses_to_empty_training():
     examples = list(range(100))
-    dev_by_seed = {seed: tuple(split_off(examples, 0.1, seed)[1]) for seed in range(5)}
+    dev_by_seed = {seed: tuple(carve_random(examples, 0.1, seed)[1]) for seed in range(5)}
     assert len(set(dev_by_seed.values())) == 5  # five seeds, five different held-out sets
     assert all(len(dev) == 10 for dev in dev_by_seed.values())
     with pytest.raises(DataError, match="dev_fraction 0.5 leaves no training examples out of 1"):
-        split_off(["only"], 0.5, seed=1)
+        carve_random(["only"], 0.5, seed=1)
 
 
 def test_subset_is_seeded_in_order_and_all_when_too_large():

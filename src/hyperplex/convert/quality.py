@@ -38,7 +38,7 @@ from hyperplex.metrics import accuracy, ranking_metrics
 __all__ = [
     "BATCH_SIZE",
     "Embedder",
-    "carve_split",
+    "carve_train_test",
     "embed_batched",
     "encoder_size",
     "layer_parameters",
@@ -136,7 +136,7 @@ def wikiqa_ranking(embed: Embedder, path: str | os.PathLike, batch_size: int = 2
     return result
 
 
-def carve_split(count: int, train_size: int, test_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def carve_train_test(count: int, train_size: int, test_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Disjoint index sets ``(train, test)`` drawn from ``range(count)`` by a seeded permutation.
 
     The same ``(count, seed)`` always gives the same permutation, so a larger ``train_size``
@@ -184,7 +184,7 @@ def sst2_probe(embed: Embedder, path: str | os.PathLike, train_size: int = 2000,
     Args:
         embed: the sentence embedder (frozen: only the probe is fitted).
         path: SST-2 ``train.tsv.gz`` (tab-separated, header ``sentence<TAB>label``, labels 0/1).
-        train_size, test_size: examples carved from the file by :func:`carve_split` with ``split_seed``;
+        train_size, test_size: examples carved from the file by :func:`carve_train_test` with ``split_seed``;
             the test rows are never seen by the probe.
         C: inverse L2 strength of scikit-learn's ``LogisticRegression`` (lbfgs, max 2000 iterations).
         carve: ``random`` draws from every row. GLUE's SST-2 train file holds every phrase of each
@@ -204,7 +204,7 @@ def sst2_probe(embed: Embedder, path: str | os.PathLike, train_size: int = 2000,
 
     rows = read_tsv(path, ("sentence", "label"), known={"label": {"0", "1"}})
     pool = sst2_pool(path, carve, len(rows))
-    train_idx, test_idx = carve_split(len(pool), train_size, test_size, split_seed)
+    train_idx, test_idx = carve_train_test(len(pool), train_size, test_size, split_seed)
     chosen = pool[np.concatenate([train_idx, test_idx])]
     sentences = [rows[i]["sentence"] for i in chosen]
     labels = np.array([int(rows[i]["label"]) for i in chosen])

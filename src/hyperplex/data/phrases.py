@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["SentenceCarve", "contained_texts", "sentence_carve"]
+__all__ = ["SentenceCarve", "carve_sentences", "contained_texts"]
 
 
 def _spans(tokens: tuple[str, ...]):
@@ -46,7 +46,7 @@ def contained_texts(keys: set[tuple[str, ...]]) -> set[tuple[str, ...]]:
 
 @dataclass
 class SentenceCarve:
-    """Result of :func:`sentence_carve`: indices into the input list, and the counts to report."""
+    """Result of :func:`carve_sentences`: indices into the input list, and the counts to report."""
 
     train: list[int]  # indices of the texts kept for training (corpus order)
     dev: list[int]  # indices of the validation sentences (corpus order; one per distinct sentence)
@@ -61,7 +61,7 @@ class SentenceCarve:
                 f"{len(self.train)} training texts left")
 
 
-def sentence_carve(texts: list[str], fraction: float, seed: int) -> SentenceCarve:
+def carve_sentences(texts: list[str], fraction: float, seed: int) -> SentenceCarve:
     """Carve ``fraction`` of the sentences of ``texts`` as validation without leaking them into training.
 
     ``texts`` are compared as ``text.split()`` (apply lowercasing before calling if the model

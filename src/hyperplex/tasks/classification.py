@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.data.datasets import ClassificationDataset, JointPairDataset, PairDataset
-from hyperplex.data.phrases import sentence_carve
+from hyperplex.data.phrases import carve_sentences
 from hyperplex.data.readers import DataError, DropReport, check_labels, read_agreement, read_jsonl, read_tsv
 from hyperplex.data.tokenizers import Tokenizer
 from hyperplex.data.vocab import PAD_INDEX, Vocabulary
@@ -31,7 +31,7 @@ from hyperplex.config.registry import get_architecture
 from hyperplex.train.protocols import Describes, OwnTokenizer, PairTextTokenizer, PretrainedEmbeddings, TextTokenizer
 from hyperplex.train.task import Task
 from hyperplex.tasks.common import (
-    carve_seed, data_file, load_saved_vocabularies, lowercase_if, split_off, subset, tokenizer_and_vocab,
+    carve_random, carve_seed, data_file, load_saved_vocabularies, lowercase_if, subset, tokenizer_and_vocab,
     vocabulary_files,
 )
 from hyperplex.metrics import accuracy, ranking_metrics
@@ -206,18 +206,18 @@ class LabelledTextTask(Task):
     def _carve(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
         """(train, dev) records: ``data.dev_fraction`` of the training file held out with ``seed``
         (``data.split_seed``): whole sentences without their phrases in training for ``data.carve:
-        sentences`` (:meth:`_carve_sentences`), else :meth:`_carve_examples`."""
+        sentences`` (:meth:`_carve_sentences`), else :meth:`_carve_random`."""
         if self.cfg.data.carve == "sentences":
             return self._carve_sentences(train, seed)
-        return self._carve_examples(train, seed)
+        return self._carve_random(train, seed)
 
     def _carve_sentences(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
         """``data.carve: sentences`` is for single-text phrase files, so refused here."""
         raise DataError(f"data.carve sentences is for single-text phrase files (SST-2), not task {self.name!r}")
 
-    def _carve_examples(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
-        """Random examples held out."""
-        return split_off(train, self.cfg.data.dev_fraction, seed)
+    def _carve_random(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
+        """Random examples held out (``data.carve: random``)."""
+        return carve_random(train, self.cfg.data.dev_fraction, seed)
 
     def use_evaluation_file(self, path: str) -> None:
         """Make the file ``path`` (same format as the training data) the split :meth:`validate` scores."""
@@ -351,7 +351,7 @@ class ClassificationTask(LabelledTextTask):
         """Whole sentences held out, and every phrase of a held-out sentence dropped from training."""
         d = self.cfg.data
         try:
-            carve = sentence_carve([lowercase_if(d, r["text"]) for r in train], d.dev_fraction, seed)
+            carve = carve_sentences([lowercase_if(d, r["text"]) for r in train], d.dev_fraction, seed)
         except ValueError as err:
             raise DataError(f"{d.train}: {err}") from None
         self.log.info(f"{carve} (dev_fraction {d.dev_fraction} of the sentences, split_seed {seed})")
@@ -439,10 +439,10 @@ class RankingTask(PairClassificationTask):
     def _known_labels(self) -> list[str]:
         return list(self.RELEVANCE)
 
-    def _carve_examples(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
+    def _carve_random(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
         """Whole questions held out, never half a ranking."""
         groups = sorted({r["group"] for r in train})
-        _, dev_groups = split_off(groups, self.cfg.data.dev_fraction, seed)
+        _, dev_groups = carve_random(groups, self.cfg.data.dev_fraction, seed)
         held = set(dev_groups)
         return [r for r in train if r["group"] not in held], [r for r in train if r["group"] in held]
 

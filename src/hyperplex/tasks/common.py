@@ -25,8 +25,9 @@ def data_file(path: str, data_root: str | None, suffix: str = "", key: str = "da
     raise DataError(f"{key}: file not found: {name}{'' if name.endswith('.gz') else ' or ' + name + '.gz'}{root}")
 
 
-def split_off(examples: list, fraction: float, seed: int) -> tuple[list, list]:
-    """(train, dev): a seeded random ``fraction`` of ``examples`` held out (at least one example)."""
+def carve_random(examples: list, fraction: float, seed: int) -> tuple[list, list]:
+    """(train, dev): a seeded random ``fraction`` of ``examples`` held out (at least one example); the
+    ``data.carve: random`` validation split of every task."""
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
     n_dev = max(1, round(len(examples) * fraction))

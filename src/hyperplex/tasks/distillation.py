@@ -29,7 +29,7 @@ from hyperplex.data.corpus import HeldOut, evaluation_sentences
 from hyperplex.data.datasets import Batch
 from hyperplex.data.lines import LazyBatches, LineIndex
 from hyperplex.data.readers import DataError, read_lines
-from hyperplex.tasks.common import carve_seed, data_file, split_off, subset
+from hyperplex.tasks.common import carve_random, carve_seed, data_file, subset
 from hyperplex.train.task import Task
 
 __all__ = ["DistillationTask", "attention_loss", "distill_loss", "hidden_state_loss"]
@@ -108,8 +108,8 @@ class DistillationTask(Task):
             dev, _ = _sentences(dev_path, "data.dev")
             held.add(dev, f"data.dev {dev_path}")
         elif data.dev_fraction > 0:
-            kept, dev_positions = split_off(list(range(len(lines))), data.dev_fraction,
-                                            carve_seed(self.cfg, self.model_dir, fresh))
+            kept, dev_positions = carve_random(list(range(len(lines))), data.dev_fraction,
+                                               carve_seed(self.cfg, self.model_dir, fresh))
             positions, dev = np.asarray(kept), [lines[i] for i in dev_positions]
             carved.add(dev, "the dev sentences carved from it")
         else:

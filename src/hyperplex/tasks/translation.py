@@ -22,7 +22,7 @@ from hyperplex.data.vocab import BOS_INDEX, EOS, EOS_INDEX, PAD_INDEX, UNK, UNK_
 from hyperplex.config.registry import get_architecture
 from hyperplex.train.task import Task
 from hyperplex.tasks.common import (
-    carve_seed, data_file, load_saved_vocabularies, lowercase_if, split_off, subset, tokenizer_and_vocab,
+    carve_random, carve_seed, data_file, load_saved_vocabularies, lowercase_if, subset, tokenizer_and_vocab,
     vocabulary_files,
 )
 from hyperplex.metrics import corpus_bleu, corpus_chrf, perplexity
@@ -58,7 +58,7 @@ class TranslationTask(Task):
             dev = read_parallel(data_file(d.dev, self.data_root, d.src, "data.dev"),
                                 data_file(d.dev, self.data_root, d.tgt, "data.dev"))
         elif d.dev_fraction > 0:
-            train, dev = split_off(train, d.dev_fraction, split_seed)
+            train, dev = carve_random(train, d.dev_fraction, split_seed)
         else:
             raise DataError("no validation data: set data.dev or data.dev_fraction")
         return train, dev

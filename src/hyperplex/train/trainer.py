@@ -29,7 +29,7 @@ from hyperplex.train.task import Task, metric_mode
 from hyperplex.fileio import atomic_write_text
 from hyperplex.train.checkpoint import LAST, CheckpointManager, load_checkpoint, load_into, model_state, restore_rng
 from hyperplex.train.interrupts import InterruptFlag, TrainingInterrupted
-from hyperplex.train.optim import apply_lr, build_optimizer, build_schedule
+from hyperplex.train.optim import Schedule, apply_lr, build_optimizer, build_schedule
 from hyperplex.train.process import check_writable, distributed, resolve_device
 from hyperplex.train.records import MetricsWriter, setup_logger
 
@@ -58,6 +58,34 @@ class TrainState:
     # grad_norm_max in metrics.csv: spikes show training instability.
     window_grad_norm: float = 0.0
     window_grad_norm_max: float = 0.0
+
+
+class _Throughput:
+    """What this process trained since the last log line (target tokens or examples) and since when: the
+    speed in the log and the progress bar counts this process's own time only."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.count, self.start = 0, time.perf_counter()
+
+    def rate(self) -> float:
+        return self.count / max(time.perf_counter() - self.start, 1e-9)
+
+
+@dataclass
+class _Loop:
+    """What the steps of one training run share besides its :class:`TrainState`."""
+
+    model: nn.Module  # what checkpoints hold
+    train_model: nn.Module  # the model, or its DDP wrapper: what the forward pass runs
+    optimizer: torch.optim.Optimizer
+    schedule: Schedule
+    scaler: torch.amp.GradScaler | None  # fp16 only
+    manager: CheckpointManager | None  # rank 0 only
+    metrics: MetricsWriter | None  # rank 0 only
+    bar: object | None  # a tqdm bar, or None
 
 
 class Trainer:
@@ -144,134 +172,178 @@ class Trainer:
     # ------------------------------------------------------------------ main loop
     def train(self) -> dict:
         """Run (or resume) training; returns the final validation metrics."""
-        cfg, tcfg, log = self.cfg, self.tcfg, self.log
+        tcfg = self.tcfg
         model = self._initial_model(fresh=not self.resume).to(self.device)
         self.model = model
         optimizer = build_optimizer(model.parameters(), tcfg.optimizer, tcfg.lr, betas=tuple(tcfg.betas),
                                     eps=tcfg.eps, weight_decay=tcfg.weight_decay, momentum=tcfg.momentum)
         schedule = self._schedule()
-        state = TrainState()
         manager = CheckpointManager(self.model_dir, keep_best=tcfg.keep_best, metric_mode=self.mode,
                                     metric_name=self.metric) \
             if self.rank == 0 else None
         if self.resume:
-            ckpt = load_checkpoint(self.model_dir / LAST, map_location=self.device)
-            load_into(model, ckpt.model_state, self.model_dir / LAST, expected_from="the saved config.yaml")
-            if ckpt.optimizer_state is not None:
-                optimizer.load_state_dict(ckpt.optimizer_state)
-            state = TrainState(**ckpt.extra["trainer"])
-            restore_rng(ckpt.rng_state)
-            log.info(f"resumed from {self.model_dir / LAST} at step {state.step}, epoch {state.epoch}, "
-                     f"batch {state.batch_index}")
-            for change in self.resume_changes:
-                log.info(f"resume: {change}")
-            if self.resume_changes and self.rank == 0:  # the folder's config.yaml says what the run now is
-                atomic_write_text(self.model_dir / "config.yaml", dump_yaml(experiment_dict(cfg)))
-            if state.finished:  # the budget may have been raised on resume: decide again
-                if not state.stop_reason:  # written before stop reasons were recorded
-                    state.stop_reason = self._budget_reached(state) or "patience"
-                if state.stop_reason == "patience" and self.tcfg.patience and \
-                        state.bad_validations >= self.tcfg.patience:
-                    reason = "patience"
-                else:
-                    reason = self._budget_reached(state)
-                if reason:
-                    log.info(f"that run had already finished ({self._stop_message(state)} at step {state.step}); "
-                             f"nothing to do. To train on, raise the limit, e.g. --training.max_steps=N with "
-                             f"N > {state.step}")
-                    return {}
-                log.info(f"that run had finished ({self._stop_message(state)}); the new budget continues it")
-                state.finished, state.stop_reason = False, ""
-                if state.bad_validations >= (self.tcfg.patience or float("inf")):
-                    state.bad_validations = 0
-        elif self.rank == 0:
-            atomic_write_text(self.model_dir / "config.yaml", dump_yaml(experiment_dict(cfg)))
-        n_params = sum(p.numel() for p in model.parameters())
-        log.info(f"{cfg.name}: task {self.task.name}, model {cfg.model.architecture}, {n_params:,} parameters, "
-                 f"device {self.device}, {self.world} process(es), {torch.get_num_threads()} thread(s)")
-        steps_per_epoch = max(1, math.ceil(len(self.task.train_batches(state.epoch)) / tcfg.accum_steps))
-        expected_last = self._log_budget(state, steps_per_epoch)
-        if self.task.describe_validation():
-            log.info(self.task.describe_validation())
+            state = self._restore(model, optimizer)
+            if state.finished and not self._reopen_finished(state):
+                return {}
+        else:
+            state = TrainState()
+            if self.rank == 0:
+                atomic_write_text(self.model_dir / "config.yaml", dump_yaml(experiment_dict(self.cfg)))
+        total_steps = self._log_start(model, state)
         train_model: nn.Module = model
         if self.world > 1:
             train_model = nn.parallel.DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         scaler = torch.amp.GradScaler("cuda") if tcfg.precision == "fp16" else None
         metrics = MetricsWriter(self.model_dir, state.step if self.resume else None) if self.rank == 0 else None
-
-        total_steps = expected_last
-        bar = None
-        if self.rank == 0 and tcfg.progress_bar:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total_steps, initial=state.step, unit="step", dynamic_ncols=True, file=sys.stderr,
-                       disable=None)
-        last_val: dict[str, float] = {}
-        speed_count, window_start = 0, time.perf_counter()  # for throughput: this process's own time only
-        unit = self.task.loss_unit  # what num_tokens (and so speed_count) counts: target tokens, or examples
+        loop = _Loop(model, train_model, optimizer, schedule, scaler, manager, metrics,
+                     self._progress_bar(total_steps, state))
         interrupts = InterruptFlag()
         try:
             interrupts.install()
             model.train()
-            while not state.finished:
-                batches = self.task.train_batches(state.epoch)
-                if not batches:
-                    raise ValueError("the training split produced no batches (is it empty after filtering?)")
-                while state.batch_index < len(batches):
-                    group = batches[state.batch_index: state.batch_index + tcfg.accum_steps]
-                    count = sum(b.num_tokens for b in group)
-                    lr = schedule.lr(tcfg.lr, state.step + 1, state.epoch)
-                    apply_lr(optimizer, lr)
-                    step_loss = self._optimizer_step(group, count, train_model, model, optimizer, scaler, state)
-                    state.step += 1
-                    state.batch_index += len(group)
-                    epoch_done = state.batch_index >= len(batches)
-                    if epoch_done:
-                        self._next_epoch(state)  # the checkpoint must point at the next epoch's start
-                    state.stop_reason = self._budget_reached(state)
-                    state.finished = bool(state.stop_reason)
-                    state.window_loss += step_loss
-                    state.window_tokens += count  # targets (or examples) since the last log line
-                    speed_count += count
-                    if bar is not None:
-                        elapsed = max(time.perf_counter() - window_start, 1e-9)
-                        bar.set_postfix(loss=f"{step_loss / max(count, 1):.3f}", lr=f"{lr:.2e}",
-                                        speed=f"{speed_count / elapsed:.0f} {unit}/s", epoch=state.epoch, refresh=False)
-                        bar.update(1)
-                    if state.step % tcfg.log_every == 0:
-                        elapsed = time.perf_counter() - window_start
-                        mean = state.window_loss / max(state.window_tokens, 1)
-                        log.info(f"step {state.step} epoch {state.epoch}: loss {mean:.4f} lr {lr:.3e} "
-                                 f"{speed_count / max(elapsed, 1e-9):.0f} {unit}/s")
-                        if metrics:
-                            metrics.write(state.step, state.epoch, "train",
-                                          {"loss": mean, "lr": lr, "grad_norm": state.window_grad_norm / tcfg.log_every,
-                                           "grad_norm_max": state.window_grad_norm_max})
-                        state.window_loss, state.window_tokens = 0.0, 0
-                        state.window_grad_norm, state.window_grad_norm_max = 0.0, 0.0
-                        speed_count, window_start = 0, time.perf_counter()
-                    due = (tcfg.validation_every and state.step % tcfg.validation_every == 0) or \
-                        (not tcfg.validation_every and epoch_done) or state.finished
-                    if due:
-                        last_val = self._validate_and_save(model, optimizer, state, manager, metrics)
-                    elif tcfg.checkpoint_every and state.step % tcfg.checkpoint_every == 0 and manager:
-                        manager.save_last(model_state(model), optimizer.state_dict(), self._extra(state))
-                    if interrupts.pending(self.world, self.device) and not state.finished:
-                        self._save_and_stop(interrupts.signal_number, model, optimizer, state, manager, bar)
-                    if epoch_done or state.finished:
-                        break
+            last_val = self._run_steps(loop, state, interrupts)
         finally:
             interrupts.uninstall()
-            if bar is not None:
-                bar.close()
+            if loop.bar is not None:
+                loop.bar.close()
             if metrics:
                 metrics.close()
         if self.rank == 0 and tcfg.plots:
             self._plots()
-        log.info(f"finished at step {state.step} (epoch {state.epoch}): {self._stop_message(state)}; "
-                 f"best {self.metric} {state.best_metric}")
+        self.log.info(f"finished at step {state.step} (epoch {state.epoch}): {self._stop_message(state)}; "
+                      f"best {self.metric} {state.best_metric}")
         return last_val
+
+    def _restore(self, model: nn.Module, optimizer) -> TrainState:
+        """``last``'s parameters, optimiser state and every RNG into this run; its trainer state returned.
+        Changed budget keys are logged and written into the folder's ``config.yaml``."""
+        log = self.log
+        ckpt = load_checkpoint(self.model_dir / LAST, map_location=self.device)
+        load_into(model, ckpt.model_state, self.model_dir / LAST, expected_from="the saved config.yaml")
+        if ckpt.optimizer_state is not None:
+            optimizer.load_state_dict(ckpt.optimizer_state)
+        state = TrainState(**ckpt.extra["trainer"])
+        restore_rng(ckpt.rng_state)
+        log.info(f"resumed from {self.model_dir / LAST} at step {state.step}, epoch {state.epoch}, "
+                 f"batch {state.batch_index}")
+        for change in self.resume_changes:
+            log.info(f"resume: {change}")
+        if self.resume_changes and self.rank == 0:  # the folder's config.yaml says what the run now is
+            atomic_write_text(self.model_dir / "config.yaml", dump_yaml(experiment_dict(self.cfg)))
+        return state
+
+    def _reopen_finished(self, state: TrainState) -> bool:
+        """Whether a finished run goes on after a resume (its budget was raised); ``state`` is reopened if so.
+        A run still finished under the current limits is logged as such, with how to extend it."""
+        if not state.stop_reason:  # a checkpoint without a recorded stop reason: the limit that ends it now
+            state.stop_reason = self._budget_reached(state) or "patience"
+        if state.stop_reason == "patience" and self.tcfg.patience and state.bad_validations >= self.tcfg.patience:
+            reason = "patience"
+        else:
+            reason = self._budget_reached(state)
+        if reason:
+            self.log.info(f"that run had already finished ({self._stop_message(state)} at step {state.step}); "
+                          f"nothing to do. To train on, raise the limit, e.g. --training.max_steps=N with "
+                          f"N > {state.step}")
+            return False
+        self.log.info(f"that run had finished ({self._stop_message(state)}); the new budget continues it")
+        state.finished, state.stop_reason = False, ""
+        if state.bad_validations >= (self.tcfg.patience or float("inf")):
+            state.bad_validations = 0
+        return True
+
+    def _log_start(self, model: nn.Module, state: TrainState) -> int | None:
+        """Log what is trained, where, with which budget and validation; returns the expected last step."""
+        cfg, log = self.cfg, self.log
+        n_params = sum(p.numel() for p in model.parameters())
+        log.info(f"{cfg.name}: task {self.task.name}, model {cfg.model.architecture}, {n_params:,} parameters, "
+                 f"device {self.device}, {self.world} process(es), {torch.get_num_threads()} thread(s)")
+        steps_per_epoch = max(1, math.ceil(len(self.task.train_batches(state.epoch)) / self.tcfg.accum_steps))
+        expected_last = self._log_budget(state, steps_per_epoch)
+        if self.task.describe_validation():
+            log.info(self.task.describe_validation())
+        return expected_last
+
+    def _progress_bar(self, total_steps: int | None, state: TrainState):
+        """A tqdm bar on stderr (rank 0, ``training.progress_bar``, a terminal), else None."""
+        if self.rank != 0 or not self.tcfg.progress_bar:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=total_steps, initial=state.step, unit="step", dynamic_ncols=True, file=sys.stderr,
+                    disable=None)
+
+    def _run_steps(self, loop: _Loop, state: TrainState, interrupts: InterruptFlag) -> dict[str, float]:
+        """Optimiser steps, epoch after epoch, until a limit ends the run; validation and checkpoints when
+        due; a SIGINT/SIGTERM saves and stops at the next step boundary. Returns the last validation."""
+        tcfg = self.tcfg
+        last_val: dict[str, float] = {}
+        throughput = _Throughput()
+        while not state.finished:
+            batches = self.task.train_batches(state.epoch)
+            if not batches:
+                raise ValueError("the training split produced no batches (is it empty after filtering?)")
+            while state.batch_index < len(batches):
+                group = batches[state.batch_index: state.batch_index + tcfg.accum_steps]
+                epoch_done = self._step(loop, group, len(batches), state, throughput)
+                due = (tcfg.validation_every and state.step % tcfg.validation_every == 0) or \
+                    (not tcfg.validation_every and epoch_done) or state.finished
+                if due:
+                    last_val = self._validate_and_save(loop.model, loop.optimizer, state, loop.manager, loop.metrics)
+                elif tcfg.checkpoint_every and state.step % tcfg.checkpoint_every == 0 and loop.manager:
+                    loop.manager.save_last(model_state(loop.model), loop.optimizer.state_dict(), self._extra(state))
+                if interrupts.pending(self.world, self.device) and not state.finished:
+                    self._save_and_stop(interrupts.signal_number, loop.model, loop.optimizer, state, loop.manager,
+                                        loop.bar)
+                if epoch_done or state.finished:
+                    break
+        return last_val
+
+    def _step(self, loop: _Loop, group: list, num_batches: int, state: TrainState, throughput: _Throughput) -> bool:
+        """One optimiser step over ``group`` at the scheduled learning rate, then the state moved past it
+        (next epoch, the limit that ends the run, the loss window) and reported. Returns whether the step
+        ended the epoch of ``num_batches`` batches."""
+        count = sum(b.num_tokens for b in group)
+        lr = loop.schedule.lr(self.tcfg.lr, state.step + 1, state.epoch)
+        apply_lr(loop.optimizer, lr)
+        step_loss = self._optimizer_step(group, count, loop.train_model, loop.model, loop.optimizer, loop.scaler,
+                                         state)
+        state.step += 1
+        state.batch_index += len(group)
+        epoch_done = state.batch_index >= num_batches
+        if epoch_done:
+            self._next_epoch(state)  # the checkpoint must point at the next epoch's start
+        state.stop_reason = self._budget_reached(state)
+        state.finished = bool(state.stop_reason)
+        state.window_loss += step_loss
+        state.window_tokens += count  # targets (or examples) since the last log line
+        throughput.count += count
+        self._report_step(loop, state, step_loss / max(count, 1), lr, throughput)
+        return epoch_done
+
+    def _report_step(self, loop: _Loop, state: TrainState, step_loss: float, lr: float,
+                     throughput: _Throughput) -> None:
+        """The progress bar moved on (``step_loss``: this step's mean loss); every ``log_every`` steps the
+        window's mean loss, learning rate and speed logged and written to ``metrics.csv``, and the window
+        started again."""
+        tcfg, unit = self.tcfg, self.task.loss_unit  # what num_tokens (and so the speed) counts
+        if loop.bar is not None:
+            loop.bar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.2e}", speed=f"{throughput.rate():.0f} {unit}/s",
+                                 epoch=state.epoch, refresh=False)
+            loop.bar.update(1)
+        if state.step % tcfg.log_every != 0:
+            return
+        mean = state.window_loss / max(state.window_tokens, 1)
+        self.log.info(f"step {state.step} epoch {state.epoch}: loss {mean:.4f} lr {lr:.3e} "
+                      f"{throughput.rate():.0f} {unit}/s")
+        if loop.metrics:
+            loop.metrics.write(state.step, state.epoch, "train",
+                               {"loss": mean, "lr": lr, "grad_norm": state.window_grad_norm / tcfg.log_every,
+                                "grad_norm_max": state.window_grad_norm_max})
+        state.window_loss, state.window_tokens = 0.0, 0
+        state.window_grad_norm, state.window_grad_norm_max = 0.0, 0.0
+        throughput.reset()
 
     def _optimizer_step(self, group: list, count: int, train_model: nn.Module, model: nn.Module, optimizer,
                         scaler, state: TrainState) -> float:

@@ -249,6 +249,34 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding
             PyTorch's. Nothing is written then.
     """
     path = os.fspath(path)
+    folder = _check_export(model, path, phm)
+    was_training = model.training
+    model.eval()
+    try:
+        with _phm_forward(model, phm), torch.no_grad():
+            module, inputs, other, names, outputs_names, sequence_output = _prepare(
+                model, sentence_embedding, example_inputs, check_inputs, input_names, output_names)
+            reference = module(*inputs)
+            checks = [(inputs, reference)] + ([] if other is None else [(other, module(*other))])
+            axes = _dynamic_axes(inputs, names, outputs_names, reference, sequence_output)
+            handle, tmp = tempfile.mkstemp(dir=folder, prefix=".export-", suffix=".onnx")
+            os.close(handle)
+            try:
+                _trace(model, module, inputs, tmp, names, outputs_names, axes, opset, dynamo, phm)
+                diff = _verify(model, path, tmp, names, checks) if verify else None
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+                raise
+    finally:
+        model.train(was_training)
+    return ExportResult(path, os.path.getsize(path), names, outputs_names, diff)
+
+
+def _check_export(model: nn.Module, path: str, phm: str) -> str:
+    """What :func:`export_onnx` refuses before tracing (an unknown ``phm`` mode, a layer the exporter cannot
+    write, a missing folder, a folder as the path, no ``onnx`` package); returns the file's folder."""
     if phm not in PHM_MODES:
         raise ExportError(f"unknown phm mode {phm!r}; valid: {', '.join(PHM_MODES)}")
     bad = unsupported_layers(model)
@@ -265,54 +293,48 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding
         import onnx  # noqa: F401  (the exporter needs it)
     except ImportError:
         raise ExportError("ONNX export needs the onnx package: pip install 'hyperplex[onnx]'") from None
-    was_training = model.training
-    model.eval()
-    try:
-        with _phm_forward(model, phm), torch.no_grad():
-            module, inputs, other, names, outputs_names, sequence_output = _prepare(
-                model, sentence_embedding, example_inputs, check_inputs, input_names, output_names)
-            reference = module(*inputs)
-            checks = [(inputs, reference)] + ([] if other is None else [(other, module(*other))])
-            axes = _dynamic_axes(inputs, names, outputs_names, reference, sequence_output)
-            handle, tmp = tempfile.mkstemp(dir=folder, prefix=".export-", suffix=".onnx")
-            os.close(handle)
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # tracer warnings about Python-side shape checks
-                    try:
-                        torch.onnx.export(module, tuple(inputs), tmp, input_names=names, output_names=outputs_names,
-                                          opset_version=opset, dynamo=dynamo,
-                                          do_constant_folding=phm != "materialized",  # folding would store H
-                                          dynamic_axes=axes)
-                    except Exception as err:  # noqa: BLE001 - the exporter raises many types
-                        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                        raise ExportError(f"cannot export {type(model).__name__} to ONNX: the exporter failed "
-                                          f"({type(err).__name__}: {first})") from err
-                diff = None
-                for i, (feed, expected) in enumerate(checks if verify else []):
-                    sizes = " and ".join(str(tuple(t.shape)) for t in feed)
-                    try:
-                        got = _run_onnxruntime(tmp, names, feed)
-                    except ImportError:
-                        break
-                    except ExportError as err:
-                        if i == 0:
-                            raise
-                        raise ExportError(f"cannot export {type(model).__name__} to ONNX: the graph traced at one size "
-                                          f"does not run on inputs of {sizes} (a size was fixed at trace time): "
-                                          f"{err}") from None
-                    refs = expected if isinstance(expected, (tuple, list)) else (expected,)
-                    error = max(float((torch.from_numpy(g) - r.float()).abs().max()) for g, r in zip(got, refs))
-                    scale = max(1.0, max(float(r.abs().max()) for r in refs))
-                    if error > ONNX_TOLERANCE * scale:
-                        raise ExportError(f"{path}: onnxruntime's output differs from PyTorch's by {error:.3g} on inputs "
-                                          f"of {sizes} (allowed {ONNX_TOLERANCE * scale:.3g}); the file was not written")
-                    diff = error if diff is None else max(diff, error)
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(tmp)
+    return folder
+
+
+def _trace(model: nn.Module, module: nn.Module, inputs: Sequence[Tensor], tmp: str, names: list[str],
+           output_names: list[str], axes: dict, opset: int, dynamo: bool, phm: str) -> None:
+    """``module`` (``model`` wrapped for its graph inputs and outputs) exported to the file ``tmp``; an exporter
+    failure becomes an :class:`ExportError` naming ``model``'s class and the first line of the cause."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about Python-side shape checks
+        try:
+            torch.onnx.export(module, tuple(inputs), tmp, input_names=names, output_names=output_names,
+                              opset_version=opset, dynamo=dynamo,
+                              do_constant_folding=phm != "materialized",  # folding would store H
+                              dynamic_axes=axes)
+        except Exception as err:  # noqa: BLE001 - the exporter raises many types
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ExportError(f"cannot export {type(model).__name__} to ONNX: the exporter failed "
+                              f"({type(err).__name__}: {first})") from err
+
+
+def _verify(model: nn.Module, path: str, tmp: str, names: list[str], checks: list) -> float | None:
+    """The file ``tmp`` run in onnxruntime on each ``(inputs, PyTorch outputs)`` of ``checks``: the largest
+    difference, or None without onnxruntime. Outputs beyond the tolerance, or a failure on the second
+    inputs' sizes (a size fixed at trace time), are an :class:`ExportError`."""
+    diff = None
+    for i, (feed, expected) in enumerate(checks):
+        sizes = " and ".join(str(tuple(t.shape)) for t in feed)
+        try:
+            got = _run_onnxruntime(tmp, names, feed)
+        except ImportError:
+            break
+        except ExportError as err:
+            if i == 0:
                 raise
-    finally:
-        model.train(was_training)
-    return ExportResult(path, os.path.getsize(path), names, outputs_names, diff)
+            raise ExportError(f"cannot export {type(model).__name__} to ONNX: the graph traced at one size "
+                              f"does not run on inputs of {sizes} (a size was fixed at trace time): "
+                              f"{err}") from None
+        refs = expected if isinstance(expected, (tuple, list)) else (expected,)
+        error = max(float((torch.from_numpy(g) - r.float()).abs().max()) for g, r in zip(got, refs))
+        scale = max(1.0, max(float(r.abs().max()) for r in refs))
+        if error > ONNX_TOLERANCE * scale:
+            raise ExportError(f"{path}: onnxruntime's output differs from PyTorch's by {error:.3g} on inputs "
+                              f"of {sizes} (allowed {ONNX_TOLERANCE * scale:.3g}); the file was not written")
+        diff = error if diff is None else max(diff, error)
+    return diff

@@ -235,6 +235,37 @@ def convert_linears(
         left to convert; a selected layer with NaN/inf values or on the meta device. Raised before the
         model is changed.
     """
+    _check_arguments(kind, n, rank, rule, init, calibrate, als_sweeps, ridge)
+    rows, layers = _plan(module, kind, n, rank, list(glob_patterns(include, "include")),
+                         list(glob_patterns(exclude, "exclude")), min_features)
+    _check_weights(layers, {r.name: r.source for r in rows})
+    before = _param_count(module)
+    factors = None
+    if calibrate is not None:  # inputs of the dense layers, before any is replaced
+        from hyperplex.convert.activation import capture_inputs
+        factors = capture_inputs(module, layers, calibrate)
+
+    by_name = {r.name: r for r in rows}
+    for name, old in layers.items():
+        row = by_name[name]
+        view = _dense_view(old, row.source)
+        new, used_rank = _build(view, kind, n, rank, rule, "svd" if init in CALIBRATED_INITS else init)
+        if factors is not None:
+            new = _fit_to_inputs(new, view, row, factors[name], kind, n, used_rank, rule, init, refine_steps,
+                                 als_sweeps, ridge)
+        _keep_flags(new, old, view.weight.requires_grad, None if view.bias is None else view.bias.requires_grad)
+        setattr(new, CONVERTED_FROM, row.source)
+        parent_name, _, child = name.rpartition(".")
+        setattr(module.get_submodule(parent_name), child, new)
+        row.kind, row.n, row.rank = kind, (n if kind == "phm" else None), used_rank
+        row.params_after = _param_count(new)
+        row.relative_error = _relative_error(view.weight, new.dense_weight())
+    return ConversionReport(rows, before, _param_count(module))
+
+
+def _check_arguments(kind: str, n: int, rank: int | None, rule: RuleSpec, init: str, calibrate, als_sweeps: int,
+                     ridge: float | None) -> None:
+    """The errors :func:`convert_linears` raises for its arguments alone, before any layer is looked at."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; valid: {', '.join(repr(k) for k in KINDS)}")
     if init not in INITS:
@@ -254,39 +285,23 @@ def convert_linears(
         raise ValueError(f"ridge must be ≥ 0, got {ridge!r}")
     if kind == "phm" and rule != "learned":
         PHMLinear(n, n, n, rule=rule)  # validates the rule name against n before anything changes
-    rows, layers = _plan(module, kind, n, rank, list(glob_patterns(include, "include")),
-                         list(glob_patterns(exclude, "exclude")), min_features)
-    _check_weights(layers, {r.name: r.source for r in rows})
-    before = _param_count(module)
-    factors = None
-    if calibrate is not None:  # inputs of the dense layers, before any is replaced
-        from hyperplex.convert.activation import capture_inputs
-        factors = capture_inputs(module, layers, calibrate)
 
-    by_name = {r.name: r for r in rows}
-    for name, old in layers.items():
-        row = by_name[name]
-        view = _dense_view(old, row.source)
-        new, used_rank = _build(view, kind, n, rank, rule, "svd" if init in CALIBRATED_INITS else init)
-        if factors is not None:
-            from hyperplex.convert.activation import refine, relative_output_error, whitened_layer
-            if init in ("whitened", "whitened_als"):  # the same structure, fitted in closed form
-                row.output_error_svd = relative_output_error(view.weight, new.dense_weight(), factors[name])
-                new = whitened_layer(view, kind, n, used_rank, rule, factors[name],
-                                     als_sweeps=als_sweeps if init == "whitened_als" else 0, ridge=ridge)
-            if init == "activation":
-                row.output_error_svd, row.output_error = refine(new, view.weight.detach(), factors[name],
-                                                                steps=refine_steps)
-            else:
-                row.output_error = relative_output_error(view.weight, new.dense_weight(), factors[name])
-        _keep_flags(new, old, view.weight.requires_grad, None if view.bias is None else view.bias.requires_grad)
-        setattr(new, CONVERTED_FROM, row.source)
-        parent_name, _, child = name.rpartition(".")
-        setattr(module.get_submodule(parent_name), child, new)
-        row.kind, row.n, row.rank = kind, (n if kind == "phm" else None), used_rank
-        row.params_after = _param_count(new)
-        row.relative_error = _relative_error(view.weight, new.dense_weight())
-    return ConversionReport(rows, before, _param_count(module))
+
+def _fit_to_inputs(new: nn.Module, view: _Dense, row: LayerReport, inputs, kind: str, n: int, used_rank: int | None,
+                   rule: RuleSpec, init: str, refine_steps: int, als_sweeps: int, ridge: float | None) -> nn.Module:
+    """With calibration ``inputs`` (the layer's captured factors): the ``whitened*`` inits' closed-form layer
+    in place of ``new``, or ``new`` refined by ``activation``; ``row`` gets the relative output errors (of
+    the SVD start, and of the layer returned)."""
+    from hyperplex.convert.activation import refine, relative_output_error, whitened_layer
+    if init in ("whitened", "whitened_als"):  # the same structure, fitted in closed form
+        row.output_error_svd = relative_output_error(view.weight, new.dense_weight(), inputs)
+        new = whitened_layer(view, kind, n, used_rank, rule, inputs,
+                             als_sweeps=als_sweeps if init == "whitened_als" else 0, ridge=ridge)
+    if init == "activation":
+        row.output_error_svd, row.output_error = refine(new, view.weight.detach(), inputs, steps=refine_steps)
+    else:
+        row.output_error = relative_output_error(view.weight, new.dense_weight(), inputs)
+    return new
 
 
 def _dense_from(layer: nn.Module, source: str) -> nn.Module:

@@ -4,7 +4,7 @@
 Each STUDENT is a folder :func:`hyperplex.convert.save_converted` wrote (``hyperplex_convert.json``) or a
 ``hyperplex compress`` model folder (``config.yaml`` with ``data.task: distillation``), which is scored
 through its ``student/`` when there is one, else its best checkpoint, else its last one (an experiment
-plan's ``heal: false`` rows have only that). The teacher is ``--teacher``, or the ``model.path`` the
+plan's ``train: false`` rows have only that). The teacher is ``--teacher``, or the ``model.path`` the
 students' ``config.yaml`` records (a ``student/`` folder: its parent's); it is always the first row.
 
 The scoring is :mod:`hyperplex.convert.quality`'s, the same as an experiment plan's ``quality:`` key

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pytest
 
@@ -30,6 +30,8 @@ class Outer:
     flag: bool = field(default=False, metadata={"help": "flag"})
     inner: Inner = field(default_factory=Inner, metadata={"help": "inner section"})
 
+    renamed_keys: ClassVar[dict[str, str]] = {"speed": "rate"}
+
 
 # ---------------------------------------------------------------------------- from_dict / to_dict
 def test_from_dict_converts_and_round_trips_through_to_dict():
@@ -52,6 +54,7 @@ def test_from_dict_converts_and_round_trips_through_to_dict():
     ({"inner": {"size": 0}}, "inner: size must be ≥ 1, got 0"),
     ({"inner": {"names": "a"}}, "inner.names: expected list of str, got str 'a'"),
     ({"inner": 3}, "inner: expected a mapping, got int 3"),
+    ({"speed": 1.0}, "config key 'speed' is now called 'rate': rename it (its values mean the same)"),
 ])
 def test_from_dict_errors_name_the_key_and_what_was_expected(raw, message):
     with pytest.raises(ConfigError) as caught:

@@ -29,7 +29,7 @@ def test_eval_split_row_scores_a_file_like_hyperplex_evaluate(tmp_path, write_pl
     for side, column in (("src", 0), ("tgt", 1)):
         (tmp_path / f"held_out.{side}").write_text("".join(pair[column] + "\n" for pair in held_out))
     plan = write_plan(tmp_path, rows=[{"name": "phm2", "config": "tiny.yaml", "seeds": [1]},
-                                       {"name": "phm2_file", "model_of": "phm2", "eval_split": str(tmp_path / "held_out")}])
+                                       {"name": "phm2_file", "models_from": "phm2", "eval_split": str(tmp_path / "held_out")}])
     out = tmp_path / "out"
     assert main([str(plan), "--out", str(out)]) == 0
     rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
@@ -43,7 +43,7 @@ def test_eval_split_row_scores_a_file_like_hyperplex_evaluate(tmp_path, write_pl
 def test_evaluate_each_fills_the_caches_the_report_reads(tmp_path, monkeypatch, capsys, write_plan):
     plan = write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml", "seeds": [1],
                                         "overrides": ["--model.linear.kind=dense"]},
-                                       {"name": "dense_beam1", "model_of": "dense",
+                                       {"name": "dense_beam1", "models_from": "dense",
                                         "eval_overrides": ["--testing.beam_size=1"]}])
     out = tmp_path / "out"
     assert main([str(plan), "--out", str(out), "--no-report", "--evaluate-each"]) == 0

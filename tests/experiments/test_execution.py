@@ -76,8 +76,8 @@ def test_finished_models_are_skipped(done, capsys):
     assert len(json.loads((out / "dense" / "seed1" / "experiment.json").read_text())["segments"]) == segments
 
 
-def test_an_unhealed_adapter_row_saves_what_training_would_start_from(tmp_path):
-    """A ``heal: false`` row goes through the trainer's own start (seeding, data, model) and checkpoint contents:
+def test_an_untrained_adapter_row_saves_what_training_would_start_from(tmp_path):
+    """A ``train: false`` row goes through the trainer's own start (seeding, data, model) and checkpoint contents:
     for an adapter model, only the trainable tensors and the base's signature, as a trained run saves."""
     import random
 
@@ -111,7 +111,7 @@ def test_an_unhealed_adapter_row_saves_what_training_would_start_from(tmp_path):
                      "device": "cpu"}}))
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump({"title": "t", "metrics": ["accuracy"], "seeds": [3],
-                                    "rows": [{"name": "phm4", "config": str(config), "heal": False}]}))
+                                    "rows": [{"name": "phm4", "config": str(config), "train": False}]}))
     out = tmp_path / "out"
     assert main([str(plan), "--out", str(out), "--data-root", str(tmp_path), "--no-report"]) == 0
     last = out / "phm4" / "seed3" / "last.safetensors"

@@ -13,7 +13,7 @@ def test_plan_errors_name_the_problem(tmp_path):
     write_tiny_config(tmp_path)
     cases = [({"rows": [{"name": "a", "config": "nowhere.yaml"}]}, "nowhere.yaml"),
              ({"rows": [{"name": "a", "config": "tiny.yaml", "seed": [1]}]}, "did you mean 'seeds'"),
-             ({"rows": [{"name": "a", "model_of": "b"}]}, "model_of 'b'"),
+             ({"rows": [{"name": "a", "models_from": "b"}]}, "models_from 'b'"),
              ({"metrics": ["bleuu"], "rows": [{"name": "a", "config": "tiny.yaml"}]}, "metrics"),
              ({"rows": [{"name": "a", "config": "tiny.yaml", "eval_overrides": ["--training.lr=1"]}]}, "testing")]
     for extra, message in cases:
@@ -61,7 +61,10 @@ def test_plan_keys_are_checked_like_every_config(tmp_path):
     cases = [({"budjet": []}, "unknown config key 'budjet'; did you mean 'budget'?"),
              ({"digits": "two"}, "digits: expected int, got str 'two'"),
              ({"checkpoint": "first"}, "checkpoint: 'first' is not one of 'last', 'best'"),
-             ({"rows": [{**row, "heal": "no"}]}, "rows[0].heal: expected bool | null, got 'no'"),
+             ({"rows": [{**row, "train": "no"}]}, "rows[0].train: expected bool | null, got 'no'"),
+             ({"rows": [{**row, "heal": False}]}, "config key 'rows[0].heal' is now called 'train'"),
+             ({"rows": [row, {"name": "b", "model_of": "a"}]}, "config key 'rows[1].model_of' is now called "
+                                                             "'models_from'"),
              ({"rows": [{**row, "sweep": {"key": "training.lr", "valus": [1, 2]}}]},
               "unknown config key 'rows[0].sweep.valus'; did you mean 'values'?")]
     for extra, message in cases:
@@ -82,7 +85,7 @@ def test_the_plan_reference_is_generated_from_the_schema():
 
     readme = (Path(__file__).resolve().parents[2] / "experiments" / "README.md").read_text(encoding="utf-8")
     for schema, keys in ((PlanFile, ("title", "rows", "metrics", "budget", "checkpoint", "quality")),
-                         (RowSpec, ("name", "config", "model_of", "eval_split", "sweep", "match_params", "heal")),
+                         (RowSpec, ("name", "config", "models_from", "eval_split", "sweep", "match_params", "train")),
                          (SweepSpec, ("key", "values"))):
         text = reference_markdown(schema)
         assert all(f"| `{key}` |" in text for key in keys), schema

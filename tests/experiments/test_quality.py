@@ -1,5 +1,5 @@
 """A ``quality:`` plan (hyperplex.experiments.quality) run by ``hyperplex experiment`` on a tiny random BERT teacher
-(a SentenceTransformer built from a config, no download): rows straight after conversion (``heal: false``) and
+(a SentenceTransformer built from a config, no download): rows straight after conversion (``train: false``) and
 healed, agreement / zero-shot WikiQA / SST-2 probe per model, parameter counts and file sizes checked against an
 independent count, the n = 1 conversion scoring as the teacher, cached evaluations, and plan errors."""
 
@@ -87,13 +87,13 @@ def write_plan(directory: Path, config: Path, rows=None, **keys) -> Path:
     plan = {"name": "tiny_compress", "title": "tiny compression plan", "seeds": [1, 2], "budget": BUDGET,
             "metrics": METRICS, "digits": 4, "quality": QUALITY, **keys,
             "rows": rows or [
-                {"name": "teacher", "config": str(config), "overrides": ["--model.kind=none"], "heal": False,
+                {"name": "teacher", "config": str(config), "overrides": ["--model.kind=none"], "train": False,
                  "seeds": [1]},
-                {"name": "phm1_converted", "config": str(config), "overrides": ["--model.n=1"], "heal": False,
+                {"name": "phm1_converted", "config": str(config), "overrides": ["--model.n=1"], "train": False,
                  "seeds": [1]},
-                {"name": "phm2_converted", "config": str(config), "heal": False, "seeds": [1]},
+                {"name": "phm2_converted", "config": str(config), "train": False, "seeds": [1]},
                 {"name": "lowrank2_converted", "config": str(config), "overrides": ["--model.kind=lowrank"],
-                 "heal": False, "seeds": [1]},
+                 "train": False, "seeds": [1]},
                 {"name": "phm2", "label": "PHM n=2, healed", "config": str(config)}]}
     path = directory / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))
@@ -184,7 +184,7 @@ def test_unhealed_rows_are_saved_untrained_and_healed_rows_trained(done):
     assert saved["training"]["max_steps"] == 200  # the config's own: no budget for a model that is not trained
     healed = checkpoint_info(out / "phm2" / "seed2" / "last.safetensors")["extra"]["trainer"]
     assert (healed["step"], healed["stop_reason"]) == (3, "max_steps")
-    assert rows["phm2_converted"]["heal"] is False and "heal" not in rows["phm2"]
+    assert rows["phm2_converted"]["train"] is False and "train" not in rows["phm2"]
     assert rows["phm2_converted"]["runs"][0]["train_seconds"] is None
     # healing moved the student: its agreement differs from the unhealed start (same seed-1 conversion)
     start = rows["phm2_converted"]["runs"][0]["metrics"]["agreement"]
@@ -233,9 +233,9 @@ def test_evaluations_are_cached_and_invalidated(done, setup, monkeypatch):
     ({"quality": {"sst2_probe": {"file": "x", "carve": "phrases"}}}, "carve must be sentences or random"),
     ({"quality": {"agreement": {"file": "x", "limit": -1}}}, "quality.agreement.limit must be an integer ≥ 0"),
     ({"quality": {"agreement": "agree.txt"}}, "metric 'wikiqa_map' needs quality.wikiqa"),
-    ({"rows": [{"name": "a", "config": "CONFIG", "heal": "no"}]}, "heal: expected bool"),
-    ({"rows": [{"name": "a", "config": "CONFIG"}, {"name": "b", "model_of": "a", "heal": False}]},
-     "heal: false applies to a row with a config"),
+    ({"rows": [{"name": "a", "config": "CONFIG", "train": "no"}]}, "train: expected bool"),
+    ({"rows": [{"name": "a", "config": "CONFIG"}, {"name": "b", "models_from": "a", "train": False}]},
+     "train: false applies to a row with a config"),
 ])
 def test_plan_errors_name_the_key(setup, tmp_path, change, message):
     config = setup[2]
@@ -248,7 +248,7 @@ def test_plan_errors_name_the_key(setup, tmp_path, change, message):
     assert not (tmp_path / "out").exists()
 
 
-def test_validation_refuses_missing_files_other_tasks_and_a_changed_heal(setup, done, tmp_path, capsys):
+def test_validation_refuses_missing_files_other_tasks_and_a_changed_train(setup, done, tmp_path, capsys):
     _, data, config = setup
     missing = write_plan(tmp_path, config, quality={**QUALITY, "agreement": {"file": "nowhere.txt"}})
     assert main([str(missing), "--out", str(tmp_path / "out"), "--data-root", str(data)]) == 1
@@ -258,14 +258,14 @@ def test_validation_refuses_missing_files_other_tasks_and_a_changed_heal(setup, 
                        rows=[{"name": "a", "config": str(tiny)}])
     assert main([str(other), "--out", str(tmp_path / "out"), "--data-root", str(data)]) == 1
     assert "quality: applies to data.task distillation models" in capsys.readouterr().err
-    # a finished unhealed folder under a row that now heals (and the reverse) is refused, not silently reused
+    # a finished untrained folder under a row that now trains (and the reverse) is refused, not silently reused
     out = done[1]
     copy = tmp_path / "copy"
     shutil.copytree(out / "phm2_converted", copy / "phm2_converted")
     flipped = write_plan(tmp_path, config, rows=[{"name": "phm2_converted", "config": str(config), "seeds": [1]}])
     assert main([str(flipped), "--out", str(copy), "--data-root", str(data), "--dry-run"]) == 1
     err = capsys.readouterr().err
-    assert "holds a not healed (heal: false) model but row 'phm2_converted' says heal: true" in err
+    assert "holds a not trained (train: false) model but row 'phm2_converted' says train: true" in err
 
 
 def test_bench_compress_counts_match_the_models(setup, capsys):
@@ -291,16 +291,16 @@ def test_bench_compress_counts_match_the_models(setup, capsys):
 
 
 def test_int8_rows_score_the_quantized_form_with_its_bytes(setup, tmp_path):
-    """``model_of`` rows with ``--testing.quantize=int8`` score the same models in int8: agreement close to the
+    """``models_from`` rows with ``--testing.quantize=int8`` score the same models in int8: agreement close to the
     float model's, fewer bytes held and written; a compress run with testing.quantize int8 writes an int8 student."""
     from hyperplex.cli import runner
     from hyperplex.convert.quantize import is_quantized, load_quantized
 
     _, data, config = setup
-    rows = [{"name": "teacher", "config": str(config), "overrides": ["--model.kind=none"], "heal": False, "seeds": [1]},
-            {"name": "teacher_int8", "model_of": "teacher", "eval_overrides": ["--testing.quantize=int8"]},
-            {"name": "phm2_converted", "config": str(config), "heal": False, "seeds": [1]},
-            {"name": "phm2_int8", "model_of": "phm2_converted", "eval_overrides": ["--testing.quantize=int8"]}]
+    rows = [{"name": "teacher", "config": str(config), "overrides": ["--model.kind=none"], "train": False, "seeds": [1]},
+            {"name": "teacher_int8", "models_from": "teacher", "eval_overrides": ["--testing.quantize=int8"]},
+            {"name": "phm2_converted", "config": str(config), "train": False, "seeds": [1]},
+            {"name": "phm2_int8", "models_from": "phm2_converted", "eval_overrides": ["--testing.quantize=int8"]}]
     plan = write_plan(tmp_path, config, rows=rows)
     out = tmp_path / "out"
     assert main([str(plan), "--out", str(out), "--data-root", str(data)]) == 0

@@ -12,7 +12,7 @@ def test_records_let_a_plan_be_reported_without_its_model_folders(tmp_path, monk
     # the report combines the record and the folder, nothing is retrained or re-evaluated
     plan = write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml",
                                         "overrides": ["--model.linear.kind=dense"]},
-                                       {"name": "dense_beam1", "model_of": "dense",
+                                       {"name": "dense_beam1", "models_from": "dense",
                                         "eval_overrides": ["--testing.beam_size=1"]}])
     out, records = tmp_path / "out", tmp_path / "records"
     assert main([str(plan), "--out", str(out), "--seeds", "1", "--no-report", "--evaluate-each",

@@ -29,13 +29,13 @@ LOWRANK = lambda n: ["--model.linear.kind=lowrank", f"--model.linear.n={n}",
                      "--model.linear.rank_rounding=nearest"]
 
 
-def _row(name, values, overrides=(), label=None, match_params="", model_of="", eval_split="", params=(1000, 100),
+def _row(name, values, overrides=(), label=None, match_params="", models_from="", eval_split="", params=(1000, 100),
          metric="accuracy", config=CONFIG):
     runs = [{"seed": s, "status": "finished", "metrics": {metric: v},
              "params": {"total": params[0], "total_without_embeddings": params[1]}}
             for s, v in enumerate(values, 1)]
     return {"name": name, "label": label or name, "config": config, "overrides": list(overrides),
-            "eval_overrides": [], "eval_split": eval_split, "model_of": model_of, "seeds": [1, 2, 3],
+            "eval_overrides": [], "eval_split": eval_split, "models_from": models_from, "seeds": [1, 2, 3],
             "match_params": match_params, "runs": runs,
             "summary": {metric: summarize(values)}}
 
@@ -57,7 +57,7 @@ def _agreement(phm4=(88.5, 88.7, 88.9), lowrank4=(88.4, 88.6, 88.8), metric="acc
     # the one-attractor test: the models of three rows scored on another file (phm8's left out)
     for base in ("transformer", "phm4", "lowrank4"):
         rows.append(_row(f"{base}_att", [63.0, 63.5, 64.0], next(r for r in rows if r["name"] == base)["overrides"],
-                         model_of=base, eval_split="linzen/test.1.gz", metric=metric))
+                         models_from=base, eval_split="linzen/test.1.gz", metric=metric))
     return _results(rows, metric=metric)
 
 
@@ -67,7 +67,7 @@ def test_pairs_come_from_match_params_and_the_dense_row_of_the_same_config():
              for c in summary.comparisons(_agreement())]
     assert pairs == [("", "phm4", "lowrank4", "low-rank", "matched"), ("", "phm4", "transformer", "dense", "dense"),
                      ("", "phm8", "lowrank8", "low-rank", "matched"), ("", "phm8", "transformer", "dense", "dense"),
-                     # model_of rows pair as their models do; phm8 has no row there, so neither of its pairs
+                     # models_from rows pair as their models do; phm8 has no row there, so neither of its pairs
                      ("on `linzen/test.1.gz`", "phm4_att", "lowrank4_att", "low-rank", "matched"),
                      ("on `linzen/test.1.gz`", "phm4_att", "transformer_att", "dense", "dense")]
 
@@ -184,7 +184,11 @@ def test_missing_plan_is_listed_not_fatal(tmp_path, capsys):
                                              (json.dumps({"rows": []}), "an object with `plan` and `rows`"),
                                              (json.dumps({"plan": {"name": "x", "metrics": ["bleu"]},
                                                           "rows": [{"name": "a", "label": "a"}]}),
-                                              "rows[0] has no `runs`")])
+                                              "rows[0] has no `runs`"),
+                                             (json.dumps({"plan": {"name": "x", "metrics": ["bleu"]},
+                                                          "rows": [{"name": "a", "label": "a", "runs": [],
+                                                                    "model_of": "b"}]}),
+                                              "rows[0] has `model_of`, which is now called `models_from`")])
 def test_broken_results_json_is_one_error_and_nothing_is_written(tmp_path, capsys, content, message):
     bad = tmp_path / "results.json"
     bad.write_text(content)
@@ -222,10 +226,10 @@ def test_pretrained_rows_take_their_kind_from_model_kind_or_the_adapter():
     adapter = "configs/sst2_minilm_adapter.yaml"  # adapter kind phm, n 4 in the file
     assert summary.linear_setting(_row("a", [1.0], config=adapter)) == ("phm", 4)
     assert summary.linear_setting(_row("b", [1.0], ["--model.adapter.kind=lora"], config=adapter)) == ("lora", 4)
-    teacher = dict(_row("teacher", [1.0], ["--model.kind=none"], config=student), heal=False)
-    converted = dict(_row("phm4_converted", [0.2], ["--model.kind=phm", "--model.n=4"], config=student), heal=False)
+    teacher = dict(_row("teacher", [1.0], ["--model.kind=none"], config=student), train=False)
+    converted = dict(_row("phm4_converted", [0.2], ["--model.kind=phm", "--model.n=4"], config=student), train=False)
     converted_lr = dict(_row("lowrank4_converted", [0.4], ["--model.kind=lowrank", "--model.n=4"], config=student,
-                             match_params="phm4_converted"), heal=False)
+                             match_params="phm4_converted"), train=False)
     healed = _row("phm4", [0.8, 0.81, 0.82], ["--model.kind=phm", "--model.n=4"], config=student)
     healed_lr = _row("lowrank4", [0.9, 0.91, 0.92], ["--model.kind=lowrank", "--model.n=4"], config=student,
                      match_params="phm4")

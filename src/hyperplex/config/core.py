@@ -260,7 +260,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
 def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     """Validate ``data`` (a dict from YAML) into the dataclass ``cls``.
 
-    Unknown keys raise :class:`ConfigError` naming the key and the closest valid key; wrong types
+    Unknown keys raise :class:`ConfigError` naming the key and the closest valid key (a key that ``cls``
+    lists in a ``renamed_keys`` class attribute, ``{old: new}``, names its new name); wrong types
     name the key and the expected type; the dataclass's own ``__post_init__`` checks run last and
     their ``ValueError`` is re-raised with the section's dotted path.
     """
@@ -271,9 +272,13 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
         raise ConfigError(f"{section}: expected a mapping, got {type(data).__name__} {_show(data)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    renamed = getattr(cls, "renamed_keys", {})
     kwargs = {}
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key in renamed:
+            raise ConfigError(f"config key {_show(dotted)} is now called {renamed[key]!r}: rename it (its values "
+                              "mean the same)")
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"

@@ -4,7 +4,7 @@
 
 - :mod:`~hyperplex.experiments.plan`: the plan file's schema (validated like every hyperplex YAML) and
   :func:`~hyperplex.experiments.plan.load_plan`;
-- :mod:`~hyperplex.experiments.state`: the state of a model folder or record (new … finished, healed);
+- :mod:`~hyperplex.experiments.state`: the state of a model folder or record (new … finished, trained or not);
 - :mod:`~hyperplex.experiments.runs`: the models of a plan and the checks made before anything trains;
 - :mod:`~hyperplex.experiments.matching`: ``match_params``, parameter counts compared between rows;
 - :mod:`~hyperplex.experiments.execution` and :mod:`~hyperplex.experiments.provenance`: training one model

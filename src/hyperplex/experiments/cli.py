@@ -106,7 +106,7 @@ def run(args: argparse.Namespace, command: str) -> int:
 def _print_dry_run(plan: Plan, to_train: list[Run], out: Path) -> None:
     print(f"{plan.title}\n{len(to_train)} model(s) selected, output {out}:")
     for run in to_train:
-        verb = "hyperplex train" if run.row.heal else "heal: false, built and saved untrained:"
+        verb = "hyperplex train" if run.row.train else "train: false, built and saved untrained:"
         print(f"  [{run.status}] {run.model_dir}: {verb} {run.row.config} --model-dir {run.model_dir} "
               + " ".join(run.overrides))
     for row in plan.rows:
@@ -131,10 +131,10 @@ def _train_all(plan: Plan, to_train: list[Run], args: argparse.Namespace, comman
             if args.evaluate_each:  # a lane killed between training and evaluating: the cache is filled now
                 evaluate_each(plan, run, args.data_root, failures, records)
             continue
-        print(f"[{i}/{len(to_train)}] {run.model_dir}: {'training' if run.row.heal else 'converting'} ({status})",
+        print(f"[{i}/{len(to_train)}] {run.model_dir}: {'training' if run.row.train else 'converting'} ({status})",
               file=sys.stderr)
         try:
-            if run.row.heal:
+            if run.row.train:
                 train_run(run, args.resume and status == "unfinished", args.data_root, command)
             else:
                 save_untrained_run(run, args.data_root, command)

@@ -76,8 +76,8 @@ def evaluation_key(run: Run, row: Row, checkpoint: str, quality: dict | None = N
 def cached_evaluation(run: Run, row: Row, checkpoint: str, data_root: str | None, quality: dict | None = None) -> dict:
     """:func:`evaluate_model`, cached in ``MODEL_DIR/evaluation-<row>.json`` until the checkpoint file (or the
     plan's ``quality`` settings) change; a recorded model's evaluation is read from its record. A
-    ``heal: false`` model has only ``last``."""
-    if not run.row.heal:
+    ``train: false`` model has only ``last``."""
+    if not run.row.train:
         checkpoint = "last"
     key = evaluation_key(run, row, checkpoint, quality)
     if run.record is not None:
@@ -94,14 +94,14 @@ def cached_evaluation(run: Run, row: Row, checkpoint: str, data_root: str | None
 
 def evaluate_each(plan: Plan, run: Run, data_root: str | None, failures: dict[Path, str],
                   records: Path | None = None) -> None:
-    """Evaluate a just-trained model for every plan row that scores it (its own row and the ``model_of``
+    """Evaluate a just-trained model for every plan row that scores it (its own row and the ``models_from``
     rows naming it) into the ``evaluation-<row>.json`` caches that the report reads, so lanes of
     ``--no-report --evaluate-each`` share the evaluation cost and ``--report-only`` only reads caches. With
     ``records``, the model's record is written after its evaluations. A failure is noted in ``failures``."""
     if run.record is not None or folder_status(run.model_dir) != "finished":
         return
     for row in plan.rows:
-        if (row.model_of or row.name) == run.row.name and run.seed in row.seeds:
+        if (row.models_from or row.name) == run.row.name and run.seed in row.seeds:
             try:
                 cached_evaluation(run, row, plan.checkpoint, data_root, plan.quality)
                 print(f"  evaluated for row {row.name!r}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Training one model of a plan, with its provenance recorded in ``experiment.json``.
 
 A row with a config trains through :func:`hyperplex.cli.runner.train` (the ``hyperplex train`` path); a
-``heal: false`` row saves the model as training would start it through
+``train: false`` row saves the model as training would start it through
 :meth:`hyperplex.train.trainer.Trainer.save_untrained` (the trainer's own seeding, data preparation and
 checkpoint contents). In a sweep, a NaN/inf loss is an outcome: it is recorded in ``diverged.json`` and the
 model is not trained again.
@@ -44,16 +44,16 @@ def train_run(run: Run, resume: bool, data_root: str | None, command: str) -> No
 
 
 def save_untrained_run(run: Run, data_root: str | None, command: str) -> None:
-    """A ``heal: false`` model: what training would start from (for a ``pretrained_student``, the
+    """A ``train: false`` model: what training would start from (for a ``pretrained_student``, the
     conversion), saved by :meth:`~hyperplex.train.trainer.Trainer.save_untrained` as a finished checkpoint
-    at step 0 with ``stop_reason`` :data:`~hyperplex.experiments.state.NOT_HEALED`, so it is the healed rows'
+    at step 0 with ``stop_reason`` :data:`~hyperplex.experiments.state.NOT_HEALED`, so it is the trained rows'
     starting point and evaluates like any trained model. The segment goes to ``experiment.json``."""
     from hyperplex.config.experiment import default_data_root, load_experiment
     from hyperplex.tasks import task_class
     from hyperplex.train.trainer import Trainer
 
     cfg = load_experiment(run.row.config, run.overrides, str(run.model_dir))
-    with Segment(run.model_dir, command, machine_info(), heal=False) as segment:
+    with Segment(run.model_dir, command, machine_info(), train=False) as segment:
         try:
             trainer = Trainer(cfg, task_class(cfg.data.task), run.model_dir, data_root or default_data_root())
             trainer.save_untrained(NOT_HEALED)

@@ -4,7 +4,7 @@ A plan (``experiments/*.yaml``) is validated by the same machinery as every hype
 (:func:`hyperplex.config.from_dict`): :class:`PlanFile` and :class:`RowSpec` are dataclasses whose
 fields carry their help, an unknown key is an error naming it (and the closest valid key), a wrong type
 names the key and the expected type. :func:`load_plan` then checks what spans several keys (row names,
-``model_of`` and ``match_params`` references, metrics) and expands ``sweep:`` rows, giving a :class:`Plan`.
+``models_from`` and ``match_params`` references, metrics) and expands ``sweep:`` rows, giving a :class:`Plan`.
 Configs are checked later, by :func:`hyperplex.experiments.runs.validate`.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from hyperplex.config import ConfigError, from_dict, load_yaml
 from hyperplex.experiments import quality as quality_metrics
@@ -73,7 +73,7 @@ class RowSpec:
     overrides: list[str] = field(default_factory=list, metadata={
         "help": "config overrides of this row, e.g. [--model.linear.n=4]; applied after the plan's budget"})
     seeds: list[int] | None = field(default=None, metadata={"help": "this row's seeds (default: the plan's)"})
-    model_of: str = field(default="", metadata={
+    models_from: str = field(default="", metadata={
         "help": "score the models of this other row instead of training (with eval_overrides or eval_split)"})
     eval_overrides: list[str] = field(default_factory=list, metadata={
         "help": "testing.* overrides applied when evaluating, e.g. [--testing.beam_size=1]"})
@@ -82,14 +82,17 @@ class RowSpec:
     sweep: SweepSpec | None = field(default=None, metadata={"help": "{key, values}: one row per value"})
     match_params: str = field(default="", metadata={
         "help": "a row whose parameter count (total and without embeddings) this row's must match within 2%"})
-    heal: bool | None = field(default=None, metadata={
+    train: bool | None = field(default=None, metadata={
         "help": "false: save and evaluate the model as built (step 0, no training, no budget); default true"})
+
+    #: Keys whose old names are refused with the new name (:func:`hyperplex.config.from_dict`).
+    renamed_keys: ClassVar[dict[str, str]] = {"heal": "train", "model_of": "models_from"}
 
     def __post_init__(self) -> None:
         if not FOLDER_NAME.fullmatch(self.name):
             raise ValueError(f"`name` must be a folder-safe string (letters, digits, _ . + -), got {self.name!r}")
-        if bool(self.config) == bool(self.model_of):
-            raise ValueError(f"row {self.name!r}: give exactly one of `config:` (train models) or `model_of:` "
+        if bool(self.config) == bool(self.models_from):
+            raise ValueError(f"row {self.name!r}: give exactly one of `config:` (train models) or `models_from:` "
                              "(evaluate the models of another row)")
         for item in self.eval_overrides:
             if not item.lstrip("-").startswith("testing."):
@@ -97,13 +100,13 @@ class RowSpec:
                                  f"fixed), got {item!r}")
         if self.seeds is not None:
             _check_seeds(self.seeds, f"row {self.name!r}: seeds")
-        if self.model_of and (self.overrides or self.seeds is not None):
-            raise ValueError(f"row {self.name!r}: a `model_of` row takes its config, overrides and seeds from that "
-                             "row")
-        if self.model_of and self.sweep is not None:
-            raise ValueError(f"row {self.name!r}: a `model_of` row cannot sweep (it trains nothing)")
-        if self.heal is not None and (self.model_of or self.sweep is not None):
-            raise ValueError(f"row {self.name!r}: heal: false applies to a row with a config and no sweep")
+        if self.models_from and (self.overrides or self.seeds is not None):
+            raise ValueError(f"row {self.name!r}: a `models_from` row takes its config, overrides and seeds from "
+                             "that row")
+        if self.models_from and self.sweep is not None:
+            raise ValueError(f"row {self.name!r}: a `models_from` row cannot sweep (it trains nothing)")
+        if self.train is not None and (self.models_from or self.sweep is not None):
+            raise ValueError(f"row {self.name!r}: train: false applies to a row with a config and no sweep")
 
 
 @dataclass
@@ -145,10 +148,10 @@ class Row:
 
     name: str
     label: str
-    config: str = ""  # resolved path (a model_of row: its source row's, set by load_plan)
+    config: str = ""  # resolved path (a models_from row: its source row's, set by load_plan)
     overrides: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
-    model_of: str = ""
+    models_from: str = ""
     eval_overrides: list[str] = field(default_factory=list)
     eval_split: str = ""  # a file in the task's format scored instead of the validation split
     params_table: str = ""  # `hyperplex params` of the row's config (vocabulary = data.vocab_size), set by validate
@@ -157,7 +160,7 @@ class Row:
     sweep_key: str = ""  # the swept config key (e.g. training.lr) ...
     sweep_value: float | int | str | None = None  # ... and this row's value of it
     match_params: str = ""  # a row whose parameter count this row's must match (hyperplex.experiments.matching)
-    heal: bool = True  # False: the model as built (step 0, no training, no budget) is saved and evaluated
+    train: bool = True  # False: the model as built (step 0, no training, no budget) is saved and evaluated
 
 
 @dataclass
@@ -207,6 +210,17 @@ def load_plan(path: str | Path) -> Plan:
     """Read and check a plan file (structure only; configs are checked by
     :func:`hyperplex.experiments.runs.validate`). Any problem raises :class:`PlanError` naming the file."""
     path = Path(path)
+    spec, quality = _read_plan_file(path)
+    rows = _expand_rows(spec, path)
+    _link_rows(rows, path)
+    return Plan(path=path, name=spec.name or path.stem, title=spec.title, rows=rows, budget=spec.budget,
+                metrics=spec.metrics, checkpoint=spec.checkpoint, digits=spec.digits, description=spec.description,
+                quality=quality)
+
+
+def _read_plan_file(path: Path) -> tuple[PlanFile, dict]:
+    """The plan file's keys checked against the schema, and its parsed ``quality:`` settings checked against its
+    metrics; a problem is a :class:`PlanError` that starts with the file's path."""
     try:
         spec = from_dict(PlanFile, load_yaml(path))
         quality = quality_metrics.parse_quality(spec.quality, str(path))
@@ -214,11 +228,7 @@ def load_plan(path: str | Path) -> Plan:
     except (ConfigError, quality_metrics.QualityError) as err:
         message = str(err)
         raise PlanError(message if message.startswith(str(path)) else f"{path}: {message}") from None
-    rows = _expand_rows(spec, path)
-    _link_rows(rows, path)
-    return Plan(path=path, name=spec.name or path.stem, title=spec.title, rows=rows, budget=spec.budget,
-                metrics=spec.metrics, checkpoint=spec.checkpoint, digits=spec.digits, description=spec.description,
-                quality=quality)
+    return spec, quality
 
 
 def _expand_rows(spec: PlanFile, path: Path) -> list[Row]:
@@ -229,9 +239,9 @@ def _expand_rows(spec: PlanFile, path: Path) -> list[Row]:
         if any(r.name == item.name for r in rows):
             raise PlanError(f"{where}: duplicate row name {item.name!r}")
         row = Row(name=item.name, label=item.label or item.name, overrides=list(item.overrides),
-                  eval_overrides=list(item.eval_overrides), model_of=item.model_of, eval_split=item.eval_split,
-                  match_params=item.match_params, heal=item.heal is not False)
-        if not row.model_of:
+                  eval_overrides=list(item.eval_overrides), models_from=item.models_from, eval_split=item.eval_split,
+                  match_params=item.match_params, train=item.train is not False)
+        if not row.models_from:
             row.config = str(resolve_config(item.config, path))
             row.seeds = list(item.seeds if item.seeds is not None else spec.seeds)
         if item.sweep is None:
@@ -245,18 +255,18 @@ def _expand_rows(spec: PlanFile, path: Path) -> list[Row]:
 
 
 def _link_rows(rows: list[Row], path: Path) -> None:
-    """Check ``match_params`` and ``model_of`` name rows with a config; a ``model_of`` row takes that row's
+    """Check ``match_params`` and ``models_from`` name rows with a config; a ``models_from`` row takes that row's
     config, overrides and seeds."""
     by_name = {r.name: r for r in rows}
-    trained = ", ".join(r.name for r in rows if not r.model_of)
+    trained = ", ".join(r.name for r in rows if not r.models_from)
     for row in rows:
-        if row.match_params and (row.match_params not in by_name or by_name[row.match_params].model_of):
+        if row.match_params and (row.match_params not in by_name or by_name[row.match_params].models_from):
             raise PlanError(f"{path}: row {row.name!r}: match_params {row.match_params!r} must name a row with a "
                             f"config (rows: {trained})")
     for row in rows:
-        if row.model_of:
-            source = by_name.get(row.model_of)
-            if source is None or source.model_of:
-                raise PlanError(f"{path}: row {row.name!r}: model_of {row.model_of!r} must name a row with a config "
-                                f"(rows: {trained})")
+        if row.models_from:
+            source = by_name.get(row.models_from)
+            if source is None or source.models_from:
+                raise PlanError(f"{path}: row {row.name!r}: models_from {row.models_from!r} must name a row with a "
+                                f"config (rows: {trained})")
             row.config, row.overrides, row.seeds = source.config, source.overrides, source.seeds

@@ -2,8 +2,8 @@
 
 ``DIR/ROW/seedK/`` holds the model folder's ``config.yaml``, ``experiment.json``, ``train.log``,
 ``metrics.csv``, ``diverged.json`` and every ``evaluation-<row>.json``, plus ``record.json`` (status,
-healed or not, the SHA-256 of ``last.safetensors``): enough to report the model on a machine without its
-checkpoint (a later session, another machine), not to load it. Committed under ``experiments/records/``,
+``healed``: trained or not, the SHA-256 of ``last.safetensors``): enough to report the model on a machine without
+its checkpoint (a later session, another machine), not to load it. Committed under ``experiments/records/``,
 they let a plan span sessions.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hyperplex.experiments.provenance import RUN_FILE
 from hyperplex.experiments.runs import Run
-from hyperplex.experiments.state import DIVERGED_FILE, RECORD_FILE, folder_status, healed, read_record
+from hyperplex.experiments.state import DIVERGED_FILE, RECORD_FILE, folder_status, read_record, trained
 from hyperplex.fileio import atomic_write_bytes, atomic_write_text
 
 __all__ = ["RECORD_FILES", "FILE_KEYS", "write_record", "recorded_evaluation"]
@@ -41,7 +41,7 @@ def write_record(run: Run, records: Path) -> Path | None:
     names += sorted(p.name for p in run.model_dir.glob("evaluation-*.json"))
     last = run.model_dir / "last.safetensors"
     digest = hashlib.sha256(last.read_bytes()).hexdigest() if last.is_file() else None
-    info = {"status": status, "healed": healed(run.model_dir) if last.is_file() else True,
+    info = {"status": status, "healed": trained(run.model_dir) if last.is_file() else True,
             "checkpoint_sha256": digest, "files": names}
     if _record_holds(target, info, run.model_dir, names):
         return target

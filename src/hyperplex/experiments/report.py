@@ -175,12 +175,12 @@ def _missing_status(run: dict) -> str:
 
 def _row_line(row: dict) -> str:
     """One bullet of the row list: label, name, seeds, beam, config and overrides (or whose models it scores)."""
-    source = f"the models of `{row['model_of']}`" if row.get("model_of") else \
+    source = f"the models of `{row['models_from']}`" if row.get("models_from") else \
         "`" + " ".join([row["config"], *row["overrides"]]) + "`"
     extra = f", evaluated with `{' '.join(row['eval_overrides'])}`" if row.get("eval_overrides") else ""
     extra += f", scored on `{row['eval_split']}`" if row.get("eval_split") else ""
     beam = f", beam {row['beam_size']}" if row.get("beam_size") else ""
-    if row.get("heal") is False:
+    if row.get("train") is False:
         extra += "; **not healed**: the model as built (a conversion: straight after it), evaluated without " \
                  "training (no budget)"
     return f"- **{row['label']}** (`{row['name']}`, seeds {row['seeds']}{beam}): {source}{extra}"

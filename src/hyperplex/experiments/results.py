@@ -66,7 +66,7 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
     for row in plan.rows:
         entry = _row_entry(row, resolved.get(row.name))
         for seed in row.seeds:
-            run = by_key[(row.model_of or row.name, seed)]
+            run = by_key[(row.models_from or row.name, seed)]
             item = _run_item(plan, row, run, data_root, failures, seen)
             if records and run.record is None and item["status"] in ("finished", "diverged") and "error" not in item:
                 write_record(run, records)
@@ -90,10 +90,10 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
 def _row_entry(row: Row, cfg) -> dict:
     """A row of ``results.json`` before its runs: what it trains and how it is scored."""
     entry = {"name": row.name, "label": row.label, "config": row.config, "overrides": row.overrides,
-             "eval_overrides": row.eval_overrides, "eval_split": row.eval_split, "model_of": row.model_of,
+             "eval_overrides": row.eval_overrides, "eval_split": row.eval_split, "models_from": row.models_from,
              "seeds": row.seeds, "runs": [], "match_params": row.match_params}
-    if not row.heal:
-        entry["heal"] = False
+    if not row.train:
+        entry["train"] = False
     if row.sweep_of:
         entry.update(sweep_of=row.sweep_of, sweep_key=row.sweep_key, sweep_value=row.sweep_value)
     if cfg is not None and cfg.data.task == "translation":
@@ -119,7 +119,7 @@ def _run_item(plan: Plan, row: Row, run: Run, data_root: str | None, failures: d
         item.update(cached_evaluation(run, row, plan.checkpoint, data_root, plan.quality))
     except Exception as err:  # noqa: BLE001 - reported in the table's notes
         item["error"] = f"evaluation failed: {type(err).__name__}: {err}"
-    item["train_seconds"], item["train_time_source"] = training_time(run.files) if run.row.heal \
+    item["train_seconds"], item["train_time_source"] = training_time(run.files) if run.row.train \
         else (None, "not trained")
     seen.add(item, run.files)
     return item

@@ -15,14 +15,14 @@ from hyperplex.config import ConfigError, dump_yaml, load_yaml
 from hyperplex.experiments import quality as quality_metrics
 from hyperplex.experiments.matching import check_param_matches
 from hyperplex.experiments.plan import TASK_METRICS, Plan, PlanError, Row
-from hyperplex.experiments.state import RECORD_FILE, folder_status, healed, read_record
+from hyperplex.experiments.state import RECORD_FILE, folder_status, read_record, trained
 
 __all__ = ["Run", "run_overrides", "validate", "saved_config", "config_diff", "load_yaml_text"]
 
 
 @dataclass
 class Run:
-    """One model (row × seed) and where it lives; ``row`` is the training row (not a model_of row)."""
+    """One model (row × seed) and where it lives; ``row`` is the training row (not a models_from row)."""
 
     row: Row
     seed: int
@@ -38,9 +38,9 @@ class Run:
 
 
 def run_overrides(plan: Plan, row: Row, seed: int, extra: list[str]) -> list[str]:
-    """Overrides of one model, in order of precedence (later wins): budget (not for a ``heal: false`` row,
+    """Overrides of one model, in order of precedence (later wins): budget (not for a ``train: false`` row,
     which is not trained), row, command line, seed."""
-    return [*(plan.budget if row.heal else []), *row.overrides, *extra, f"--seed={seed}"]
+    return [*(plan.budget if row.train else []), *row.overrides, *extra, f"--seed={seed}"]
 
 
 def config_diff(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
@@ -82,7 +82,7 @@ def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: P
              records: Path | None = None) -> tuple[list[Run], list[Run], dict[str, object]]:
     """Check everything before any training: every row × seed config loads with its overrides, each
     row's model can be built, eval overrides are valid, requested metrics fit the task, the ``quality:``
-    files exist, and existing folders hold the same config and are healed as the row says (unfinished
+    files exist, and existing folders hold the same config and are trained as the row says (unfinished
     ones need ``--resume``). A model with no folder here but a record under ``records``
     (:mod:`hyperplex.experiments.records`) counts as that record says (finished or diverged) and is checked
     the same way. All problems are reported together (:class:`PlanError`). Returns (runs to train, all runs
@@ -99,7 +99,7 @@ def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: P
     if errors:
         raise PlanError(f"{len(errors)} problem(s) in {plan.path}, nothing was trained:\n  " + "\n  ".join(errors))
     wanted_rows = set(rows or [r.name for r in plan.rows])
-    train_names = {r.model_of or r.name for r in plan.rows if r.name in wanted_rows}
+    train_names = {r.models_from or r.name for r in plan.rows if r.name in wanted_rows}
     to_train = [r for r in all_runs.values() if r.row.name in train_names and (not seeds or r.seed in seeds)]
     return to_train, list(all_runs.values()), resolved
 
@@ -133,7 +133,7 @@ def _check_row(plan: Plan, row: Row, out: Path, extra: list[str], resume: bool, 
 
     errors: list[str] = []
     where = f"{plan.path}: row {row.name!r} ({row.config})"
-    train_row = next(r for r in plan.rows if r.name == (row.model_of or row.name))
+    train_row = next(r for r in plan.rows if r.name == (row.models_from or row.name))
     for seed in row.seeds:
         model_dir = out / train_row.name / f"seed{seed}"
         overrides = run_overrides(plan, train_row, seed, extra)
@@ -153,7 +153,7 @@ def _check_row(plan: Plan, row: Row, out: Path, extra: list[str], resume: bool, 
             run.record, run.status = record, read_record(record)["status"]
         all_runs[model_dir] = run
         errors += _check_folder(run, row.config, resume)
-    if row.name in resolved and not row.model_of:
+    if row.name in resolved and not row.models_from:
         try:  # builds the model from the config: a bad n / size fails here, not hours later
             row.params_table, row.params = params_report(row.config, run_overrides(plan, row, row.seeds[0], extra))
         except (ConfigError, ValueError) as err:
@@ -175,7 +175,7 @@ def _check_task(plan: Plan, cfg, where: str) -> list[str]:
 
 
 def _check_folder(run: Run, config: str, resume: bool) -> list[str]:
-    """An existing folder (or record) must hold the config the plan would train now, healed as its row says;
+    """An existing folder (or record) must hold the config the plan would train now, trained or not as its row says;
     an unfinished one needs ``--resume``."""
     from hyperplex.config.experiment import experiment_dict, load_experiment
 
@@ -187,9 +187,9 @@ def _check_folder(run: Run, config: str, resume: bool) -> list[str]:
         if diff:
             errors.append(f"{run.files} holds a run with a different config ({'; '.join(diff[:4])}); delete "
                           "the folder or use another --out")
-    if run.status == "finished" and healed(run.files) != run.row.heal:
-        errors.append(f"{run.files} holds a {'healed' if healed(run.files) else 'not healed (heal: false)'} "
-                      f"model but row {run.row.name!r} says heal: {str(run.row.heal).lower()}; delete the "
+    if run.status == "finished" and trained(run.files) != run.row.train:
+        errors.append(f"{run.files} holds a {'trained' if trained(run.files) else 'not trained (train: false)'} "
+                      f"model but row {run.row.name!r} says train: {str(run.row.train).lower()}; delete the "
                       "folder or use another --out")
     if run.status == "unfinished" and not resume:
         errors.append(f"{run.model_dir} holds an unfinished run: pass --resume to continue it (or delete it)")

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["DIVERGED_FILE", "RECORD_FILE", "NOT_HEALED", "folder_status", "healed", "read_record"]
+__all__ = ["DIVERGED_FILE", "RECORD_FILE", "NOT_HEALED", "folder_status", "read_record", "trained"]
 
 #: Per model folder of a sweep row whose training stopped at a NaN/inf loss.
 DIVERGED_FILE = "diverged.json"
-#: Per record folder: status, healed or not, and the checkpoint's SHA-256.
+#: Per record folder: status, trained or not (key ``healed``), and the checkpoint's SHA-256.
 RECORD_FILE = "record.json"
-#: ``stop_reason`` in the trainer state of a ``heal: false`` model's checkpoint (written without training).
+#: ``stop_reason`` in the trainer state of a ``train: false`` model's checkpoint (written without training).
 NOT_HEALED = "not healed"
 
 
@@ -36,13 +36,14 @@ def folder_status(model_dir: Path) -> str:
 
 
 def read_record(folder: Path) -> dict:
-    """``{"status", "healed", "checkpoint_sha256", "files", "written"}`` of a record folder."""
+    """``{"status", "healed", "checkpoint_sha256", "files", "written"}`` of a record folder (``healed``: whether
+    the model was trained, :func:`trained`)."""
     return json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
 
 
-def healed(model_dir: Path) -> bool:
+def trained(model_dir: Path) -> bool:
     """Whether a finished folder's (or record's) model was trained (False: saved as built by a
-    ``heal: false`` row, :func:`hyperplex.experiments.execution.save_untrained_run`)."""
+    ``train: false`` row, :func:`hyperplex.experiments.execution.save_untrained_run`)."""
     from hyperplex.train.checkpoint import checkpoint_info
 
     if (model_dir / RECORD_FILE).is_file() and not (model_dir / "last.safetensors").is_file():

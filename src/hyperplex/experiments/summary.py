@@ -16,10 +16,10 @@ full), from its overrides, else its config file.
   has no ``match_params``, its PHM rows with n = 4 or 8 that have a dense counterpart);
 - **matched rows**: the rows whose ``match_params`` names a PHM row (low-rank at its parameters);
 - **dense counterpart**: the row with the same config, the same overrides apart from the kind settings,
-  and the same ``heal``, whose kind is dense. A ``heal: false`` conversion is not compared with its dense
+  and the same ``train``, whose kind is dense. A ``train: false`` conversion is not compared with its dense
   teacher (whose agreement with itself is 1 by definition), and a healed student has no dense counterpart.
 
-Rows that score a trained row's models elsewhere (``model_of`` with ``eval_split``/``eval_overrides``)
+Rows that score a trained row's models elsewhere (``models_from`` with ``eval_split``/``eval_overrides``)
 are compared the same way, in their own group. Sweep rows are left to the sweep figure (:mod:`hyperplex.experiments.plot`).
 
 Verdict: "PHM ahead" / "low-rank ahead" / "dense ahead" when the two 95% t-intervals of the means
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyperplex.experiments.intervals import summarize
+from hyperplex.experiments.plan import RowSpec
 from hyperplex.experiments.report import format_count
 from hyperplex.fileio import atomic_write_text
 
@@ -58,7 +59,7 @@ class SummaryError(ValueError):
 class Comparison:
     """PHM row ``phm`` against ``other`` (its matched or dense row), scored in evaluation group ``group``."""
 
-    group: str  # "" (the plan's validation split) or how the model_of rows score (eval_split / eval_overrides)
+    group: str  # "" (the plan's validation split) or how the models_from rows score (eval_split / eval_overrides)
     phm: dict
     other: dict
     other_role: str  # "low-rank" (or the matched row's kind) | "dense"
@@ -88,6 +89,10 @@ def load_results(path: str | Path) -> dict | None:
         for key in ("name", "label", "runs"):
             if not isinstance(row, dict) or key not in row:
                 raise SummaryError(f"{path}: rows[{i}] has no `{key}`")
+        for old, new in RowSpec.renamed_keys.items():
+            if old in row:  # read as absent, it would pair the rows wrongly without a word
+                raise SummaryError(f"{path}: rows[{i}] has `{old}`, which is now called `{new}`: write the report "
+                                   "again (hyperplex experiment PLAN --report-only)")
     return results
 
 
@@ -153,17 +158,17 @@ def linear_setting(row: dict) -> tuple[str | None, int | None]:
 
 def _base(row: dict) -> tuple:
     """What a row trains apart from its factorisation: config, the other overrides, and whether it is trained
-    at all (a ``heal: false`` conversion is compared with the untrained teacher, a healed one is not)."""
+    at all (a ``train: false`` conversion is compared with the untrained teacher, a healed one is not)."""
     skip = tuple(f"--{prefix}." for prefix in SETTING_KEYS[:2]) + ("--model.kind=", "--model.n=", "--model.init=")
     return (row.get("config"), tuple(o for o in row.get("overrides") or [] if not o.startswith(skip)),
-            row.get("heal", True))
+            row.get("train", True))
 
 
 def comparisons(results: dict) -> list[Comparison]:
     """Every PHM-vs-matched and PHM-vs-dense pair of the plan, in row order; the same pairs again for each
-    group of ``model_of`` rows that score both models of a pair elsewhere."""
+    group of ``models_from`` rows that score both models of a pair elsewhere."""
     rows = [r for r in results["rows"] if not r.get("sweep_of")]
-    trained = [r for r in rows if not r.get("model_of")]
+    trained = [r for r in rows if not r.get("models_from")]
     by_name = {r["name"]: r for r in trained}
     setting = {r["name"]: linear_setting(r) for r in trained}
     matched_to: dict[str, list[dict]] = {}
@@ -184,13 +189,13 @@ def comparisons(results: dict) -> list[Comparison]:
         for m in matched_to.get(p["name"], []):
             kind = setting[m["name"]][0]
             pairs.append((p, m, ROLE_NAMES.get(kind, kind or "matched"), "matched"))
-        if _base(p) in dense and p.get("heal", True):  # a conversion vs its own teacher says nothing: skipped
+        if _base(p) in dense and p.get("train", True):  # a conversion vs its own teacher says nothing: skipped
             pairs.append((p, dense[_base(p)], "dense", "dense"))
     out = [Comparison("", p, o, role, rel) for p, o, role, rel in pairs]
     groups: dict[str, dict[str, dict]] = {}
     for r in rows:
-        if r.get("model_of"):
-            groups.setdefault(_group_name(r), {})[r["model_of"]] = r
+        if r.get("models_from"):
+            groups.setdefault(_group_name(r), {})[r["models_from"]] = r
     for group, scored in groups.items():
         out += [Comparison(group, scored[p["name"]], scored[o["name"]], role, rel) for p, o, role, rel in pairs
                 if p["name"] in scored and o["name"] in scored]

@@ -1,6 +1,6 @@
-"""``python experiments/run.py PLAN.yaml ...``: the command of earlier reports, kept so that the commands
-recorded in committed results still run. It is ``hyperplex experiment PLAN.yaml ...``
-(:mod:`hyperplex.experiments.cli`), with this script's path recorded as the command."""
+"""``python experiments/run.py PLAN.yaml ...``: the command that committed results record, so that those
+commands run. It is ``hyperplex experiment PLAN.yaml ...`` (:mod:`hyperplex.experiments.cli`), with this
+script's path recorded as the command."""
 
 import shlex
 import sys

@@ -127,7 +127,7 @@ def test_a_version_1_file_without_the_record_still_loads(tmp_path):
     read, config = read_adapter_spec(tmp_path)
     assert read["base_model"] is None and read["modules_to_save"] == {} and config.modules_to_save == ()
     other = classifier(seed=1)
-    load_adapter(other, tmp_path)  # nothing recorded, nothing to compare: it loads as before
+    load_adapter(other, tmp_path)  # nothing recorded, nothing to compare: it loads
     fresh = classifier()
     load_adapter(fresh, tmp_path)
     assert torch.equal(fresh(*x), model(*x))

@@ -294,7 +294,7 @@ def test_a_converted_folder_is_not_taken_as_a_plain_model(saved_st):
 
 
 def test_a_version_1_folder_without_stored_buffers_still_loads_bit_identically(saved_st):
-    """Folders written before buffers were stored: the position ids are recomputed as transformers does."""
+    """A version 1 folder stores no buffers: the position ids are recomputed as transformers does."""
     from safetensors.torch import load_file, save_file
 
     from hyperplex.fileio import sha256_file

@@ -66,7 +66,7 @@ def test_folder_saved_before_split_seed_still_matches_its_plan(done, tmp_path):
     plan, out, _, _ = done
     copy = tmp_path / "out"
     shutil.copytree(out / "phm2", copy / "phm2")
-    for seed in (1, 2):  # remove the keys added since (as in a folder written before them)
+    for seed in (1, 2):  # a folder whose config.yaml lacks these keys
         path = copy / "phm2" / f"seed{seed}" / "config.yaml"
         saved = yaml.safe_load(path.read_text())
         del saved["data"]["split_seed"], saved["data"]["carve"], saved["model"]["linear"]["rank_rounding"]

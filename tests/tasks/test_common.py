@@ -91,7 +91,7 @@ def test_carve_seed_is_split_seed_for_new_runs_and_seed_for_old_folders(tmp_path
     assert carve_seed(cfg, folder, fresh=False) == 9  # no saved config: the current key
     folder.mkdir()
     (folder / "config.yaml").write_text(yaml.safe_dump({"seed": 5, "data": {"task": "translation"}}))
-    assert carve_seed(cfg, folder, fresh=False) == 5  # saved before data.split_seed existed: carved with seed
+    assert carve_seed(cfg, folder, fresh=False) == 5  # a saved config without data.split_seed: carved with seed
     assert carve_seed(cfg, folder, fresh=True) == 9  # a fresh run overwrites that folder's config
     (folder / "config.yaml").write_text(yaml.safe_dump({"seed": 5, "data": {"split_seed": 9}}))
     assert carve_seed(cfg, folder, fresh=False) == 9

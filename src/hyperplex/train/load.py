@@ -41,10 +41,10 @@ def resolve_model(model: str | Path, checkpoint: str = "best") -> tuple[Path, Pa
 def _model_config(folder: Path, path: Path, info: dict) -> tuple[ExperimentConfig, str]:
     """The config a saved model is built with, and where it came from (named in errors).
 
-    The folder's ``config.yaml`` when there is one, as it always was: its decoding and data settings
-    may be edited, and a model section that no longer fits the weights is an error (:func:`load_model`).
-    Otherwise the config the checkpoint stored when it was written (every training checkpoint has it),
-    so a copied checkpoint file, or a folder that lost its ``config.yaml``, still loads."""
+    The folder's ``config.yaml`` when there is one: its decoding and data settings may be edited, and a
+    model section that does not fit the weights is an error (:func:`load_model`). Otherwise the config the
+    checkpoint stored when it was written (every training checkpoint has it), so a copied checkpoint file,
+    or a folder without its ``config.yaml``, loads too."""
     yaml_path = folder / "config.yaml"
     if yaml_path.is_file():
         raw, source = load_yaml(yaml_path), str(yaml_path)
@@ -56,7 +56,7 @@ def _model_config(folder: Path, path: Path, info: dict) -> tuple[ExperimentConfi
         raw, source = copy.deepcopy(stored), f"the config stored in {path}"
         data = raw.get("data")
         if isinstance(data, dict) and "split_seed" not in data and "seed" in raw:
-            data["split_seed"] = raw["seed"]  # saved before data.split_seed existed: it carved with seed (carve_seed)
+            data["split_seed"] = raw["seed"]  # a config without data.split_seed carved with seed (carve_seed)
     raw["model_dir"] = str(folder)
     try:
         return build_experiment(raw), source
@@ -96,7 +96,7 @@ def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str |
     """(config, task, model) from a model folder or a checkpoint file alone (:func:`resolve_model`;
     the config: :func:`_model_config`). ``read_data=False`` loads only the tokenisers, vocabularies
     (and labels), enough to translate new text or score a file; the vocabulary files are those the
-    checkpoint records, read from the model folder (the standard names for older checkpoints)."""
+    checkpoint records, read from the model folder (the standard names for a checkpoint without that record)."""
     import torch
 
     from hyperplex.config.registry import get_task

@@ -24,8 +24,8 @@ def test_evaluation_equals_runner_evaluate_and_params_breakdown(done):
 
 def test_eval_split_row_scores_a_file_like_hyperplex_evaluate(tmp_path, write_plan):
     from hyperplex.cli import runner
-    from hyperplex.data.mlu import generate_mlu
-    held_out, _ = generate_mlu(12, 1, seed=99)  # PREFIX.src / PREFIX.tgt, as data.mlu.write_mlu names them
+    from hyperplex.data.arithmetic import generate_arithmetic
+    held_out, _ = generate_arithmetic(12, 1, seed=99)  # PREFIX.src / PREFIX.tgt, as write_arithmetic names them
     for side, column in (("src", 0), ("tgt", 1)):
         (tmp_path / f"held_out.{side}").write_text("".join(pair[column] + "\n" for pair in held_out))
     plan = write_plan(tmp_path, rows=[{"name": "phm2", "config": "tiny.yaml", "seeds": [1]},

@@ -5,13 +5,13 @@ import pytest
 import yaml
 
 from hyperplex.cli import runner
-from hyperplex.data.mlu import evaluate_mlu_input, generate_mlu
+from hyperplex.data.arithmetic import evaluate_arithmetic_input, generate_arithmetic
 
 
 @pytest.mark.parametrize("linear", [{"kind": "dense"}, {"kind": "quaternion"}])
 def test_char_level_arithmetic_overfits_to_exact_match(tmp_path, linear):
-    train, _ = generate_mlu(12, 1, seed=3)
-    assert all(str(evaluate_mlu_input(x)) == y for x, y in train)  # the targets are the true answers
+    train, _ = generate_arithmetic(12, 1, seed=3)
+    assert all(str(evaluate_arithmetic_input(x)) == y for x, y in train)  # the targets are the true answers
     for side, column in (("src", 0), ("tgt", 1)):
         (tmp_path / f"toy.{side}").write_text("".join(pair[column] + "\n" for pair in train))
     cfg = {"name": "toy", "seed": 1,

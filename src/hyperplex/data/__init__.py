@@ -1,6 +1,6 @@
 """Data loading: readers with precise errors, vocabularies, tokenisers, batching and datasets.
 
-Generated tasks (``hyperplex.data.mlu``) and pretrained embeddings (``hyperplex.data.glove``)
+The generated arithmetic task (``hyperplex.data.arithmetic``) and pretrained embeddings (``hyperplex.data.glove``)
 live in their own modules and are imported from there.
 """
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.data.datasets import Seq2SeqDataset
-from hyperplex.data.mlu import FILE_SUFFIXES as MLU_SUFFIXES, generate_mlu
+from hyperplex.data.arithmetic import FILE_SUFFIXES as ARITHMETIC_SUFFIXES, generate_arithmetic
 from hyperplex.data.readers import DataError, DropReport, read_parallel
 from hyperplex.data.vocab import BOS_INDEX, EOS, EOS_INDEX, PAD_INDEX, UNK, UNK_INDEX
 from hyperplex.config.registry import get_architecture
@@ -48,7 +48,7 @@ class TranslationTask(Task):
         d = self.cfg.data
         split_seed = carve_seed(self.cfg, self.model_dir, fresh)  # the data, not the model: same for every seed
         if d.format == "arithmetic":
-            train, dev = generate_mlu(d.arithmetic_train_size, d.arithmetic_dev_size, seed=split_seed)
+            train, dev = generate_arithmetic(d.arithmetic_train_size, d.arithmetic_dev_size, seed=split_seed)
             return list(train), list(dev)
         if d.format != "parallel":
             raise DataError(f"data.format {d.format!r} cannot be used for translation; use parallel or arithmetic")
@@ -100,10 +100,12 @@ class TranslationTask(Task):
                       f"{len(self.train_set)} training / {len(self.dev_set)} validation pairs")
 
     def use_evaluation_file(self, prefix: str) -> None:
-        """Make the parallel files ``PREFIX.SRC`` / ``PREFIX.TGT`` the split :meth:`validate` scores
-        (for generated arithmetic, ``PREFIX.src`` / ``PREFIX.tgt`` as :func:`~hyperplex.data.mlu.write_mlu` writes)."""
+        """Make the parallel files ``PREFIX.SRC`` / ``PREFIX.TGT`` the split :meth:`validate` scores (for generated
+        arithmetic, ``PREFIX.src`` / ``PREFIX.tgt`` as :func:`~hyperplex.data.arithmetic.write_arithmetic` writes)."""
         d = self.cfg.data
-        src, tgt = (d.src or MLU_SUFFIXES[0], d.tgt or MLU_SUFFIXES[1]) if d.format == "arithmetic" else (d.src, d.tgt)
+        src, tgt = (d.src, d.tgt)
+        if d.format == "arithmetic":
+            src, tgt = src or ARITHMETIC_SUFFIXES[0], tgt or ARITHMETIC_SUFFIXES[1]
         pairs = read_parallel(data_file(prefix, self.data_root, src, "--split"),
                               data_file(prefix, self.data_root, tgt, "--split"))
         self._set_evaluation_pairs(pairs, f"pairs of {prefix}")

@@ -2,7 +2,10 @@ import re
 
 import pytest
 
-from hyperplex.data.mlu import MLUSpec, evaluate_mlu_input, generate_mlu, generate_mlu_splits, iter_mlu, write_mlu
+from hyperplex.data.arithmetic import (
+    ArithmeticSpec, evaluate_arithmetic_input, generate_arithmetic, generate_arithmetic_splits, iter_arithmetic,
+    write_arithmetic,
+)
 
 # data README: x=<int>,y=<int>,<v1><op><v2>, assignment order random
 INPUT = re.compile(r"^(x=(-?\d+),y=(-?\d+)|y=(-?\d+),x=(-?\d+)),([xy])([-+*])([xy])$")
@@ -20,14 +23,14 @@ def python_value(text: str) -> int:
 
 @pytest.fixture(scope="module")
 def splits():
-    return generate_mlu(3000, 500, seed=7)
+    return generate_arithmetic(3000, 500, seed=7)
 
 
 def test_readme_example():
-    assert evaluate_mlu_input("y=691,x=-999,y*x") == -690309
+    assert evaluate_arithmetic_input("y=691,x=-999,y*x") == -690309
     assert python_value("y=691,x=-999,y*x") == -690309
-    with pytest.raises(ValueError, match="not an MLU input"):
-        evaluate_mlu_input("x=1,z=2,x+z")
+    with pytest.raises(ValueError, match="not an arithmetic input"):
+        evaluate_arithmetic_input("x=1,z=2,x+z")
 
 
 def test_format_and_answers(splits):
@@ -59,60 +62,60 @@ def test_everything_varies(splits):
 
 
 def test_deterministic_for_seed(splits):
-    assert generate_mlu(3000, 500, seed=7) == splits
-    other = generate_mlu(3000, 500, seed=8)
+    assert generate_arithmetic(3000, 500, seed=7) == splits
+    other = generate_arithmetic(3000, 500, seed=8)
     assert other[0] != splits[0]
 
 
 def test_test_split_fixed_when_train_grows(splits):
-    train, test = generate_mlu(100, 500, seed=7)
+    train, test = generate_arithmetic(100, 500, seed=7)
     assert test == splits[1] and train == splits[0][:100]
 
 
 def test_exhaustive_small_space():
-    spec = MLUSpec(low=-2, high=1, operators="+*")
+    spec = ArithmeticSpec(low=-2, high=1, operators="+*")
     assert spec.size == 2 * 9 * 2 * 2 * 2
-    train, test = generate_mlu(spec.size - 5, 5, seed=0, spec=spec)
+    train, test = generate_arithmetic(spec.size - 5, 5, seed=0, spec=spec)
     inputs = {t for t, _ in train + test}
     assert len(inputs) == spec.size  # every distinct sample exactly once
     assert all(int(y) == python_value(x) for x, y in train + test)
 
 
 def test_too_many_samples_error():
-    spec = MLUSpec(low=0, high=2, operators="-")
+    spec = ArithmeticSpec(low=0, high=2, operators="-")
     with pytest.raises(ValueError, match=r"33 unique samples requested .* only 32 exist"):
-        generate_mlu(30, 3, seed=0, spec=spec)
+        generate_arithmetic(30, 3, seed=0, spec=spec)
     with pytest.raises(ValueError, match="non-negative integer"):
-        generate_mlu(-1, 5, seed=0)
+        generate_arithmetic(-1, 5, seed=0)
     with pytest.raises(ValueError, match="operators"):
-        MLUSpec(operators="+/")
+        ArithmeticSpec(operators="+/")
     with pytest.raises(ValueError, match="empty"):
-        MLUSpec(low=3, high=3)
+        ArithmeticSpec(low=3, high=3)
 
 
 def test_default_space_size():
-    assert MLUSpec().size == 96_000_000
+    assert ArithmeticSpec().size == 96_000_000
 
 
 def test_splits_and_chunks():
-    splits = generate_mlu_splits({"a": 10, "b": 20, "c": 0}, seed=3)
+    splits = generate_arithmetic_splits({"a": 10, "b": 20, "c": 0}, seed=3)
     assert [len(v) for v in splits.values()] == [10, 20, 0]
-    chunks = list(iter_mlu(0, 30, seed=3, chunk_size=7))
+    chunks = list(iter_arithmetic(0, 30, seed=3, chunk_size=7))
     flat = [pair for inputs, targets in chunks for pair in zip(inputs, targets)]
     assert flat == splits["a"] + splits["b"]
 
 
-def test_write_mlu(tmp_path):
-    paths = write_mlu(tmp_path / "mlu", num_train=50, num_test=20, seed=1, num_valid=10)
+def test_write_arithmetic(tmp_path):
+    paths = write_arithmetic(tmp_path / "arithmetic", num_train=50, num_test=20, seed=1, num_valid=10)
     assert set(paths) == {"train", "valid", "test"}
-    train, test = generate_mlu(50, 20, seed=1)
-    src = (tmp_path / "mlu" / "test.src").read_text().splitlines()
-    tgt = (tmp_path / "mlu" / "test.tgt").read_text().splitlines()
+    train, test = generate_arithmetic(50, 20, seed=1)
+    src = (tmp_path / "arithmetic" / "test.src").read_text().splitlines()
+    tgt = (tmp_path / "arithmetic" / "test.tgt").read_text().splitlines()
     assert list(zip(src, tgt)) == test
     seen = set()
     for name in ("train", "valid", "test"):
-        lines = (tmp_path / "mlu" / f"{name}.src").read_text().splitlines()
-        targets = (tmp_path / "mlu" / f"{name}.tgt").read_text().splitlines()
+        lines = (tmp_path / "arithmetic" / f"{name}.src").read_text().splitlines()
+        targets = (tmp_path / "arithmetic" / f"{name}.tgt").read_text().splitlines()
         assert len(lines) == len(targets) == {"train": 50, "valid": 10, "test": 20}[name]
         assert not seen & set(lines)
         seen |= set(lines)

@@ -1,4 +1,5 @@
-"""Mathematical language understanding (MLU) task generator (Wangperawong 2018; Tay et al. 2019 §4.4).
+"""The arithmetic task (``data.format: arithmetic``): a generator of the mathematical language understanding
+(MLU) task of Wangperawong 2018 and Tay et al. 2019 §4.4.
 
 A sample is a character string ``x=<int>,y=<int>,<v1><op><v2>`` with the two assignments in a
 random order, integers in ``[-1000, 1000)``, ``v1`` and ``v2`` each ``x`` or ``y`` and ``op``
@@ -10,7 +11,7 @@ order, x, y, v1, op, v2; ``N = 2 · 2000² · 2 · 3 · 2 = 96,000,000`` for the
 seeded pseudo-random bijection of ``[0, N)`` (a Feistel network with cycle walking) maps
 positions ``0, 1, 2, …`` to indices, so samples are unique without a set of seen strings,
 splits taking consecutive position ranges are disjoint by construction, and memory does not
-grow with the number of samples (``write_mlu`` streams).
+grow with the number of samples (``write_arithmetic`` streams).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MLUSpec", "generate_mlu", "generate_mlu_splits", "iter_mlu", "write_mlu", "evaluate_mlu_input",
-           "FILE_SUFFIXES"]
+__all__ = ["ArithmeticSpec", "generate_arithmetic", "generate_arithmetic_splits", "iter_arithmetic", "write_arithmetic",
+           "evaluate_arithmetic_input", "FILE_SUFFIXES"]
 
-#: Suffixes of the input and target files :func:`write_mlu` writes (``PREFIX.src`` / ``PREFIX.tgt``).
+#: Suffixes of the input and target files :func:`write_arithmetic` writes (``PREFIX.src`` / ``PREFIX.tgt``).
 FILE_SUFFIXES = ("src", "tgt")
 
 _VARIABLES = ("x", "y")
@@ -34,7 +35,7 @@ _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)  # s
 
 
 @dataclass(frozen=True)
-class MLUSpec:
+class ArithmeticSpec:
     """The sample space: integers in ``[low, high)`` and the operators used (default: the paper's)."""
 
     low: int = -1000
@@ -43,10 +44,10 @@ class MLUSpec:
 
     def __post_init__(self) -> None:
         if self.high <= self.low:
-            raise ValueError(f"MLU value range [low={self.low}, high={self.high}) is empty; expected low < high")
+            raise ValueError(f"arithmetic value range [low={self.low}, high={self.high}) is empty; expected low < high")
         ops = self.operators
         if not ops or set(ops) - set("+-*") or len(set(ops)) < len(ops):
-            raise ValueError(f"MLU operators must be distinct characters from '+-*', got {self.operators!r}")
+            raise ValueError(f"arithmetic operators must be distinct characters from '+-*', got {self.operators!r}")
 
     @property
     def num_values(self) -> int:
@@ -58,7 +59,7 @@ class MLUSpec:
         return 2 * self.num_values**2 * 2 * len(self.operators) * 2
 
 
-def evaluate_mlu_input(text: str) -> int:
+def evaluate_arithmetic_input(text: str) -> int:
     """Reference evaluator with Python int arithmetic: ``"y=691,x=-999,y*x"`` → ``-690309``.
 
     Raises ``ValueError`` if ``text`` is not of the form ``x=<int>,y=<int>,<v1><op><v2>``.
@@ -71,14 +72,14 @@ def evaluate_mlu_input(text: str) -> int:
         a, op, b = expression
         x, y = int(env[a]), int(env[b])
     except (ValueError, KeyError):
-        raise ValueError(f"not an MLU input {text!r}; expected 'x=<int>,y=<int>,<v1><op><v2>'") from None
+        raise ValueError(f"not an arithmetic input {text!r}; expected 'x=<int>,y=<int>,<v1><op><v2>'") from None
     if op == "+":
         return x + y
     if op == "-":
         return x - y
     if op == "*":
         return x * y
-    raise ValueError(f"unknown operator {op!r} in MLU input {text!r}; expected one of + - *")
+    raise ValueError(f"unknown operator {op!r} in arithmetic input {text!r}; expected one of + - *")
 
 
 def _mix(v: np.ndarray) -> np.ndarray:
@@ -98,7 +99,9 @@ class _Permutation:
         bits = max(2, (size - 1).bit_length())
         self.half = (bits + 1) // 2
         self.mask = np.uint64((1 << self.half) - 1)
-        rng = random.Random(f"hyperplex-mlu-{seed}")  # string seed: stable across Python versions
+        # a string seed is stable across Python versions; its text fixes every generated data set, so it keeps
+        # the task's paper name (MLU)
+        rng = random.Random(f"hyperplex-mlu-{seed}")
         self.keys = [np.uint64(rng.getrandbits(64)) for _ in range(_FEISTEL_ROUNDS)]
 
     def _feistel(self, v: np.ndarray) -> np.ndarray:
@@ -117,7 +120,7 @@ class _Permutation:
         return out.astype(np.int64)
 
 
-def _decode(indices: np.ndarray, spec: MLUSpec) -> tuple[list[str], list[str]]:
+def _decode(indices: np.ndarray, spec: ArithmeticSpec) -> tuple[list[str], list[str]]:
     """Sample indices ``(k,)`` → input strings and target strings."""
     rest = indices.copy()
     rest, swap = np.divmod(rest, 2)
@@ -139,50 +142,51 @@ def _decode(indices: np.ndarray, spec: MLUSpec) -> tuple[list[str], list[str]]:
     return inputs, targets
 
 
-def _check_sizes(sizes: Mapping[str, int], spec: MLUSpec) -> None:
+def _check_sizes(sizes: Mapping[str, int], spec: ArithmeticSpec) -> None:
     for name, n in sizes.items():
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"MLU split {name!r}: size must be a non-negative integer, got {n!r}")
+            raise ValueError(f"arithmetic split {name!r}: size must be a non-negative integer, got {n!r}")
     total = sum(sizes.values())
     if total > spec.size:
-        raise ValueError(f"MLU: {total:,} unique samples requested ({dict(sizes)}) but only {spec.size:,} exist "
-                         f"for integers in [{spec.low}, {spec.high}) and operators {spec.operators!r}")
+        raise ValueError(f"arithmetic task: {total:,} unique samples requested ({dict(sizes)}) but only "
+                         f"{spec.size:,} exist for integers in [{spec.low}, {spec.high}) and operators "
+                         f"{spec.operators!r}")
 
 
-def iter_mlu(start: int, stop: int, seed: int, spec: MLUSpec | None = None,
+def iter_arithmetic(start: int, stop: int, seed: int, spec: ArithmeticSpec | None = None,
              chunk_size: int = 100_000) -> Iterator[tuple[list[str], list[str]]]:
     """Yield ``(inputs, targets)`` chunks for positions ``[start, stop)`` of the seeded sample order.
 
     Positions index one fixed pseudo-random order of all ``spec.size`` distinct samples, so
     disjoint position ranges give disjoint samples.
     """
-    spec = spec or MLUSpec()
+    spec = spec or ArithmeticSpec()
     if not 0 <= start <= stop <= spec.size:
-        raise ValueError(f"MLU positions [{start}, {stop}) outside [0, {spec.size})")
+        raise ValueError(f"arithmetic positions [{start}, {stop}) outside [0, {spec.size})")
     permutation = _Permutation(spec.size, seed)
     for begin in range(start, stop, chunk_size):
         yield _decode(permutation(np.arange(begin, min(stop, begin + chunk_size), dtype=np.int64)), spec)
 
 
-def generate_mlu_splits(sizes: Mapping[str, int], seed: int, spec: MLUSpec | None = None
+def generate_arithmetic_splits(sizes: Mapping[str, int], seed: int, spec: ArithmeticSpec | None = None
                         ) -> dict[str, list[tuple[str, str]]]:
     """Disjoint splits ``{name: [(input, target), ...]}`` with ``sizes[name]`` samples each.
 
     Splits take consecutive ranges of one seeded order in the order given, so a split's samples
     depend only on the seed and the sizes of the splits listed before it.
     """
-    spec = spec or MLUSpec()
+    spec = spec or ArithmeticSpec()
     _check_sizes(sizes, spec)
     splits, start = {}, 0
     for name, n in sizes.items():
         pairs: list[tuple[str, str]] = []
-        for inputs, targets in iter_mlu(start, start + n, seed, spec):
+        for inputs, targets in iter_arithmetic(start, start + n, seed, spec):
             pairs.extend(zip(inputs, targets))
         splits[name], start = pairs, start + n
     return splits
 
 
-def generate_mlu(num_train: int, num_test: int, seed: int, spec: MLUSpec | None = None
+def generate_arithmetic(num_train: int, num_test: int, seed: int, spec: ArithmeticSpec | None = None
                  ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """``(train, test)`` lists of ``(input, target)`` strings; unique, disjoint, deterministic for ``seed``.
 
@@ -190,18 +194,18 @@ def generate_mlu(num_train: int, num_test: int, seed: int, spec: MLUSpec | None 
     change with ``num_train`` (and smaller training sets are prefixes of larger ones).
     Raises ``ValueError`` if ``num_train + num_test`` exceeds the number of distinct samples.
     """
-    splits = generate_mlu_splits({"test": num_test, "train": num_train}, seed, spec)
+    splits = generate_arithmetic_splits({"test": num_test, "train": num_train}, seed, spec)
     return splits["train"], splits["test"]
 
 
-def write_mlu(directory: str | os.PathLike, num_train: int, num_test: int, seed: int, num_valid: int = 0,
-              spec: MLUSpec | None = None) -> dict[str, tuple[str, str]]:
+def write_arithmetic(directory: str | os.PathLike, num_train: int, num_test: int, seed: int, num_valid: int = 0,
+              spec: ArithmeticSpec | None = None) -> dict[str, tuple[str, str]]:
     """Write ``{train,valid,test}.{src,tgt}`` (one sample per line) under ``directory``; streams.
 
     Order of draws: test, valid, train (test and valid stay fixed when ``num_train`` grows);
     ``valid`` files are written only when ``num_valid > 0``. Returns ``{split: (src_path, tgt_path)}``.
     """
-    spec = spec or MLUSpec()
+    spec = spec or ArithmeticSpec()
     sizes = {"test": num_test, "valid": num_valid, "train": num_train}
     _check_sizes(sizes, spec)
     os.makedirs(directory, exist_ok=True)
@@ -211,7 +215,7 @@ def write_mlu(directory: str | os.PathLike, num_train: int, num_test: int, seed:
             continue
         src_path, tgt_path = (os.path.join(directory, f"{name}.{ext}") for ext in FILE_SUFFIXES)
         with open(src_path, "w", encoding="utf-8") as src, open(tgt_path, "w", encoding="utf-8") as tgt:
-            for inputs, targets in iter_mlu(start, start + n, seed, spec):
+            for inputs, targets in iter_arithmetic(start, start + n, seed, spec):
                 src.writelines(line + "\n" for line in inputs)
                 tgt.writelines(line + "\n" for line in targets)
         paths[name], start = (src_path, tgt_path), start + n

@@ -8,11 +8,13 @@ module at the same layer or below. The layers, lowest first:
 4. ``models`` (every model, the pretrained student and classifier too: they are built with ``convert`` and
    ``adapters``)
 5. ``config.experiment``, ``config.reference`` (the experiment schema, which names model configs)
-6. ``train``
+6. ``train`` (the trainer, and what the verbs do as Python calls: ``run.train`` / ``run.compress``,
+   ``inference.evaluate`` / ``inference.translate``, ``load.load_model``; tasks are found through the registry)
 7. ``tasks``
 8. ``scoring`` (sentence encoders in their folders scored next to their teacher: loads trained models)
-9. ``cli``, ``experiments`` (experiment plans: they train and evaluate through the CLI's runner) and the
-   package root, which re-exports the public API
+9. ``experiments`` (experiment plans: they train and evaluate through ``train.run`` and ``train.inference``)
+10. ``cli`` (argument parsing, printing and exit codes: it calls the layers below, ``experiments`` included)
+    and the package root, which re-exports the public API
 
 Within one layer, packages may not import each other (``convert`` ↔ ``adapters``), except a package
 importing itself. Registry entries name modules as strings and are loaded lazily; they are plugin
@@ -27,8 +29,8 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "hyperplex"
-#: The top layer: its packages may import each other (the CLI runs experiment plans, plans train through it).
-TOP = 9
+#: The top layer: the command line and the package root, which may import each other.
+TOP = 10
 
 LAYERS = {
     "hyperplex.algebra": 0, "hyperplex.fileio": 0, "hyperplex.threads": 0, "hyperplex.metrics": 0,
@@ -42,7 +44,8 @@ LAYERS = {
     "hyperplex.train": 6,
     "hyperplex.tasks": 7,
     "hyperplex.scoring": 8,
-    "hyperplex.cli": TOP, "hyperplex.experiments": TOP, "hyperplex.__main__": TOP, "hyperplex": TOP,
+    "hyperplex.experiments": 9,
+    "hyperplex.cli": TOP, "hyperplex.__main__": TOP, "hyperplex": TOP,
 }
 
 

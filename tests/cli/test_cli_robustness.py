@@ -26,10 +26,10 @@ import pytest
 import torch
 import yaml
 
-from hyperplex.cli import runner
 from hyperplex.cli import main
 from hyperplex.config import ConfigError, merge
 from hyperplex.train.checkpoint import load_checkpoint, load_model_weights, save_model_weights
+from hyperplex.train.run import train
 
 # ---------------------------------------------------------------------------- data and configs
 EN = [f"w{i} w{(3 * i) % 7} w{(5 * i) % 11}" for i in range(16)]
@@ -73,20 +73,26 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """Generated data files, their configs, and a trained translation and classification model folder."""
-    root = tmp_path_factory.mktemp("robustness")
+def write_data(root: Path) -> Path:
+    """``root/data``: the parallel EN–DE files and the classification TSVs the configs above read."""
     data = root / "data"
     data.mkdir()
     for name, lines in (("train.en", EN), ("train.de", DE), ("dev.en", EN[:4]), ("dev.de", DE[:4])):
         (data / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     (data / "train.tsv").write_text(TSV, encoding="utf-8")
     (data / "dev.tsv").write_text(DEV_TSV, encoding="utf-8")
+    return data
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Generated data files, their configs, and a trained translation and classification model folder."""
+    root = tmp_path_factory.mktemp("robustness")
+    data = write_data(root)
     mt_yaml = write_config(root / "mt.yaml", mt_config(data))
     cls_yaml = write_config(root / "cls.yaml", cls_config(data))
-    runner.train(str(mt_yaml), model_dir=str(root / "mt_model"))
-    runner.train(str(cls_yaml), model_dir=str(root / "cls_model"))
+    train(str(mt_yaml), model_dir=str(root / "mt_model"))
+    train(str(cls_yaml), model_dir=str(root / "cls_model"))
     return SimpleNamespace(root=root, data=data, mt_yaml=mt_yaml, cls_yaml=cls_yaml,
                            mt=root / "mt_model", cls=root / "cls_model")
 

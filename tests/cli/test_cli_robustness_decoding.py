@@ -31,9 +31,9 @@ import pytest
 import torch
 import yaml
 
-from hyperplex.cli import runner
 from hyperplex.cli import main
 from hyperplex.train.checkpoint import load_model_weights, save_model_weights
+from hyperplex.train.run import train
 
 EN = [f"w{i} w{(3 * i) % 7} w{(5 * i) % 11}" for i in range(16)]
 DE = [f"v{(5 * i) % 11} v{(3 * i) % 7} v{i}" for i in range(16)]
@@ -72,7 +72,7 @@ def world(tmp_path_factory):
         for name, arch, extra in (("mt", transformer, {}), ("lstm", lstm, {"max_steps": 2, "validation_every": 2})):
             path = root / f"{name}.yaml"
             path.write_text(yaml.safe_dump(mt_config(data, arch, **extra)), encoding="utf-8")
-            runner.train(str(path), model_dir=str(root / name))
+            train(str(path), model_dir=str(root / name))
         threads_after_training = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)

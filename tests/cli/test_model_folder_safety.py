@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from hyperplex import cli
-from hyperplex.cli import runner
 from hyperplex.fileio import LOCK_NAME, FolderBusyError, folder_lock
 
 

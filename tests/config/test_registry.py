@@ -105,7 +105,7 @@ class CountingTask(Task):
 
 
 def test_a_new_task_is_one_module_and_one_registration(tmp_path):
-    from hyperplex.cli import runner
+    from hyperplex.train.run import train
 
     register_task("counting", TaskEntry(__name__, "CountingTask", ("classifier",), "sign of a sum"))
     try:
@@ -116,7 +116,7 @@ def test_a_new_task_is_one_module_and_one_registration(tmp_path):
             "training": {"lr": 0.1, "max_steps": 40, "validation_every": 20, "log_every": 10, "num_threads": 1,
                          "progress_bar": False, "plots": False, "device": "cpu"}}))
         assert load_experiment(config, model_dir=str(tmp_path / "m")).data.task == "counting"
-        metrics = runner.train(str(config), model_dir=str(tmp_path / "m"))
+        metrics = train(str(config), model_dir=str(tmp_path / "m"))
         assert metrics["accuracy"] >= 0.9 and math.isfinite(metrics["loss"])  # the sign of a sum is linear
     finally:
         del TASKS["counting"]

@@ -160,7 +160,7 @@ def test_refusals_leave_an_existing_file_unchanged(tmp_path):
 def test_transformer_classifier_from_a_train_folder(tmp_path, capsys):
     from test_cli_robustness import DEV_TSV, TSV, cls_config, write_config
 
-    from hyperplex.cli import runner
+    from hyperplex.train.run import train
     from hyperplex.train.load import load_model
 
     data = tmp_path / "data"
@@ -169,7 +169,7 @@ def test_transformer_classifier_from_a_train_folder(tmp_path, capsys):
     (data / "dev.tsv").write_text(DEV_TSV, encoding="utf-8")
     cfg = cls_config(data, training={"max_steps": 2})
     cfg["model"]["linear"] = {"kind": "phm", "n": 4}
-    runner.train(str(write_config(tmp_path / "cls.yaml", cfg)), model_dir=str(tmp_path / "cls"))
+    train(str(write_config(tmp_path / "cls.yaml", cfg)), model_dir=str(tmp_path / "cls"))
     assert main(["export", str(tmp_path / "cls"), str(tmp_path / "cls.onnx")]) == 0
     capsys.readouterr()
     _, _, model = load_model(tmp_path / "cls", read_data=False)
@@ -207,13 +207,13 @@ def test_a_size_fixed_at_trace_time_is_refused(tmp_path):
 def test_unsupported_hyperplex_model_is_refused(tmp_path, capsys):
     from test_cli_robustness import DE, EN, mt_config, write_config
 
-    from hyperplex.cli import runner
+    from hyperplex.train.run import train
 
     data = tmp_path / "data"
     data.mkdir()
     for name, lines in (("train.en", EN), ("train.de", DE), ("dev.en", EN[:4]), ("dev.de", DE[:4])):
         (data / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    runner.train(str(write_config(tmp_path / "mt.yaml", mt_config(data, training={"max_steps": 1}))),
+    train(str(write_config(tmp_path / "mt.yaml", mt_config(data, training={"max_steps": 1}))),
                  model_dir=str(tmp_path / "mt"))
     assert main(["export", str(tmp_path / "mt"), str(tmp_path / "mt.onnx")]) == 1
     err = capsys.readouterr().err

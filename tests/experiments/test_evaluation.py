@@ -9,21 +9,21 @@ from hyperplex.experiments import evaluation
 from hyperplex.experiments.cli import main
 
 
-def test_evaluation_equals_runner_evaluate_and_params_breakdown(done):
-    from hyperplex.cli import runner
+def test_evaluation_equals_inference_evaluate_and_params_breakdown(done):
+    from hyperplex.train.inference import evaluate
     from hyperplex.train.load import load_model
     from hyperplex.models.params import parameter_breakdown
 
     _, out, _, results = done
     item = results["rows"][1]["runs"][1]
-    expected = {k: v for k, v in runner.evaluate(item["model_dir"], "last").items() if not k.endswith("_signature")}
+    expected = {k: v for k, v in evaluate(item["model_dir"], "last").items() if not k.endswith("_signature")}
     assert expected == pytest.approx(item["metrics"])
     _, _, model = load_model(item["model_dir"], "last")
     assert item["params"] == parameter_breakdown(model)
 
 
 def test_eval_split_row_scores_a_file_like_hyperplex_evaluate(tmp_path, write_plan):
-    from hyperplex.cli import runner
+    from hyperplex.train.inference import evaluate
     from hyperplex.data.arithmetic import generate_arithmetic
     held_out, _ = generate_arithmetic(12, 1, seed=99)  # PREFIX.src / PREFIX.tgt, as write_arithmetic names them
     for side, column in (("src", 0), ("tgt", 1)):
@@ -33,7 +33,7 @@ def test_eval_split_row_scores_a_file_like_hyperplex_evaluate(tmp_path, write_pl
     out = tmp_path / "out"
     assert main([str(plan), "--out", str(out)]) == 0
     rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
-    expected = runner.evaluate(str(out / "phm2" / "seed1"), checkpoint="last", split=str(tmp_path / "held_out"))
+    expected = evaluate(str(out / "phm2" / "seed1"), checkpoint="last", split=str(tmp_path / "held_out"))
     got = rows["phm2_file"]["runs"][0]["metrics"]
     assert got["loss"] == pytest.approx(expected["loss"]) and got["accuracy"] == expected["accuracy"]
     assert got["loss"] != rows["phm2"]["runs"][0]["metrics"]["loss"]  # another split than validation

@@ -8,17 +8,17 @@ from hyperplex.experiments.state import DIVERGED_FILE
 
 
 def test_sweep_records_divergence_and_plots(tmp_path, monkeypatch, capsys, sweep_plan):
-    from hyperplex.cli import runner
+    from hyperplex.train import run
     from hyperplex.train.trainer import TrainingError
 
-    real_train = runner.train
+    real_train = run.train
 
     def train(config, overrides, model_dir, data_root, resume=False):
         if "--training.lr=0.003" in overrides:  # this rate "diverges": the trainer's NaN error
             raise TrainingError("loss became nan at step 5 (epoch 1, batch 5); training stopped")
         return real_train(config, overrides, model_dir, data_root, resume=resume)
 
-    monkeypatch.setattr(runner, "train", train)
+    monkeypatch.setattr(run, "train", train)
     plan, out = sweep_plan(tmp_path), tmp_path / "out"
     assert main([str(plan), "--out", str(out)]) == 0  # a diverged sweep run is a result, not a failure
     marker = json.loads((out / "phm2_lr0.003" / "seed1" / DIVERGED_FILE).read_text())
@@ -45,10 +45,10 @@ def test_an_interrupt_stops_the_whole_plan(tmp_path, monkeypatch, capsys, write_
     plan with 128 + signal; the next model is not started, and --resume continues where it stopped."""
     import signal
 
-    from hyperplex.cli import runner
+    from hyperplex.train import run
     from hyperplex.train.interrupts import TrainingInterrupted
 
-    real_train, started = runner.train, []
+    real_train, started = run.train, []
 
     def train(config, overrides, model_dir, data_root, resume=False):
         started.append(model_dir)
@@ -56,7 +56,7 @@ def test_an_interrupt_stops_the_whole_plan(tmp_path, monkeypatch, capsys, write_
             raise TrainingInterrupted("interrupted by SIGTERM at step 2", signal.SIGTERM, saved=True)
         return real_train(config, overrides, model_dir, data_root, resume=resume)
 
-    monkeypatch.setattr(runner, "train", train)
+    monkeypatch.setattr(run, "train", train)
     plan, out = write_plan(tmp_path), tmp_path / "out"
     assert main([str(plan), "--out", str(out), "--no-report"]) == 128 + signal.SIGTERM
     assert len(started) == 1

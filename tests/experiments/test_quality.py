@@ -293,7 +293,7 @@ def test_bench_compress_counts_match_the_models(setup, capsys):
 def test_int8_rows_score_the_quantized_form_with_its_bytes(setup, tmp_path):
     """``models_from`` rows with ``--testing.quantize=int8`` score the same models in int8: agreement close to the
     float model's, fewer bytes held and written; a compress run with testing.quantize int8 writes an int8 student."""
-    from hyperplex.cli import runner
+    from hyperplex.train.run import compress
     from hyperplex.convert.quantize import is_quantized, load_quantized
 
     _, data, config = setup
@@ -315,7 +315,7 @@ def test_int8_rows_score_the_quantized_form_with_its_bytes(setup, tmp_path):
     assert "weights in memory" in (out / "results.md").read_text()
     # compress with testing.quantize: int8 writes the student in int8
     model_dir = tmp_path / "compress"
-    runner.compress(str(config), ["--training.max_steps=2", "--training.validation_every=2", "--testing.quantize=int8"],
+    compress(str(config), ["--training.max_steps=2", "--training.validation_every=2", "--testing.quantize=int8"],
                     str(model_dir), str(data))
     student = load_quantized(model_dir / "student")
     assert is_quantized(student)

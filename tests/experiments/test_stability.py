@@ -30,12 +30,12 @@ def test_grad_norm_window_mean_and_max_in_metrics_csv(tmp_path):
     the same (deterministic) run logs with log_every=1."""
     import csv
 
-    from hyperplex.cli import runner
+    from hyperplex.train.run import train
 
     logged = {}
     for every in (1, 2):
         config = write_tiny_config(tmp_path, log_every=every, max_steps=4, validation_every=4, deterministic=True)
-        runner.train(str(config), model_dir=str(tmp_path / f"log{every}"))
+        train(str(config), model_dir=str(tmp_path / f"log{every}"))
         with open(tmp_path / f"log{every}" / "metrics.csv") as f:
             logged[every] = {(int(r["step"]), r["name"]): float(r["value"]) for r in csv.DictReader(f)
                              if r["split"] == "train"}

@@ -19,7 +19,7 @@ from conftest import TINY_BERT_WORDS as WORDS
 from conftest import write_tiny_bert
 
 from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
-from hyperplex.cli import runner
+from hyperplex.train import run
 from hyperplex.train.load import load_model
 from hyperplex.train.params import params
 from hyperplex.cli.main import main
@@ -187,7 +187,7 @@ def test_resume_is_bitwise(tmp_path, bert_folder, kind):
     half = write_config(tmp_path / "b", bert_folder, kind, steps=12, dropout=0.1)
     train(whole)
     train(half, ["--training.max_steps=6"])
-    runner.train(str(half), resume=True)  # the CLI path of --resume
+    run.train(str(half), resume=True)  # the CLI path of --resume
     a = load_checkpoint(tmp_path / "a" / "m" / "last.safetensors")
     b = load_checkpoint(tmp_path / "b" / "m" / "last.safetensors")
     assert a.model_state.keys() == b.model_state.keys()

@@ -1,7 +1,7 @@
 """`pretrained_classifier` as a cross-encoder on sentence pairs (tasks pair_classification and ranking), on the
 tiny random BERT: each pair is encoded exactly as the tokenizer encodes a pair (separators, token type ids,
 cut at model.max_length longest side first), swapping its sides changes the input, pair models train through
-runner.train (a memorisable NLI-style set: the loss falls; ranking: one output, BCE, MAP/MRR equal a hand
+hyperplex.train.run.train (a memorisable NLI-style set: the loss falls; ranking: one output, BCE, MAP/MRR equal a hand
 computation from the scores), resume bit for bit, and adapter-only checkpoints reload with the same scores."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from conftest import TINY_BERT_WORDS as WORDS
 from conftest import write_tiny_bert
 
 from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
-from hyperplex.cli import runner
 from hyperplex.train.load import load_model
 from hyperplex.train.params import params
+from hyperplex.train.run import train
 from hyperplex.cli.main import main
 from hyperplex.config import ConfigError
 from hyperplex.config.experiment import load_experiment
@@ -195,7 +195,7 @@ def test_the_registry_serves_the_pair_tasks_and_keeps_refusing_the_others():
 
 
 # ---------------------------------------------------------------------------- training
-def test_a_pair_classifier_trains_through_runner_train_and_memorises(tmp_path, bert_folder):
+def test_a_pair_classifier_trains_through_run_train_and_memorises(tmp_path, bert_folder):
     # 16 pairs validated on themselves: a cross-encoder that trains must bring their loss well down
     rows = nli_rows(16, 5)
     path = write_config(tmp_path, bert_folder, "pair_classification", kind="full", steps=30, rows=rows,
@@ -203,7 +203,7 @@ def test_a_pair_classifier_trains_through_runner_train_and_memorises(tmp_path, b
     cfg, task = prepared_task(path, tmp_path)
     torch.manual_seed(cfg.seed)  # the model the run starts from (the trainer seeds, then prepares and builds)
     before = task.validate(PretrainedClassifier(cfg.model, 0, 2).eval())
-    metrics = runner.train(str(path))
+    metrics = train(str(path))
     assert metrics["loss"] < 0.5 * before["loss"]
     assert metrics["accuracy"] == 100.0
     log = (tmp_path / "m" / "train.log").read_text()
@@ -226,7 +226,7 @@ def hand_map_mrr(scores: list[float], labels: list[int], groups: list[int]) -> t
 
 def test_ranking_scores_pairs_with_one_output_and_ranks_them_per_question(tmp_path, bert_folder, capsys):
     path = write_config(tmp_path, bert_folder, "ranking", steps=12)
-    metrics = runner.train(str(path))
+    metrics = train(str(path))
     _, task, model = load_model(tmp_path / "m", "last")  # the base rebuilt, the adapter loaded
     assert task.num_outputs == 1 and model.head.out_features == 1
     scores, labels, groups = task.predict(model.eval(), task.dev_set)
@@ -277,9 +277,9 @@ def test_a_known_score_ordering_gives_the_hand_computed_map_and_mrr(tmp_path, be
 def test_pair_resume_is_bitwise(tmp_path, bert_folder, task_name):
     whole = write_config(tmp_path / "a", bert_folder, task_name, steps=12, dropout=0.1)
     half = write_config(tmp_path / "b", bert_folder, task_name, steps=12, dropout=0.1)
-    runner.train(str(whole))
-    runner.train(str(half), ["--training.max_steps=6"])
-    runner.train(str(half), resume=True)  # the CLI path of --resume
+    train(str(whole))
+    train(str(half), ["--training.max_steps=6"])
+    train(str(half), resume=True)  # the CLI path of --resume
     a = load_checkpoint(tmp_path / "a" / "m" / "last.safetensors")
     b = load_checkpoint(tmp_path / "b" / "m" / "last.safetensors")
     assert a.model_state.keys() == b.model_state.keys()

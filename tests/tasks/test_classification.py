@@ -8,7 +8,8 @@ import random
 import pytest
 import yaml
 
-from hyperplex.cli import runner
+from hyperplex.train.inference import evaluate
+from hyperplex.train.run import train
 
 WORDS = "the a cat dog bird runs sits sees big small red blue".split()
 
@@ -20,8 +21,8 @@ def train_and_evaluate(tmp_path, data: dict, model: dict, steps: int = 60, lr: f
            "testing": {"batch_size": 64}}
     path = tmp_path / "toy.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    runner.train(str(path), model_dir=str(tmp_path / "model"))
-    return runner.evaluate(str(tmp_path / "model"))
+    train(str(path), model_dir=str(tmp_path / "model"))
+    return evaluate(str(tmp_path / "model"))
 
 
 TINY_TRANSFORMER = {"architecture": "transformer_classifier", "d_model": 16, "num_heads": 2, "d_ff": 32,
@@ -73,11 +74,11 @@ def test_agreement_overfits(tmp_path):
     # here the first 4 lines with their labels flipped, so the overfitted model gets exactly 0%.
     flipped = [("VBZ" if l.startswith("VBP") else "VBP") + l[3:] for l in lines[:4]]
     (tmp_path / "flipped.txt").write_text("\n".join(flipped) + "\n")
-    other = runner.evaluate(str(tmp_path / "model"), split=str(tmp_path / "flipped.txt"))
+    other = evaluate(str(tmp_path / "model"), split=str(tmp_path / "flipped.txt"))
     assert other["accuracy"] == 0.0
     with pytest.raises(ValueError, match="flipped2.txt, line 1: .*'VBX'"):
         (tmp_path / "flipped2.txt").write_text("VBX\tthe dog\n")
-        runner.evaluate(str(tmp_path / "model"), split=str(tmp_path / "flipped2.txt"))
+        evaluate(str(tmp_path / "model"), split=str(tmp_path / "flipped2.txt"))
 
 
 def nli_records(n: int, seed: int) -> list[dict]:
@@ -168,7 +169,7 @@ def test_split_seed_fixes_the_carve_whatever_the_model_seed(tmp_path):
         assert sorted(_lines_of(task.train_set) + dev[seed, split_seed]) == list(range(36))
     # default split_seed = 1: model seeds 1, 2 and 3 share one split ...
     assert dev[1, None] == dev[2, None] == dev[3, 1]
-    # ... bit-identical to the carve seed-1 runs made before split_seed existed (carve_random with seed 1)
+    # ... bit-identical to carving with seed 1 (carve_random), as a config without data.split_seed carves
     assert dev[1, None] == sorted(carve_random(list(range(36)), 0.25, 1)[1])
     assert dev[2, 2] != dev[1, None]  # and another split_seed gives another split
 

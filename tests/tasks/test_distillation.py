@@ -12,9 +12,9 @@ import yaml
 pytest.importorskip("sentence_transformers")
 transformers = pytest.importorskip("transformers")
 
-from hyperplex.cli import runner
 from hyperplex.train.load import load_model
 from hyperplex.train.params import params
+from hyperplex.train.run import train
 from hyperplex.cli.main import main
 from hyperplex.config.experiment import load_experiment
 from hyperplex.data.readers import DataError
@@ -70,13 +70,13 @@ def test_healing_raises_the_dev_cosine_and_resume_is_bitwise(tmp_path, teacher_f
     _, task = prepared(path)
     start = task.validate(task.build_model().eval())["cosine"]
     assert start < 0.99
-    metrics = runner.train(str(path))
+    metrics = train(str(path))
     assert metrics["cosine"] > start + 0.05, (start, metrics)  # measured: 0.854 → 0.993
     # the same run stopped half-way and resumed gives the same weights, bit for bit
     (tmp_path / "b").mkdir()
     half = write_config(tmp_path / "b", teacher_folder, steps=80, extra={"model.init": "random"})
-    runner.train(str(half), ["--training.max_steps=40"])
-    runner.train(str(half), resume=True)
+    train(str(half), ["--training.max_steps=40"])
+    train(str(half), resume=True)
     whole = load_model_weights(tmp_path / "a" / "m" / "last.safetensors")
     resumed = load_model_weights(tmp_path / "b" / "m" / "last.safetensors")
     assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)

@@ -4,7 +4,7 @@ memorises generated arithmetic expressions (003 §4.4 format) to exact-match acc
 import pytest
 import yaml
 
-from hyperplex.cli import runner
+from hyperplex.train import inference, run
 from hyperplex.data.arithmetic import evaluate_arithmetic_input, generate_arithmetic
 
 
@@ -25,7 +25,7 @@ def test_char_level_arithmetic_overfits_to_exact_match(tmp_path, linear):
            "testing": {"beam_size": 1, "max_output_length": 16}}
     path = tmp_path / "toy.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    runner.train(str(path), model_dir=str(tmp_path / "model"))
-    metrics = runner.evaluate(str(tmp_path / "model"))
+    run.train(str(path), model_dir=str(tmp_path / "model"))
+    metrics = inference.evaluate(str(tmp_path / "model"))
     assert metrics["accuracy"] == 100.0
     assert metrics["chrf"] == pytest.approx(100.0)  # (BLEU is 0 on one-word targets: no 4-grams)

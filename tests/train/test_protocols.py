@@ -307,29 +307,29 @@ CFG = SimpleNamespace(data=SimpleNamespace(task="toy"), testing=SimpleNamespace(
 
 
 def test_scoring_a_file_needs_the_task_hook():
-    from hyperplex.cli.runner import _evaluate_split
+    from hyperplex.train.inference import evaluate_split
 
     with pytest.raises(ValueError, match="--split test.tsv: a toy model is scored on its validation data only"):
-        _evaluate_split(CFG, Scored(), None, "test.tsv", False)
+        evaluate_split(CFG, Scored(), None, "test.tsv", False)
     task = ScoredFiles()
-    assert _evaluate_split(CFG, task, None, "test.tsv", False) == {"accuracy": 50.0}  # no signatures
+    assert evaluate_split(CFG, task, None, "test.tsv", False) == {"accuracy": 50.0}  # no signatures
     assert task.calls == [("file", "test.tsv"), ("validate", {})]
 
 
 def test_a_decoding_task_is_scored_with_the_evaluation_beam_and_reports_its_signatures():
-    from hyperplex.cli.runner import _evaluate_split
+    from hyperplex.train.inference import evaluate_split
 
     task = Decoding()
     assert isinstance(task, Translates) and isinstance(task, SignsMetrics)
-    metrics = _evaluate_split(CFG, task, None, "dev", True)
+    metrics = evaluate_split(CFG, task, None, "dev", True)
     assert metrics == {"accuracy": 50.0, "bleu_signature": "nrefs:1|case:mixed"}
     assert task.calls == [("validate", {"beam_size": 3, "progress": True})]
 
 
 def test_translate_refuses_a_task_that_does_not_decode(monkeypatch):
-    from hyperplex.cli import runner
+    from hyperplex.train import inference
 
     cfg = SimpleNamespace(data=CFG.data, testing=SimpleNamespace(with_beam_size=lambda beam: CFG.testing))
-    monkeypatch.setattr(runner, "load_model", lambda *args, **kwargs: (cfg, Scored(), None))
+    monkeypatch.setattr(inference, "load_model", lambda *args, **kwargs: (cfg, Scored(), None))
     with pytest.raises(ValueError, match="folder holds a toy model; translate needs a translation model"):
-        runner.translate("folder", input_path="unused.txt")
+        inference.translate("folder", input_path="unused.txt")

@@ -1,7 +1,10 @@
-"""The command line: ``hyperplex {demo,train,compress,evaluate,score-encoder,translate,params,average,bench}``.
+"""The command line: ``hyperplex {demo,train,compress,score-encoder,corpus,evaluate,translate,params,average,
+experiment,export}``.
 
-- :mod:`~hyperplex.cli.main`: argument parsing and the one-line error contract.
-- :mod:`~hyperplex.cli.runner`: what each verb does, as plain functions callable from Python.
+- :mod:`~hyperplex.cli.main`: argument parsing, printing and the one-line error contract. What each verb does
+  is a library function: :mod:`hyperplex.train.run` (``train``, ``compress``), :mod:`hyperplex.train.inference`
+  (``evaluate``, ``translate``), :func:`hyperplex.train.checkpoint.write_average`, :mod:`hyperplex.train.params`,
+  :mod:`hyperplex.scoring`, :mod:`hyperplex.experiments`.
 - :mod:`~hyperplex.cli.demo`: the PHM paper's Figure 2 experiments behind ``hyperplex demo``.
 """
 

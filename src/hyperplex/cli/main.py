@@ -22,18 +22,18 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from hyperplex.cli import runner
+    from hyperplex.train.run import train
 
-    metrics = runner.train(args.config, args.overrides, args.model_dir, args.data_root, args.resume)
+    metrics = train(args.config, args.overrides, args.model_dir, args.data_root, args.resume)
     if metrics:
         print(json.dumps({k: round(v, 4) for k, v in metrics.items()}))
     return 0
 
 
 def _compress(args: argparse.Namespace) -> int:
-    from hyperplex.cli import runner
+    from hyperplex.train.run import compress
 
-    metrics = runner.compress(args.config, args.overrides, args.model_dir, args.data_root, args.resume)
+    metrics = compress(args.config, args.overrides, args.model_dir, args.data_root, args.resume)
     if metrics:
         print(json.dumps({k: round(v, 4) for k, v in metrics.items()}))
     return 0
@@ -59,19 +59,19 @@ def _corpus(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from hyperplex.cli import runner
+    from hyperplex.train.inference import evaluate
 
-    metrics = runner.evaluate(args.model_dir, args.checkpoint, args.split, args.data_root, args.beam_size,
-                              threads=args.threads)
+    metrics = evaluate(args.model_dir, args.checkpoint, args.split, args.data_root, args.beam_size,
+                       threads=args.threads)
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
     return 0
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from hyperplex.cli import runner
+    from hyperplex.train.inference import translate
 
-    runner.translate(args.model_dir, args.input, args.output, args.checkpoint, args.beam_size, args.plot_attention,
-                     threads=args.threads)
+    translate(args.model_dir, args.input, args.output, args.checkpoint, args.beam_size, args.plot_attention,
+              threads=args.threads)
     return 0
 
 
@@ -83,9 +83,9 @@ def _params(args: argparse.Namespace) -> int:
 
 
 def _average(args: argparse.Namespace) -> int:
-    from hyperplex.cli import runner
+    from hyperplex.train.checkpoint import write_average
 
-    print(runner.average(args.inputs, args.output))
+    print(write_average(args.inputs, args.output))
     return 0
 
 
@@ -124,15 +124,17 @@ def _add_run_arguments(p: argparse.ArgumentParser, data_root: dict, config_help:
     _add_overrides(p)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the full traceback on errors")
-    parser = argparse.ArgumentParser(
-        prog="hyperplex", parents=[common],
-        description="Parameterized hypercomplex multiplication (PHM) layers and quaternion networks for NLP.")
-    sub = parser.add_subparsers(dest="command", required=True)
+#: ``--data-root`` of the verbs that read a config's data.
+_DATA_ROOT = dict(default=None, help="folder that relative data paths in the config are read from "
+                  "(default: $HYPERPLEX_DATA, else ../shared/data if present)")
+#: MODEL of the verbs that load a trained model.
+_MODEL_HELP = ("model folder written by `hyperplex train`, or a checkpoint file (.safetensors): its stored "
+               "config is used unless a config.yaml sits beside it, and its tokeniser/vocabulary files "
+               "(the names it records, e.g. src.json, src_vocab.json) are read from its folder")
 
+
+def _add_demo(sub, common: argparse.ArgumentParser) -> None:
+    """``hyperplex demo``'s arguments."""
     demo = sub.add_parser(
         "demo", parents=[common],
         help="PHM paper Fig. 2 on generated data: learn a 3-D rotation and the quaternion/octonion rules",
@@ -146,27 +148,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(demo)
     demo.set_defaults(func=_demo)
 
-    data_root = dict(default=None, help="folder that relative data paths in the config are read from "
-                     "(default: $HYPERPLEX_DATA, else ../shared/data if present)")
+
+def _add_train(sub, common: argparse.ArgumentParser) -> None:
+    """``hyperplex train``'s arguments."""
     train = sub.add_parser("train", parents=[common], help="train a model from a YAML config",
                            description="Train (or --resume) the experiment a YAML config describes. Everything "
                            "is written to the model folder: config.yaml, train.log, metrics.csv, TensorBoard "
                            "events, last/best checkpoints, vocabularies and plots.")
-    _add_run_arguments(train, data_root, "YAML config (see configs/ and docs/config.md)",
+    _add_run_arguments(train, _DATA_ROOT, "YAML config (see configs/ and docs/config.md)",
                        "continue from MODEL_DIR/last.safetensors exactly (same data order, optimizer and RNG)")
     train.set_defaults(func=_train)
 
+
+def _add_compress(sub, common: argparse.ArgumentParser) -> None:
+    """``hyperplex compress``'s arguments."""
     compress = sub.add_parser("compress", parents=[common],
                               help="heal a converted pretrained model by distilling from its teacher",
                               description="Train a `data.task: distillation` config exactly like `train` (same "
                               "model folder contents, --resume), then write the best checkpoint's student with "
                               "hyperplex.convert.save_converted into MODEL_DIR/student (load it with "
                               "hyperplex.convert.load_converted). See docs/compress.md.")
-    _add_run_arguments(compress, data_root,
+    _add_run_arguments(compress, _DATA_ROOT,
                        "YAML config with data.task: distillation (e.g. configs/minilm_compress.yaml)",
                        "continue from MODEL_DIR/last.safetensors exactly, then write student/")
     compress.set_defaults(func=_compress)
 
+
+def _add_score_encoder(sub, common: argparse.ArgumentParser) -> None:
+    """``hyperplex score-encoder``'s arguments."""
     score = sub.add_parser(
         "score-encoder", parents=[common],
         help="score compressed sentence encoders next to their teacher: agreement, WikiQA, SST-2 probe, size",
@@ -198,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(score)
     score.set_defaults(func=_score_encoder)
 
+
+def _add_corpus(sub, common: argparse.ArgumentParser) -> None:
+    """``hyperplex corpus``'s arguments."""
     corpus = sub.add_parser(
         "corpus", parents=[common],
         help="build the distillation corpus: distinct sentences from the data folder, evaluation sentences removed",
@@ -225,29 +237,32 @@ def build_parser() -> argparse.ArgumentParser:
     corpus.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     corpus.set_defaults(func=_corpus)
 
-    model_help = ("model folder written by `hyperplex train`, or a checkpoint file (.safetensors): its stored "
-                  "config is used unless a config.yaml sits beside it, and its tokeniser/vocabulary files "
-                  "(the names it records, e.g. src.json, src_vocab.json) are read from its folder")
+
+def _add_evaluate(sub, common: argparse.ArgumentParser) -> None:
+    """``hyperplex evaluate``'s arguments."""
     evaluate = sub.add_parser("evaluate", parents=[common], help="metrics of a trained model on its validation split",
                               description="Load a model folder (or a checkpoint file with its vocabulary files "
                               "beside it) and print its validation metrics as JSON "
                               "(translation: BLEU/chrF with the configured beam, loss, perplexity).")
-    evaluate.add_argument("model_dir", metavar="MODEL", help=model_help)
+    evaluate.add_argument("model_dir", metavar="MODEL", help=_MODEL_HELP)
     evaluate.add_argument("--split", default="dev", metavar="dev|train|FILE",
                           help="dev (default), train (classification tasks), or a file in the task's format — "
                           "a parallel prefix for translation — e.g. linzen_agreement/numpred.test.1.gz")
     evaluate.add_argument("--checkpoint", default="best",
                           help="with a model folder: best (default), last, or a checkpoint file")
     evaluate.add_argument("--beam-size", type=int, help="override testing.beam_size")
-    evaluate.add_argument("--data-root", **data_root)
+    evaluate.add_argument("--data-root", **_DATA_ROOT)
     _add_threads(evaluate)
     evaluate.set_defaults(func=_evaluate)
 
+
+def _add_translate(sub, common: argparse.ArgumentParser) -> None:
+    """``hyperplex translate``'s arguments."""
     translate = sub.add_parser("translate", parents=[common], help="translate sentences with a trained model",
                                description="Translate one sentence per line from a file or stdin to a file or "
                                "stdout, with the model folder's tokenisers, vocabularies and decoding settings "
                                "(or a checkpoint file's, with its vocabulary files beside it).")
-    translate.add_argument("model_dir", metavar="MODEL", help=model_help)
+    translate.add_argument("model_dir", metavar="MODEL", help=_MODEL_HELP)
     translate.add_argument("-i", "--input", help="input file (default: stdin)")
     translate.add_argument("-o", "--output", help="output file (default: stdout)")
     translate.add_argument("--checkpoint", default="best",
@@ -258,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(translate)
     translate.set_defaults(func=_translate)
 
+
+def _add_params(sub, common: argparse.ArgumentParser) -> None:
+    """``hyperplex params``'s arguments."""
     params = sub.add_parser("params", parents=[common], help="parameter counts per component of a config's model",
                             description="Build the model a config describes (no data is read) and print its "
                             "parameters per component: embeddings, attention, FFN/recurrent, output layer, PHM "
@@ -269,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overrides(params)
     params.set_defaults(func=_params)
 
+
+def _add_average(sub, common: argparse.ArgumentParser) -> None:
+    """``hyperplex average``'s arguments."""
     average = sub.add_parser("average", parents=[common], help="average the weights of several checkpoints",
                              description="Average model weights of checkpoint files (or of every "
                              "best-*.safetensors in a model folder) into one weights file.")
@@ -276,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("-o", "--output", required=True, help="output .safetensors file (or folder)")
     average.set_defaults(func=_average)
 
+
+def _add_experiment(sub, common: argparse.ArgumentParser) -> None:
+    """``hyperplex experiment``'s arguments."""
     from hyperplex.experiments.cli import add_arguments as add_experiment_arguments
 
     experiment = sub.add_parser(
@@ -286,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_experiment_arguments(experiment)
     experiment.set_defaults(func=_experiment)
 
+
+def _add_export(sub, common: argparse.ArgumentParser) -> None:
+    """``hyperplex export``'s arguments."""
     export = sub.add_parser(
         "export", parents=[common], help="write a converted encoder or a Transformer classifier as ONNX",
         description="Write MODEL as an ONNX graph holding the PHM / low-rank factors (not the dense H), with dynamic "
@@ -307,9 +334,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "form H. materialized: the graph forms H, which onnxruntime folds once when it opens the file "
                         "(the dense model's speed and memory)")
     export.add_argument("--opset", type=int, default=17, help="ONNX opset (default: 17)")
-    export.add_argument("--data-root", **data_root)
+    export.add_argument("--data-root", **_DATA_ROOT)
     export.set_defaults(func=_export)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``hyperplex`` parser: one subparser per verb, each added by its ``_add_VERB`` function."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback on errors")
+    parser = argparse.ArgumentParser(
+        prog="hyperplex", parents=[common],
+        description="Parameterized hypercomplex multiplication (PHM) layers and quaternion networks for NLP.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_demo, _add_train, _add_compress, _add_score_encoder, _add_corpus, _add_evaluate, _add_translate,
+                _add_params, _add_average, _add_experiment, _add_export):  # the order `hyperplex --help` lists
+        add(sub, common)
     return parser
 
 

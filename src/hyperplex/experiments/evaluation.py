@@ -25,14 +25,14 @@ __all__ = ["evaluate_model", "evaluation_key", "cached_evaluation", "evaluate_ea
 def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval_overrides: list[str],
                    eval_split: str = "", quality: dict | None = None) -> dict:
     """``{"metrics", "params", "signatures", "beam_size"}`` of one model folder: the steps of
-    :func:`hyperplex.cli.runner.evaluate` (load, validation split or the file ``eval_split``, the configured
+    :func:`hyperplex.train.inference.evaluate` (load, validation split or the file ``eval_split``, the configured
     beam) with ``eval_overrides`` (``testing.*``) applied to the saved config first, and
     :func:`~hyperplex.models.params.parameter_breakdown` of the loaded model. With a plan's ``quality``
     (distillation models): its metrics join ``metrics``, and ``size`` / ``quality_details`` are added
     (:mod:`hyperplex.experiments.quality`)."""
-    from hyperplex.cli import runner
     from hyperplex.config.experiment import TestingConfig
     from hyperplex.models.params import parameter_breakdown
+    from hyperplex.train.inference import score
     from hyperplex.train.load import inference_form, load_model
     from hyperplex.train.protocols import SignsMetrics
 
@@ -43,7 +43,7 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
         model = inference_form(cfg, model)  # e.g. --testing.quantize=int8 scores the int8 form
     if eval_split:  # relative paths are read from the data root, as `hyperplex evaluate --split FILE`
         task.use_evaluation_file(eval_split)
-    metrics = runner.score(cfg, task, model)
+    metrics = score(cfg, task, model)
     breakdown = parameter_breakdown(model)
     signatures = dict(task.signatures) if isinstance(task, SignsMetrics) else {}  # sacreBLEU's, translation only
     result = {"metrics": {k: float(v) for k, v in metrics.items()}, "params": breakdown, "signatures": signatures,

@@ -1,6 +1,6 @@
 """Training one model of a plan, with its provenance recorded in ``experiment.json``.
 
-A row with a config trains through :func:`hyperplex.cli.runner.train` (the ``hyperplex train`` path); a
+A row with a config trains through :func:`hyperplex.train.run.train` (the ``hyperplex train`` path); a
 ``train: false`` row saves the model as training would start it through
 :meth:`hyperplex.train.trainer.Trainer.save_untrained` (the trainer's own seeding, data preparation and
 checkpoint contents). In a sweep, a NaN/inf loss is an outcome: it is recorded in ``diverged.json`` and the
@@ -24,14 +24,14 @@ __all__ = ["train_run", "save_untrained_run"]
 def train_run(run: Run, resume: bool, data_root: str | None, command: str) -> None:
     """Train (or resume) one model, recording the wall-clock segment, command and machine in
     ``MODEL_DIR/experiment.json`` (written before training starts, so a killed run leaves its start)."""
-    from hyperplex.cli import runner
     from hyperplex.config.experiment import load_experiment
+    from hyperplex.train.run import train
     from hyperplex.train.trainer import TrainingError
 
     cfg = load_experiment(run.row.config, run.overrides, str(run.model_dir))
     with Segment(run.model_dir, command, machine_info(device_name(cfg)), resume=resume) as segment:
         try:
-            runner.train(run.row.config, run.overrides, str(run.model_dir), data_root, resume=resume)
+            train(run.row.config, run.overrides, str(run.model_dir), data_root, resume=resume)
             segment["status"] = "finished"
         except TrainingError as err:
             if not run.row.sweep_of:

@@ -132,8 +132,8 @@ class PretrainedEmbeddings(Protocol):
 class EvaluatesFiles(Protocol):
     """A task that can score any file in its data format, not only its validation split. Implemented by the
     classification and translation tasks; called by ``hyperplex evaluate --split FILE``
-    (:mod:`hyperplex.cli.runner`) and by plan rows with ``eval_split`` (:mod:`hyperplex.experiments.evaluation`).
-    ``--split FILE`` with a task without it is an error."""
+    (:func:`hyperplex.train.inference.evaluate`) and by plan rows with ``eval_split``
+    (:mod:`hyperplex.experiments.evaluation`). ``--split FILE`` with a task without it is an error."""
 
     def use_evaluation_file(self, path: str) -> None:
         """Make the file (or parallel prefix) ``path`` the split ``validate`` scores."""
@@ -154,7 +154,7 @@ class SignsMetrics(Protocol):
 class Translates(Protocol):
     """A task that decodes text into text. Implemented by :class:`~hyperplex.tasks.translation.TranslationTask`;
     called by ``hyperplex translate`` and by ``hyperplex evaluate``, which decodes with ``testing.beam_size``
-    (:mod:`hyperplex.cli.runner`). ``translate`` on another task is an error."""
+    (:func:`hyperplex.train.inference.translate`). ``translate`` on another task is an error."""
 
     def translate(self, model: nn.Module, lines: list[str], beam_size: int | None = None, **kwargs):
         """Raw source lines → detokenised outputs, one per line (``return_attention``: with the details)."""

@@ -1,13 +1,16 @@
-"""Checkpoint averaging (Vaswani et al. 2017 §6.1)."""
+"""Checkpoint averaging (Vaswani et al. 2017 §6.1): :func:`average_checkpoints` (the mean weights) and
+:func:`write_average` (``hyperplex average``: files or folders in, one weights file out)."""
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from torch import Tensor
 
-
-from hyperplex.train.checkpoint.format import CheckpointError, load_model_weights
+from hyperplex.train.checkpoint.format import CheckpointError, load_model_weights, save_model_weights
+from hyperplex.train.checkpoint.manager import BEST, LAST, CheckpointManager
 
 # ---------------------------------------------------------------------------- averaging
 def average_checkpoints(paths: Sequence) -> dict[str, Tensor]:
@@ -42,3 +45,47 @@ def average_checkpoints(paths: Sequence) -> dict[str, Tensor]:
         seen[id(t)] = k
         out[k] = (sums[k] / len(paths)).to(t.dtype) if t.is_floating_point() else sums[k].clone()
     return out
+
+
+# ---------------------------------------------------------------------------- files in, one file out
+def write_average(inputs: Sequence[str | Path], output: str | Path) -> Path:
+    """Average the weights of checkpoints (files, or every ``best-*.safetensors`` of a folder) into
+    ``output`` (a folder: ``output/averaged.safetensors``), a weights file recording ``averaged_from``;
+    returns its path."""
+    paths = _checkpoints_to_average(inputs)
+    out = Path(output)
+    if out.is_dir():
+        out = out / "averaged.safetensors"
+    _check_average_output(out, paths)
+    state = average_checkpoints(paths)
+    save_model_weights(out, state, {"averaged_from": json.dumps([str(p) for p in paths])})
+    return out
+
+
+def _checkpoints_to_average(inputs: Sequence[str | Path]) -> list[Path]:
+    """The files named, a folder standing for its ``best-*.safetensors`` (sorted)."""
+    paths: list[Path] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(p.glob("best-*.safetensors"))
+            if not found:
+                raise FileNotFoundError(f"{p}: no best-*.safetensors checkpoints to average")
+            paths += found
+        elif p.is_file():
+            paths.append(p)
+        else:
+            raise FileNotFoundError(f"checkpoint not found: {p}")
+    return paths
+
+
+def _check_average_output(out: Path, paths: list[Path]) -> None:
+    """The averaged file may not replace one of its inputs, nor a checkpoint a training run's index names
+    (``best``/``last``/``best-N``, listed in ``checkpoints.json``): the index would describe another file."""
+    target = os.path.realpath(out)
+    if any(os.path.realpath(p) == target for p in paths):
+        raise ValueError(f"-o {out}: is one of the checkpoints being averaged; write the average to another file")
+    index = out.parent / CheckpointManager.INDEX
+    if index.is_file() and (out.name in (BEST, LAST) or (out.name.startswith("best-") and out.suffix == ".safetensors")):
+        raise ValueError(f"-o {out}: a checkpoint the training run in {out.parent} manages ({index.name}); write the "
+                         f"average to another file, e.g. {out.parent / 'averaged.safetensors'}")

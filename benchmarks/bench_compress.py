@@ -17,7 +17,7 @@ Models (``--variants``; the dense teacher is always the first row):
   :func:`~hyperplex.convert.save_converted` and loaded with :func:`~hyperplex.convert.load_converted`;
 - ``int8``: the teacher through :func:`hyperplex.convert.quantize` (PyTorch's dynamic int8 quantisation),
   written with ``save_quantized`` and loaded with ``load_quantized``; ``phmN+int8`` / ``lowrankN+int8``: the
-  converted model quantised the same way (the ``Sᵢ`` / ``U``, ``V`` in int8);
+  converted model quantised the same way (the ``Sᵢ`` / ``left``, ``right`` in int8);
 - ``keepK``: layer dropping — the teacher with ``K`` of its encoder layers kept, evenly spread (4 of 6: layers
   0, 2, 3, 5; 3 of 6: 0, 2, 5, the layers of the frontier plan's rows), saved and loaded as a plain
   SentenceTransformer folder;

@@ -21,7 +21,8 @@ def random_delta(d, k, n, rank, scale=0.7, seed=0):
 
 
 def kron_reference(delta: PHMDelta) -> torch.Tensor:
-    """s · Σᵢ kron(Aᵢ, Sᵢ), with Sᵢ = uᵢ vᵢ written out per term for the low-rank case."""
+    """s · Σᵢ kron(Aᵢ, Sᵢ), with Sᵢ = Lᵢ Rᵢ (left[i] @ right[i]) written out per term for the low-rank
+    case."""
     n = delta.config.n
     if delta.config.rank is None:
         blocks = [delta.weight[i] for i in range(n)]

@@ -80,7 +80,7 @@ def test_training_changes_only_adapter_weights_and_base_stays_bit_identical():
         assert torch.equal(unwrapped[name], value), name
     after = adapter_state_dict(model, "a")
     changed = [k for k in after if not torch.equal(after[k], adapter_before[k])]
-    assert len(changed) == len(after)  # every adapter tensor moved (rules, uᵢ and vᵢ all get gradients)
+    assert len(changed) == len(after)  # every adapter tensor moved (rules, Lᵢ and Rᵢ all get gradients)
 
 
 def test_shared_rule_is_one_tensor_and_its_gradient_sums_over_layers():

@@ -33,9 +33,9 @@ def test_lowrank_whitened_is_the_closed_form_optimum_and_beats_svd_and_every_can
     torch.manual_seed(0)
     W, X, rank = torch.randn(24, 16, dtype=D), _inputs(300, 16), 5
     G = X.T @ X
-    U, V, error = lowrank_whitened(W, G, rank, ridge=0.0)
-    assert U.shape == (24, rank) and V.shape == (rank, 16)
-    ours = _error(W, U @ V, X)
+    L, R, error = lowrank_whitened(W, G, rank, ridge=0.0)
+    assert L.shape == (24, rank) and R.shape == (rank, 16)
+    ours = _error(W, L @ R, X)
     # theory: with G = S Sᵀ, the error is the discarded singular values of W S
     sigma = torch.linalg.svdvals(W @ torch.linalg.cholesky(G))
     theory = float((sigma[rank:].square().sum() / sigma.square().sum()).sqrt())
@@ -45,17 +45,17 @@ def test_lowrank_whitened_is_the_closed_form_optimum_and_beats_svd_and_every_can
     assert ours < plain
     for scale in (1e-3, 1e-1, 1.0):  # random rank-r candidates, near the optimum and far from it
         for _ in range(10):
-            candidate = (U + scale * torch.randn_like(U)) @ (V + scale * torch.randn_like(V))
+            candidate = (L + scale * torch.randn_like(L)) @ (R + scale * torch.randn_like(R))
             assert ours <= _error(W, candidate, X) + 1e-12
-    # each rank-one term is balanced: equal norms of U's column and V's row
-    torch.testing.assert_close(U.norm(dim=0), V.norm(dim=1))
+    # each rank-one term is balanced: equal norms of L's column and R's row
+    torch.testing.assert_close(L.norm(dim=0), R.norm(dim=1))
 
 
 def test_lowrank_whitened_with_identity_gram_is_the_truncated_svd():
     W = torch.randn(12, 20, dtype=D)
-    U, V, error = lowrank_whitened(W, 3.0 * torch.eye(20, dtype=D), 4, ridge=0.0)
+    L, R, error = lowrank_whitened(W, 3.0 * torch.eye(20, dtype=D), 4, ridge=0.0)
     P, s, Qh = torch.linalg.svd(W, full_matrices=False)
-    torch.testing.assert_close(U @ V, (P[:, :4] * s[:4]) @ Qh[:4])
+    torch.testing.assert_close(L @ R, (P[:, :4] * s[:4]) @ Qh[:4])
     assert error == pytest.approx(float((s[4:].square().sum() / s.square().sum()).sqrt()), rel=1e-9)
 
 

@@ -1,7 +1,7 @@
 """``PHMAdapterConfig``: what a PHM delta adapter adds to which layers of a frozen model.
 
 The adapter adds ``s · ΔW x`` to a frozen layer ``W x + b`` with ``ΔW = Σᵢ Aᵢ ⊗ Sᵢ`` (PHM eq. 3.3):
-``n`` rules ``Aᵢ`` (n × n), ``n`` blocks ``Sᵢ`` (k/n × d/n), full or ``Sᵢ = uᵢ vᵢ`` of rank ``r``
+``n`` rules ``Aᵢ`` (n × n), ``n`` blocks ``Sᵢ`` (k/n × d/n), full or ``Sᵢ = Lᵢ Rᵢ`` of rank ``r``
 (Compacter's "low-rank parameterized hypercomplex" layer, Mahabadi et al. 2021).
 """
 
@@ -53,8 +53,9 @@ class PHMAdapterConfig:
 
     n: int = field(default=4, metadata={"help": "Kronecker terms; must divide in and out features of every "
                                                 "adapted layer; default 4"})
-    rank: int | None = field(default=None, metadata={"help": "None: full Sᵢ (k/n × d/n); r: Sᵢ = uᵢ vᵢ with "
-                                                             "uᵢ (k/n × r), vᵢ (r × d/n); default None"})
+    rank: int | None = field(default=None, metadata={"help": "None: full Sᵢ (k/n × d/n); r: Sᵢ = Lᵢ Rᵢ with "
+                                                             "Lᵢ = left[i] (k/n × r), Rᵢ = right[i] (r × d/n); "
+                                                             "default None"})
     targets: tuple[str, ...] = field(default=("*",), metadata={"help": "glob patterns on dotted module names; "
                                                                        "each must match at least one linear layer"})
     scale: float = field(default=1.0, metadata={"help": "s in y = W x + b + s·ΔW x; default 1.0"})

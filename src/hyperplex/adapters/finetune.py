@@ -113,8 +113,8 @@ class FineTuneConfig:
         "help": "PHM n (must divide every target's in and out features); lora/lokr with peft_rank 0: the n of the "
                 "PHM adapter whose trainable parameters they match"})
     rank: int | None = field(default=None, metadata={
-        "help": "PHM Sᵢ: null = full (k/n × d/n), r = low rank uᵢ vᵢ; lora/lokr with peft_rank 0: that of the "
-                "PHM adapter they match"})
+        "help": "PHM Sᵢ: null = full (k/n × d/n), r = low rank Lᵢ Rᵢ (tensors left, right); lora/lokr with "
+                "peft_rank 0: that of the PHM adapter they match"})
     peft_rank: int = field(default=0, metadata={
         "help": "lora/lokr: peft's r; 0 = chosen so the trainable parameters are closest to the PHM adapter "
                 "(n, rank, shared_rule) on the same layers (logged with both counts)"})

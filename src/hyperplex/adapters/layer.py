@@ -1,8 +1,8 @@
 """The PHM delta and the layer that adds it to a frozen ``nn.Linear`` (or ``transformers``' ``Conv1D``).
 
 ``y = W x + b + s · ΔW x`` with ``ΔW = Σᵢ Aᵢ ⊗ Sᵢ`` (k × d), ``Aᵢ`` (n × n), ``Sᵢ`` (k/n × d/n) or
-``Sᵢ = uᵢ vᵢ`` with ``uᵢ`` (k/n × r), ``vᵢ`` (r × d/n). Unmerged, ``ΔW x`` is computed by the
-structured product and ``ΔW`` is never formed; merged, ``s·ΔW`` is folded into ``W`` and the layer
+``Sᵢ = Lᵢ Rᵢ`` with ``Lᵢ = left[i]`` (k/n × r), ``Rᵢ = right[i]`` (r × d/n). Unmerged, ``ΔW x`` is computed
+by the structured product and ``ΔW`` is never formed; merged, ``s·ΔW`` is folded into ``W`` and the layer
 costs exactly what the base layer costs.
 """
 
@@ -35,11 +35,12 @@ def tensors_sha256(named: list[tuple[str, Tensor]]) -> str:
 
 
 def phm_lowrank_structured(x: Tensor, rule: Tensor, left: Tensor, right: Tensor) -> Tensor:
-    """``x ΔWᵀ`` for ``ΔW = Σᵢ Aᵢ ⊗ (uᵢ vᵢ)`` without forming ``ΔW`` or any ``Sᵢ``. ``x``: ``(..., d)`` → ``(..., k)``.
+    """``x ΔWᵀ`` for ``ΔW = Σᵢ Aᵢ ⊗ (Lᵢ Rᵢ)`` without forming ``ΔW`` or any ``Sᵢ``. ``x``: ``(..., d)`` →
+    ``(..., k)``.
 
-    ``rule`` ``(n, n, n)``, ``left`` ``(n, k/n, r)`` (``uᵢ``), ``right`` ``(n, r, d/n)`` (``vᵢ``).
-    ``y_a = Σᵢ uᵢ (Σ_c Aᵢ[a, c] vᵢ x_c)``: project every input block on every ``vᵢ`` (one matmul,
-    ``B·n·r·d`` flops), mix the blocks by the rules (``B·n³·r``), expand with every ``uᵢ`` (one matmul,
+    ``rule`` ``(n, n, n)``, ``left`` ``(n, k/n, r)`` (the ``Lᵢ``), ``right`` ``(n, r, d/n)`` (the ``Rᵢ``).
+    ``y_a = Σᵢ Lᵢ (Σ_c Aᵢ[a, c] Rᵢ x_c)``: project every input block on every ``Rᵢ`` (one matmul,
+    ``B·n·r·d`` flops), mix the blocks by the rules (``B·n³·r``), expand with every ``Lᵢ`` (one matmul,
     ``B·n·r·k``). Weights read: ``r·(k + d)``.
     """
     n, k_n, r = left.shape
@@ -47,11 +48,11 @@ def phm_lowrank_structured(x: Tensor, rule: Tensor, left: Tensor, right: Tensor)
     lead = x.shape[:-1]
     blocks = x.reshape(-1, d_n)  # (B·n_c, d/n)
     rows = blocks.shape[0] // n
-    projected = blocks @ right.reshape(n * r, d_n).T  # (B·n_c, n_i·r): vᵢ x_c
+    projected = blocks @ right.reshape(n * r, d_n).T  # (B·n_c, n_i·r): Rᵢ x_c
     projected = projected.view(rows, n, n, r).permute(2, 0, 3, 1).reshape(n, rows * r, n)  # (i, (b, r), c)
-    mixed = torch.bmm(projected, rule.transpose(1, 2).to(projected.dtype))  # (i, (b, r), a): Σ_c Aᵢ[a, c] vᵢ x_c
+    mixed = torch.bmm(projected, rule.transpose(1, 2).to(projected.dtype))  # (i, (b, r), a): Σ_c Aᵢ[a, c] Rᵢ x_c
     mixed = mixed.view(n, rows, r, n).permute(1, 3, 0, 2).reshape(rows * n, n * r)  # ((b, a), (i, r))
-    out = mixed @ left.permute(0, 2, 1).reshape(n * r, k_n)  # ((b, a), q): Σᵢ uᵢ (...)
+    out = mixed @ left.permute(0, 2, 1).reshape(n * r, k_n)  # ((b, a), q): Σᵢ Lᵢ (...)
     return out.reshape(*lead, n * k_n)
 
 
@@ -64,7 +65,7 @@ class PHMDelta(nn.Module):
 
     Initialisation makes ``ΔW = 0`` exactly while every parameter still gets a gradient at the first
     step or the next (as LoRA zeroes ``B``): ``Aᵢ ~ N(0, 1/n)`` (random, so the ``n`` terms differ —
-    PHMLinear's reasoning), full ``Sᵢ = 0``; low rank ``uᵢ = 0`` and ``vᵢ ~ U(−1/√(d/n), 1/√(d/n))``.
+    PHMLinear's reasoning), full ``Sᵢ = 0``; low rank ``Lᵢ = 0`` and ``Rᵢ ~ U(−1/√(d/n), 1/√(d/n))``.
     """
 
     def __init__(self, in_features: int, out_features: int, config: PHMAdapterConfig,
@@ -104,7 +105,7 @@ class PHMDelta(nn.Module):
                 self.right.uniform_(-bound, bound)
 
     def blocks(self) -> Tensor:
-        """The ``Sᵢ`` as ``(n, k/n, d/n)`` (formed from ``uᵢ vᵢ`` for a low-rank adapter)."""
+        """The ``Sᵢ`` as ``(n, k/n, d/n)`` (formed from ``Lᵢ Rᵢ`` for a low-rank adapter)."""
         return self.weight if self.config.rank is None else self.left @ self.right
 
     def delta_weight(self) -> Tensor:

@@ -10,7 +10,7 @@ with ``F Fᵀ = G`` (d × r, r ≤ min(rows, d)),
 so the loss needs only ``F``, not the inputs. :func:`capture_inputs` accumulates ``G`` per layer
 with forward pre-hooks while a calibration callable runs the model (the dense model: every layer
 sees the teacher's inputs); :func:`refine` then runs Adam on the layer's factors (``Aᵢ``, ``Sᵢ`` or
-``U``, ``V``; the bias is unchanged) from the SVD start and keeps the best iterate.
+``left``, ``right``; the bias is unchanged) from the SVD start and keeps the best iterate.
 
 :func:`whitened_layer` builds the layer in closed form instead (``init="whitened"`` /
 ``"whitened_als"``): low-rank by the SVD of ``W S`` with ``S Sᵀ = G`` (optimal), PHM by a Kronecker-sum

@@ -5,7 +5,7 @@
 :class:`~hyperplex.layers.PHMLinear` is traced through a kernel that never forms ``H``
 (:func:`phm_linear_premixed` by default, see :data:`PHM_MODES`), whatever the layer's own forward mode
 or cache, so the graph stores the ``Sᵢ`` and ``Aᵢ``, never ``H``; a
-:class:`~hyperplex.layers.LowRankLinear` is stored as its ``U`` and ``V``. The file is therefore about
+:class:`~hyperplex.layers.LowRankLinear` is stored as its factors ``left`` and ``right``. The file is therefore about
 the factors' bytes (:func:`~hyperplex.convert.model_bytes` of the float model plus the graph).
 
 Why TorchScript and not the dynamo exporter: both work here (``onnx``, ``onnxscript`` and

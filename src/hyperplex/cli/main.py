@@ -90,9 +90,14 @@ def _average(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from hyperplex.cli.export import export
+    from hyperplex.train.export import export
 
-    print(export(args.model, args.output, args.checkpoint, args.token_embeddings, args.opset, args.data_root, args.phm))
+    result, tensor_bytes = export(args.model, args.output, args.checkpoint, args.token_embeddings, args.opset,
+                                  args.data_root, args.phm)
+    diff = "not checked (onnxruntime missing)" if result.max_abs_diff is None else f"{result.max_abs_diff:.2g}"
+    print(f"wrote {result.path}: {result.bytes / 1e6:.2f} MB (tensors of the model: {tensor_bytes / 1e6:.2f} MB); "
+          f"inputs {', '.join(result.input_names)} -> {', '.join(result.output_names)}; "
+          f"max |onnxruntime - PyTorch| = {diff}")
     return 0
 
 

@@ -1,6 +1,6 @@
-"""``hyperplex export MODEL OUT.onnx``: write a converted encoder or a hyperplex model as ONNX.
+"""Export a saved model as ONNX, the library side of ``hyperplex export MODEL OUT.onnx``.
 
-MODEL is one of
+:func:`export` takes MODEL, one of
 
 * a folder :func:`~hyperplex.convert.save_converted` wrote (``hyperplex_convert.json``), or a
   ``hyperplex compress`` model folder (its ``student/``): a ``SentenceTransformer`` is written as
@@ -25,7 +25,7 @@ import torch
 SUPPORTED_MODELS = ("TransformerClassifier",)
 
 
-def _classifier_inputs(model, rows: int = 2, length: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+def classifier_inputs(model, rows: int = 2, length: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """Example ``tokens`` ``(rows, length)`` and ``lengths`` ``(rows,)`` for a ``TransformerClassifier``
     (the last row padded after ``length − 3`` tokens)."""
     embedding = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding))
@@ -38,8 +38,9 @@ def _classifier_inputs(model, rows: int = 2, length: int = 8) -> tuple[torch.Ten
     return tokens, lengths
 
 
-def _load(model_path: Path, checkpoint: str, data_root: str | None):
-    """(model, export keyword arguments) for MODEL."""
+def load_exportable(model_path: Path, checkpoint: str = "best", data_root: str | None = None):
+    """(model, keyword arguments for :func:`~hyperplex.convert.export.export_onnx`) for MODEL (a converted or
+    compress folder, or a ``hyperplex train`` model folder / checkpoint); ExportError for what cannot be exported."""
     from hyperplex.convert.export import ExportError, unsupported_layers
     from hyperplex.convert.quantize import QUANT_SPEC_NAME, load_quantized
     from hyperplex.convert.serialize import SPEC_NAME, load_converted
@@ -62,13 +63,14 @@ def _load(model_path: Path, checkpoint: str, data_root: str | None):
     if name not in SUPPORTED_MODELS:
         raise ExportError(f"{model_path}: hyperplex export writes {', '.join(SUPPORTED_MODELS)} among hyperplex's own "
                           f"models; this model is a {name} (not supported)")
-    return model, {"example_inputs": _classifier_inputs(model), "check_inputs": _classifier_inputs(model, 3, 11),
+    return model, {"example_inputs": classifier_inputs(model), "check_inputs": classifier_inputs(model, 3, 11),
                    "input_names": ["tokens", "lengths"], "output_names": ["logits"]}
 
 
 def export(model: str, output: str, checkpoint: str = "best", token_embeddings: bool = False, opset: int = 17,
-           data_root: str | None = None, phm: str = "premixed") -> str:
-    """Export MODEL to OUTPUT (see the module notes); returns a one-line summary."""
+           data_root: str | None = None, phm: str = "premixed"):
+    """Export MODEL to OUTPUT (see the module notes): ``(ExportResult, bytes of the model's tensors)``; nothing
+    is written on any error."""
     from hyperplex.convert.export import ExportError, export_onnx
     from hyperplex.convert.quantize import model_bytes
 
@@ -80,10 +82,7 @@ def export(model: str, output: str, checkpoint: str = "best", token_embeddings: 
         raise ExportError(f"{output}: the output file must end in .onnx")
     if not out.parent.is_dir() and str(out.parent):
         raise ExportError(f"{output}: folder {out.parent} does not exist")
-    loaded, kwargs = _load(model_path, checkpoint, data_root)
+    loaded, kwargs = load_exportable(model_path, checkpoint, data_root)
     result = export_onnx(loaded, os.fspath(out), sentence_embedding=not token_embeddings, phm=phm, opset=opset,
                          **kwargs)
-    diff = "not checked (onnxruntime missing)" if result.max_abs_diff is None else f"{result.max_abs_diff:.2g}"
-    return (f"wrote {result.path}: {result.bytes / 1e6:.2f} MB (tensors of the model: {model_bytes(loaded) / 1e6:.2f} MB); "
-            f"inputs {', '.join(result.input_names)} -> {', '.join(result.output_names)}; "
-            f"max |onnxruntime - PyTorch| = {diff}")
+    return result, model_bytes(loaded)

@@ -36,11 +36,11 @@ import torch
 from torch import nn
 
 try:
-    from hyperplex.cli.demo import learn_rotation, learn_rule
+    from hyperplex.experiments.demo import learn_rotation, learn_rule
     from hyperplex.threads import WORK_PER_THREAD, available_cores, choose_threads
 except ImportError:  # run from a checkout without PYTHONPATH=src
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from hyperplex.cli.demo import learn_rotation, learn_rule
+    from hyperplex.experiments.demo import learn_rotation, learn_rule
     from hyperplex.threads import WORK_PER_THREAD, available_cores, choose_threads
 
 

@@ -4,8 +4,7 @@ experiment,export}``.
 - :mod:`~hyperplex.cli.main`: argument parsing, printing and the one-line error contract. What each verb does
   is a library function: :mod:`hyperplex.train.run` (``train``, ``compress``), :mod:`hyperplex.train.inference`
   (``evaluate``, ``translate``), :func:`hyperplex.train.checkpoint.write_average`, :mod:`hyperplex.train.params`,
-  :mod:`hyperplex.scoring`, :mod:`hyperplex.experiments`.
-- :mod:`~hyperplex.cli.demo`: the PHM paper's Figure 2 experiments behind ``hyperplex demo``.
+  :mod:`hyperplex.scoring`, :mod:`hyperplex.experiments` (with ``demo``: :mod:`hyperplex.experiments.demo`).
 """
 
 from hyperplex.cli.main import build_parser, main

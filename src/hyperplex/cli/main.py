@@ -14,7 +14,7 @@ import sys
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from hyperplex.cli.demo import run_demo
+    from hyperplex.experiments.demo import run_demo
     from hyperplex.threads import parse_threads
 
     run_demo(args.out, quick=args.quick, seed=args.seed, threads=parse_threads(args.threads))

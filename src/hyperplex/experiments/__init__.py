@@ -17,7 +17,9 @@
 - :mod:`~hyperplex.experiments.intervals`: mean ± std with a 95% t-interval over seeds;
 - :mod:`~hyperplex.experiments.results` and :mod:`~hyperplex.experiments.report`: ``results.json`` and its
   markdown; :mod:`~hyperplex.experiments.plot`: the sweep figure;
-- :mod:`~hyperplex.experiments.summary`: the cross-plan table (PHM vs low-rank vs dense).
+- :mod:`~hyperplex.experiments.summary`: the cross-plan table (PHM vs low-rank vs dense);
+- :mod:`~hyperplex.experiments.frontier`: the size–quality frontier of a compression plan;
+- :mod:`~hyperplex.experiments.demo`: the PHM paper's Figure 2 on generated data (``hyperplex demo``).
 
 Plan files and committed records live in the repository's ``experiments/`` folder.
 """

@@ -8,7 +8,7 @@ import torch
 
 from hyperplex.algebra import algebra_rule
 from hyperplex.cli import main
-from hyperplex.cli.demo import learn_rotation, learn_rule, rotation_matrix
+from hyperplex.experiments.demo import learn_rotation, learn_rule, rotation_matrix
 
 
 def test_rotation_matrix_is_orthogonal():

@@ -91,8 +91,8 @@ def vocabulary_files(cfg: DataConfig, name: str) -> dict[str, str]:
 def load_saved_vocabularies(cfg: DataConfig, folder: Path, names: tuple[str, ...],
                             recorded: dict | None = None) -> dict[str, tuple[Tokenizer, Vocabulary]]:
     """``{name: (tokeniser, vocabulary)}`` read from ``folder`` by the file names a checkpoint ``recorded``
-    (its task metadata's ``"files"``), or by the standard names (:func:`vocabulary_files`) for checkpoints
-    written before they were recorded. Every file is looked for before any is read, so a missing one is
+    (its task metadata's ``"files"``), or by the standard names (:func:`vocabulary_files`) for a checkpoint
+    that records none. Every file is looked for before any is read, so a missing one is
     one error naming all the missing files and the folder (FileNotFoundError)."""
     recorded = recorded or {}
     files = {name: recorded.get(name) or vocabulary_files(cfg, name) for name in names}

@@ -332,17 +332,21 @@ def test_auto_dispatch_by_rows_weight_size_and_grad_mode():
 
 
 def test_inference_without_cache_dispatch_never_caches():
-    # The default: no dense copy is kept. Inference then takes the pre-mixed path on weights of at most
-    # 2^19 elements for up to 64 rows; otherwise the structured path while rows ≤ k·d / 2^14 and
-    # rows·n ≤ 256, and forms H for the call beyond.
-    assert (PHMLinear.PREMIXED_WEIGHT, PHMLinear.PREMIXED_ROW_LIMIT) == (2**19, 64)
-    minilm = PHMLinear(384, 1536, 4)  # k·d = 589,824 > 2^19 → structured up to 36 rows
-    square = PHMLinear(384, 384, 4)  # 147,456 ≤ 2^19 → pre-mixed up to 64 rows
+    # The default: no dense copy is kept. Inference then takes the pre-mixed path on widening or square
+    # weights (k ≥ d) of at most 2^20 elements for up to 64 rows; otherwise the structured path while
+    # rows ≤ k·d / 2^14 and rows·n ≤ 256, and forms H for the call beyond.
+    assert (PHMLinear.PREMIXED_WEIGHT, PHMLinear.PREMIXED_ROW_LIMIT) == (2**20, 64)
+    widening = PHMLinear(384, 1536, 4)  # k ≥ d, 589,824 ≤ 2^20 → pre-mixed up to 64 rows
+    narrowing = PHMLinear(1536, 384, 4)  # k < d → structured up to k·d / 2^14 = 36 rows
+    square = PHMLinear(384, 384, 4)  # 147,456 ≤ 2^20 → pre-mixed up to 64 rows
     with torch.no_grad():
-        assert minilm.choose_mode(36) == "structured" and minilm.choose_mode(37) == "materialized"
+        assert widening.choose_mode(1) == "premixed" and widening.choose_mode(64) == "premixed"
+        assert widening.choose_mode(65) == "materialized"
+        assert narrowing.choose_mode(36) == "structured" and narrowing.choose_mode(37) == "materialized"
         assert square.choose_mode(1) == "premixed" and square.choose_mode(64) == "premixed"
         assert square.choose_mode(65) == "materialized"
-        assert PHMLinear(4096, 4096, 4).choose_mode(64) == "structured"  # 64·4 ≤ 256
+        assert PHMLinear(1024, 1024, 4).choose_mode(16) == "premixed"  # 2^20 elements
+        assert PHMLinear(4096, 4096, 4).choose_mode(64) == "structured"  # above 2^20; 64·4 ≤ 256
         assert PHMLinear(4096, 4096, 4).choose_mode(65) == "materialized"
     assert square.choose_mode(8) == "structured"  # with weight gradients: the training rule
     # with the cache, the 384² weight is cache-resident and the cached H wins at any rows
@@ -351,7 +355,7 @@ def test_inference_without_cache_dispatch_never_caches():
         assert square.choose_mode(1) == "cached"
 
 
-@pytest.mark.parametrize("rows, shape", [(1, (384, 384)), (1, (384, 1536)), (200, (384, 384))])  # premixed, structured, materialised
+@pytest.mark.parametrize("rows, shape", [(1, (384, 384)), (1, (1536, 384)), (200, (384, 384))])  # premixed, structured, materialised
 def test_default_inference_holds_no_dense_copy(rows, shape):
     torch.manual_seed(0)
     layer = PHMLinear(*shape, 4).eval()

@@ -267,15 +267,17 @@ class PHMLinear(nn.Module):
     #: stack of MiniLM's 36 layer shapes (/proc-cold, one thread): at 12 rows the structured path
     #: was 0.65–0.85× the per-call materialised one for n = 4, 8; at 48 rows and more it was slower.
     WEIGHT_PER_ROW_UNCACHED = 2 ** 14
-    #: In inference without the cache, a weight of at most ``PREMIXED_WEIGHT`` elements (2 MiB in fp32)
-    #: takes the pre-mixed path for up to ``PREMIXED_ROW_LIMIT`` rows: its one GEMM of reduction length
-    #: ``d`` beat both the structured path (``n²`` products of length ``d/n``) and forming ``H`` per call
-    #: on a stack of MiniLM's layer shapes (384², 384×1536; one thread): at 12 rows 0.81 / 1.17 / 1.29 ×
-    #: dense for n = 4 / 2 / 8 against 1.18 / 1.73 / 1.56 structured and 1.53 / 1.79 / 2.51 materialised;
-    #: at 48 rows 1.11 / 1.26 / 1.75 against materialised 1.32 / 2.72 / 1.89; at 200 rows materialised won.
-    #: Larger weights keep the structured path: the side-by-side copy of the ``Sᵢ`` would be read and
+    #: In inference without the cache, a weight of at most ``PREMIXED_WEIGHT`` elements (4 MiB in fp32)
+    #: with at least as many outputs as inputs (``k ≥ d``) takes the pre-mixed path for up to
+    #: ``PREMIXED_ROW_LIMIT`` rows: its one GEMM of reduction length ``d`` beat both the structured path
+    #: (``n²`` products of length ``d/n``) and forming ``H`` per call. Measured per layer, warm, one thread,
+    #: quiet machine (2026-11-25), time × dense at 16 rows for n = 2 / 4 / 8: 384×1536 (d × k) premixed
+    #: 1.45 / 1.10 / 1.32 against structured 3.17 / 2.03 / 3.90; 384² 2.54 / 1.79 / 2.76 against 3.32 /
+    #: 2.50 / 3.93; 1024² (n = 4) 0.86 against 0.97. A narrowing layer (1536×384, ``k < d``) is the other
+    #: way round — structured 1.50 / 1.38 / 1.65 against premixed 1.97 / 1.67 / 1.84 — so it keeps the
+    #: structured rule. Larger weights keep it too: the side-by-side copy of the ``Sᵢ`` would be read and
     #: written on every call, tripling the weight traffic that the few-row regime is bound by.
-    PREMIXED_WEIGHT = 2 ** 19
+    PREMIXED_WEIGHT = 2 ** 20
     PREMIXED_ROW_LIMIT = 64
 
     def choose_mode(self, rows: int) -> str:
@@ -292,7 +294,8 @@ class PHMLinear(nn.Module):
             # (or reusing the cached H, which costs nothing to form) beats the structured path's
             # n² mixing.
             weight = self.in_features * self.out_features
-            if inference and not cacheable and weight <= self.PREMIXED_WEIGHT and rows <= self.PREMIXED_ROW_LIMIT:
+            if (inference and not cacheable and weight <= self.PREMIXED_WEIGHT and rows <= self.PREMIXED_ROW_LIMIT
+                    and self.out_features >= self.in_features):
                 return "premixed"
             if cacheable:
                 limit, per_row = self.STRUCTURED_ROW_LIMIT_INFERENCE, self.WEIGHT_PER_ROW_INFERENCE

@@ -59,10 +59,6 @@ import time
 from pathlib import Path
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-try:  # a source checkout without `pip install -e .`
-    import hyperplex  # noqa: F401
-except ImportError:
-    sys.path.insert(0, SRC)
 
 _VOCABULARY = ("a man woman child dog group people street city park water beach snow ball red blue green young old "
                "two three is are sits stands runs walks plays holds looks wearing with on in at near the of while "

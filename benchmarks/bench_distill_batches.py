@@ -21,16 +21,10 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
-try:  # a source checkout without `pip install -e .`
-    import hyperplex  # noqa: F401
-except ImportError:
-    sys.path.insert(0, SRC)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -66,10 +66,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-try:  # a source checkout without `pip install -e .`
-    import hyperplex  # noqa: F401
-except ImportError:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch
 from torch import nn

@@ -28,21 +28,14 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-try:
-    from hyperplex.nn.linear import LinearSpec
-    from hyperplex.nn.rnn import PHMLSTM
-except ImportError:  # run from a checkout without PYTHONPATH=src
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from hyperplex.nn.linear import LinearSpec
-    from hyperplex.nn.rnn import PHMLSTM
+from hyperplex.nn.linear import LinearSpec
+from hyperplex.nn.rnn import PHMLSTM
 
 
 def parse_args(argv=None) -> argparse.Namespace:

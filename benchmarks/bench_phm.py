@@ -123,11 +123,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-try:
-    from hyperplex.layers.phm import PHMLinear
-except ImportError:  # run from a checkout without PYTHONPATH=src
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from hyperplex.layers.phm import PHMLinear
+from hyperplex.layers.phm import PHMLinear
 
 VARIANTS = ("dense", "structured", "materialized", "auto", "kron")
 PHASES = ("infer", "train")

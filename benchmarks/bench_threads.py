@@ -28,20 +28,14 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-try:
-    from hyperplex.experiments.demo import learn_rotation, learn_rule
-    from hyperplex.threads import WORK_PER_THREAD, available_cores, choose_threads
-except ImportError:  # run from a checkout without PYTHONPATH=src
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from hyperplex.experiments.demo import learn_rotation, learn_rule
-    from hyperplex.threads import WORK_PER_THREAD, available_cores, choose_threads
+from hyperplex.experiments.demo import learn_rotation, learn_rule
+from hyperplex.threads import WORK_PER_THREAD, available_cores, choose_threads
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -65,9 +65,9 @@ def tiny_config(tmp_path):
 TINY_BERT_WORDS = "the a cat dog sat on mat big small red blue runs fast slow and is very good bad film".split()
 
 
-def write_tiny_bert(folder) -> None:
-    """A tiny random BERT (hidden 32, FFN 64, 2 layers, seed 0) and its word-level tokenizer in ``folder``
-    (needs transformers; callers skip without it)."""
+def write_tiny_bert(folder, layers: int = 2) -> None:
+    """A tiny random BERT (hidden 32, FFN 64, ``layers`` layers, seed 0) and its word-level tokenizer in
+    ``folder`` (needs transformers; callers skip without it)."""
     import os
 
     import torch
@@ -76,7 +76,7 @@ def write_tiny_bert(folder) -> None:
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *TINY_BERT_WORDS]
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
                                      intermediate_size=64, max_position_embeddings=32)
     transformers.BertModel(config).save_pretrained(folder)
     transformers.BertTokenizerFast(os.fspath(folder / "vocab.txt")).save_pretrained(folder)
@@ -103,6 +103,28 @@ def tiny_sentences(count: int, seed: int, low: int = 3, high: int = 8) -> list[s
 
     rng = random.Random(seed)
     return [" ".join(rng.choice(TINY_BERT_WORDS) for _ in range(rng.randint(low, high))) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory):
+    """A folder holding :func:`write_tiny_bert`'s model and tokenizer."""
+    pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("bert")
+    write_tiny_bert(folder)
+    return folder
+
+
+def assert_same_training_state(a, b, step: int) -> None:
+    """Two loaded checkpoints (``load_checkpoint``) hold equal model tensors, the same optimizer state and
+    both stopped at ``step``: what a resumed run must reproduce bit for bit."""
+    import torch
+
+    assert a.model_state.keys() == b.model_state.keys()
+    assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)
+    assert a.extra["trainer"]["step"] == b.extra["trainer"]["step"] == step
+    states_a, states_b = a.optimizer_state["state"], b.optimizer_state["state"]
+    assert states_a.keys() == states_b.keys() and all(
+        torch.equal(states_a[i][k], states_b[i][k]) for i in states_a for k in states_a[i])
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,6 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from conftest import write_tiny_bert
-
 from hyperplex.adapters import PHMAdaptedLinear, adapter_parameter_count
 from hyperplex.adapters.finetune import (
     FINETUNE_KINDS,
@@ -27,13 +25,6 @@ from hyperplex.adapters.finetune import (
 )
 from hyperplex.config import ConfigError
 from hyperplex.config.core import from_dict
-
-
-@pytest.fixture(scope="module")
-def bert_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bert")
-    write_tiny_bert(folder)
-    return folder
 
 
 def encoder(folder):

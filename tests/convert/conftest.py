@@ -1,11 +1,10 @@
-"""Tiny random Hugging Face models for the conversion tests (built from configs: no download)."""
+"""Tiny random Hugging Face models for the conversion tests (built from configs: no download); the tiny BERT
+folder is `bert_folder` of tests/conftest.py."""
 
 import os
 
 import pytest
 import torch
-
-from conftest import write_tiny_bert
 
 
 @pytest.fixture(scope="module")
@@ -21,17 +20,8 @@ def tiny_gpt2():
     return build
 
 
-@pytest.fixture(scope="module")
-def tiny_bert_folder(tmp_path_factory):
-    """A folder with a tiny random BERT (hidden 32, FFN 64, 2 layers) and a word-level tokenizer."""
-    pytest.importorskip("transformers")
-    folder = tmp_path_factory.mktemp("tiny_bert")
-    write_tiny_bert(folder)
-    return folder
-
-
 @pytest.fixture
-def tiny_sentence_transformer(tiny_bert_folder):
+def tiny_sentence_transformer(bert_folder):
     """Factory: a fresh SentenceTransformer (tiny BERT + mean pooling) built from modules."""
     sentence_transformers = pytest.importorskip("sentence_transformers")
     try:  # sentence-transformers 6 moved the modules; 3-5 have them in .models
@@ -41,5 +31,5 @@ def tiny_sentence_transformer(tiny_bert_folder):
 
     def build():
         return sentence_transformers.SentenceTransformer(
-            modules=[Transformer(os.fspath(tiny_bert_folder)), Pooling(32, "mean")], device="cpu")
+            modules=[Transformer(os.fspath(bert_folder)), Pooling(32, "mean")], device="cpu")
     return build

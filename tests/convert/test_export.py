@@ -126,9 +126,9 @@ def test_int8_model_is_refused_naming_the_layer(tmp_path, capsys):
     assert os.listdir(tmp_path) == []
 
 
-def test_int8_folder_is_refused_by_the_cli(tmp_path, tiny_bert_folder, capsys):
+def test_int8_folder_is_refused_by_the_cli(tmp_path, bert_folder, capsys):
     transformers = pytest.importorskip("transformers")
-    model = transformers.BertModel.from_pretrained(tiny_bert_folder).eval()
+    model = transformers.BertModel.from_pretrained(bert_folder).eval()
     convert_linears(model, "phm", n=4, include="*encoder.layer*", min_features=8)
     save_quantized(quantize(model), tmp_path / "int8")
     before = sorted(os.listdir(tmp_path))

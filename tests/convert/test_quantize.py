@@ -204,11 +204,11 @@ def test_load_into_another_architecture_is_an_error(tmp_path):
     assert all(torch.equal(v, before[k]) for k, v in other.state_dict().items())
 
 
-def test_tiny_bert_close_to_float_and_round_trip(tmp_path, tiny_bert_folder):
+def test_tiny_bert_close_to_float_and_round_trip(tmp_path, bert_folder):
     transformers = pytest.importorskip("transformers")
     from hyperplex.convert import save_converted
 
-    model = transformers.BertModel.from_pretrained(tiny_bert_folder).eval()
+    model = transformers.BertModel.from_pretrained(bert_folder).eval()
     convert_linears(model, "phm", n=4, include="*encoder.layer.0.*", min_features=8)
     convert_linears(model, "lowrank", n=4, include="*encoder.layer.1.attention*", min_features=8)
     ids = torch.randint(5, 20, (3, 10))

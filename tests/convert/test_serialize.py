@@ -86,7 +86,7 @@ def test_sentence_transformer_round_trip_bit_identical(tmp_path, tiny_sentence_t
 
 
 @pytest.mark.parametrize("convert_dense_module", [False, True])
-def test_sentence_transformer_with_a_dense_projection_round_trips(tmp_path, tiny_bert_folder, convert_dense_module):
+def test_sentence_transformer_with_a_dense_projection_round_trips(tmp_path, bert_folder, convert_dense_module):
     """A Dense module after pooling (as in several sentence-transformers models) has weights the Transformer
     rebuild does not make; its folder keeps a (dense) weight file, and the round trip is bit-identical."""
     sentence_transformers = pytest.importorskip("sentence_transformers")
@@ -96,7 +96,7 @@ def test_sentence_transformer_with_a_dense_projection_round_trips(tmp_path, tiny
         from sentence_transformers.models import Dense, Pooling, Transformer
     torch.manual_seed(0)
     st = sentence_transformers.SentenceTransformer(
-        modules=[Transformer(os.fspath(tiny_bert_folder)), Pooling(32, "mean"), Dense(32, 16)], device="cpu")
+        modules=[Transformer(os.fspath(bert_folder)), Pooling(32, "mean"), Dense(32, 16)], device="cpu")
     report = convert_linears(st, "phm", n=2, exclude=None if convert_dense_module else ["2.*"], min_features=8)
     assert any(layer.name.startswith("2.") for layer in report.converted) == convert_dense_module
     expected = st.encode(SENTENCES, convert_to_tensor=True)
@@ -106,10 +106,10 @@ def test_sentence_transformer_with_a_dense_projection_round_trips(tmp_path, tiny
     assert isinstance(loaded[2].linear, PHMLinear) == convert_dense_module
 
 
-def test_tokenizer_files_saved_beside_a_transformers_model(tmp_path, tiny_gpt2, tiny_bert_folder):
+def test_tokenizer_files_saved_beside_a_transformers_model(tmp_path, tiny_gpt2, bert_folder):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(os.fspath(tiny_bert_folder))
+    tokenizer = AutoTokenizer.from_pretrained(os.fspath(bert_folder))
     m = tiny_gpt2()
     convert_linears(m, "lowrank", n=2)
     save_converted(m, tmp_path, tokenizer=tokenizer)

@@ -121,12 +121,12 @@ def test_fifo_and_device_link_in_the_folder_are_refused_without_blocking(saved_s
 
 # -- modules.json cannot reach another folder or import code --------------------------------------------------------
 @pytest.mark.parametrize("where", ["relative", "absolute"])
-def test_modules_json_path_outside_the_folder_writes_nothing_there(saved_st, tmp_path, tiny_bert_folder, where):
+def test_modules_json_path_outside_the_folder_writes_nothing_there(saved_st, tmp_path, bert_folder, where):
     _, folder = saved_st
     victim = tmp_path / "other_model"
     victim.mkdir()
     for name in ("config.json", "model.safetensors"):
-        (victim / name).write_bytes((tiny_bert_folder / name).read_bytes())
+        (victim / name).write_bytes((bert_folder / name).read_bytes())
     before = snapshot(victim)
     modules = json.loads((folder / "modules.json").read_text())
     modules[0]["path"] = "../other_model" if where == "relative" else os.fspath(victim)
@@ -223,12 +223,12 @@ def test_a_refused_folder_leaves_the_given_model_unchanged_on_a_late_error(saved
 
 
 # -- saving over the source ------------------------------------------------------------------------------------------------
-def test_save_converted_refuses_the_folder_the_model_came_from(tmp_path, tiny_bert_folder):
+def test_save_converted_refuses_the_folder_the_model_came_from(tmp_path, bert_folder):
     transformers = pytest.importorskip("transformers")
     source = tmp_path / "bert"
     source.mkdir()
-    for name in os.listdir(tiny_bert_folder):
-        (source / name).write_bytes((tiny_bert_folder / name).read_bytes())
+    for name in os.listdir(bert_folder):
+        (source / name).write_bytes((bert_folder / name).read_bytes())
     before = snapshot(source)
     model = transformers.BertModel.from_pretrained(os.fspath(source))
     convert_linears(model, "phm", n=2)

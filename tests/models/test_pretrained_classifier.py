@@ -16,7 +16,7 @@ import yaml
 transformers = pytest.importorskip("transformers")
 
 from conftest import TINY_BERT_WORDS as WORDS
-from conftest import write_tiny_bert
+from conftest import assert_same_training_state, write_tiny_bert
 
 from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
 from hyperplex.train import run
@@ -32,13 +32,6 @@ from hyperplex.train.checkpoint import (
     load_model_weights,
 )
 from hyperplex.train.trainer import Trainer
-
-
-@pytest.fixture(scope="module")
-def bert_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bert")
-    write_tiny_bert(folder)
-    return folder
 
 
 def tsv(count: int, seed: int) -> str:
@@ -190,12 +183,7 @@ def test_resume_is_bitwise(tmp_path, bert_folder, kind):
     run.train(str(half), resume=True)  # the CLI path of --resume
     a = load_checkpoint(tmp_path / "a" / "m" / "last.safetensors")
     b = load_checkpoint(tmp_path / "b" / "m" / "last.safetensors")
-    assert a.model_state.keys() == b.model_state.keys()
-    assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)
-    assert a.extra["trainer"]["step"] == b.extra["trainer"]["step"] == 12
-    states_a, states_b = a.optimizer_state["state"], b.optimizer_state["state"]
-    assert states_a.keys() == states_b.keys() and all(
-        torch.equal(states_a[i][k], states_b[i][k]) for i in states_a for k in states_a[i])
+    assert_same_training_state(a, b, 12)
 
 
 def test_the_task_encodes_with_the_encoder_s_own_tokenizer(tmp_path, bert_folder):

@@ -18,7 +18,7 @@ import yaml
 transformers = pytest.importorskip("transformers")
 
 from conftest import TINY_BERT_WORDS as WORDS
-from conftest import write_tiny_bert
+from conftest import assert_same_training_state
 
 from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
 from hyperplex.train.load import load_model
@@ -33,13 +33,6 @@ from hyperplex.train.checkpoint import load_checkpoint
 from hyperplex.train.trainer import Trainer
 
 LABELS = ["contradiction", "entailment"]
-
-
-@pytest.fixture(scope="module")
-def bert_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bert")
-    write_tiny_bert(folder)
-    return folder
 
 
 def sentence(rng: random.Random, low: int, high: int) -> str:
@@ -282,12 +275,7 @@ def test_pair_resume_is_bitwise(tmp_path, bert_folder, task_name):
     train(str(half), resume=True)  # the CLI path of --resume
     a = load_checkpoint(tmp_path / "a" / "m" / "last.safetensors")
     b = load_checkpoint(tmp_path / "b" / "m" / "last.safetensors")
-    assert a.model_state.keys() == b.model_state.keys()
-    assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)
-    assert a.extra["trainer"]["step"] == b.extra["trainer"]["step"] == 12
-    states_a, states_b = a.optimizer_state["state"], b.optimizer_state["state"]
-    assert states_a.keys() == states_b.keys() and all(
-        torch.equal(states_a[i][k], states_b[i][k]) for i in states_a for k in states_a[i])
+    assert_same_training_state(a, b, 12)
 
 
 @pytest.mark.parametrize("kind", ["phm", "lora"])

@@ -20,7 +20,7 @@ from hyperplex.pretrained import load_sentence_transformer
 from hyperplex.layers.conversion import phm_from_linear
 from hyperplex.layers.phm import PHMLinear
 
-from conftest import TINY_BERT_WORDS as WORDS, write_tiny_sentence_transformer
+from conftest import write_tiny_bert, write_tiny_sentence_transformer
 
 SENTENCES = ["the cat sat on the mat", "a dog runs", "the big red dog is very good and fast",
              "small blue cat", "the film is bad", "a very slow dog sat on a big mat"]
@@ -30,13 +30,7 @@ SENTENCES = ["the cat sat on the mat", "a dog runs", "the big red dog is very go
 def teacher4(tmp_path_factory):
     """A SentenceTransformer folder: random BERT (hidden 32, 4 layers, 2 heads, seed 0) + mean pooling + Normalize."""
     bert = tmp_path_factory.mktemp("bert4")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
-    (bert / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=32)
-    transformers.BertModel(config).save_pretrained(bert)
-    transformers.BertTokenizerFast(os.fspath(bert / "vocab.txt")).save_pretrained(bert)
+    write_tiny_bert(bert, layers=4)
     folder = tmp_path_factory.mktemp("teacher4")
     write_tiny_sentence_transformer(folder, bert)
     return folder

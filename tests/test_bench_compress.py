@@ -70,3 +70,23 @@ def test_keep_variant_and_json_feed_the_frontier(bench, teacher_folder, tmp_path
         attach_serving(points, saved, {"keep": "keep2"})
     with pytest.raises(FrontierError, match="no evaluated row 'phm'"):
         attach_serving(points, saved, {"phm": "phm2"})
+
+
+def test_every_model_is_measured_from_a_copy_made_the_same_way(bench, tmp_path):
+    """The teacher's folder is copied like the converted ones (so no model is charged for how recently its file
+    was written); two variants sharing a folder (phm4 and phm4:cache) share one copy; the bytes are unchanged."""
+    teacher, converted = tmp_path / "teacher", tmp_path / "root" / "phm4"
+    for folder, payload in ((teacher, b"dense weights"), (converted, b"factors")):
+        (folder / "sub").mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(payload)
+        (folder / "sub" / "config.json").write_text("{}")
+    specs = {"dense": {"folder": str(teacher)}, "phm4": {"folder": str(converted)},
+             "phm4:cache": {"folder": str(converted)}}
+    out = bench.same_page_cache_history(specs, str(tmp_path / "root"))
+    measured = tmp_path / "root" / "measured"
+    assert all(Path(spec["folder"]).parent == measured for spec in out.values())
+    assert out["phm4"]["folder"] == out["phm4:cache"]["folder"] != out["dense"]["folder"]
+    assert Path(out["dense"]["folder"], "model.safetensors").read_bytes() == b"dense weights"
+    assert Path(out["phm4"]["folder"], "model.safetensors").read_bytes() == b"factors"
+    assert Path(out["phm4"]["folder"], "sub", "config.json").read_text() == "{}"
+    assert len(list(measured.iterdir())) == 2

@@ -1,0 +1,115 @@
+#!/usr/bin/env python
+"""Which GEMM form of the PHM product is fastest from memory at few rows? Cold-stack times × dense.
+
+The structured product ``x Hᵀ`` with ``H = Σᵢ Aᵢ ⊗ Sᵢ`` does the dense layer's ``k·d`` multiply-adds while
+reading ``k·d/n`` weights; at one row it is only as fast as the BLAS runs a product ``n`` columns (or rows)
+wide. This script times the weight-side product alone (the rule's mixing, ``O(n·d)`` per row, is left out) in
+the forms one could build it from, each on a stack of distinct layers holding as many bytes as the dense
+stack (so neither is served from the last-level cache), as the best of ``--repeats`` passes, ×dense:
+
+- ``structured`` — ``S @ Xᵀ`` with ``S`` the ``(n, k/n, d/n)`` factors viewed ``(k, d/n)``: the library's
+  :func:`hyperplex.layers.functional.phm_linear_structured` (no copy);
+- ``x_st`` — the same product the other way round, ``X @ Sᵀ``;
+- ``bmm`` — ``n`` batched products ``Sᵢ @ Xᵀ``;
+- ``premixed_stored`` — one GEMM of reduction length ``d`` against the ``Sᵢ`` side by side, as if they were
+  *stored* that way (the library's ``premixed`` path copies them per call, which this form leaves out);
+- ``premixed_accumulate`` — the pre-mixed inputs against each ``Sᵢ`` in turn, accumulated with ``addmm_``
+  (no copy, ``n`` calls);
+- ``onednn`` — ``x_st`` through oneDNN (``torch._C._nn.mkldnn_linear`` on ``to_mkldnn`` tensors), where built.
+
+Usage: ``OMP_NUM_THREADS=1 python benchmarks/bench_thin_gemm.py --threads 1 --d 4096 --rows 1``. Run it on a
+quiet machine: the ratios are of memory-bound kernels and move with other processes' memory traffic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def best_time(calls, repeats: int) -> float:
+    """Seconds per call: the best of ``repeats`` passes over ``calls`` (one warm-up pass first)."""
+    for call in calls:
+        call()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for call in calls:
+            call()
+        best = min(best, time.perf_counter() - start)
+    return best / len(calls)
+
+
+def forms(S, rows: int):
+    """``({name: callable(S)}, {"X": input blocks, "Z": pre-mixed inputs})`` for factors shaped like ``S``
+    ``(n, m, m)`` and ``rows`` input rows."""
+    import torch
+
+    n, m, _ = S.shape
+    d = n * m
+    X = torch.randn(rows * n, m)  # the n input blocks of each row
+    Z = torch.randn(rows * n, n, m)  # pre-mixed inputs, row (b, a) = [z_{a,1} … z_{a,n}]
+    out = torch.empty(rows * n, m)
+
+    def accumulate(S):
+        torch.mm(Z[:, 0, :], S[0].T, out=out)
+        for i in range(1, n):
+            out.addmm_(Z[:, i, :], S[i].T)
+        return out
+
+    table = {
+        "structured": lambda S: S.reshape(n * m, m) @ X.T,
+        "x_st": lambda S: X @ S.reshape(n * m, m).T,
+        "bmm": lambda S: torch.bmm(S, X.T.unsqueeze(0).expand(n, m, rows * n)),
+        "premixed_stored": lambda S: Z.view(rows * n, d) @ S.view(m, d).T,  # S's memory read as [S₁ … S_n]
+        "premixed_accumulate": accumulate,
+    }
+    return table, {"X": X, "Z": Z}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--d", type=int, default=4096, help="in = out features (default 4096)")
+    parser.add_argument("--rows", type=int, default=1, help="input rows (default 1)")
+    parser.add_argument("--ns", type=int, nargs="+", default=[2, 4, 8, 16])
+    parser.add_argument("--layers", type=int, default=6, help="dense layers in the stack (PHM: n× as many)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    d = args.d
+    bad = [n for n in args.ns if d % n]
+    if bad:
+        parser.error(f"--d {d} is not divisible by n = {bad}")
+    dense = [torch.randn(d, d) for _ in range(args.layers)]
+    x = torch.randn(args.rows, d)
+    t_dense = best_time([lambda W=W: x @ W.T for W in dense], args.repeats)
+    del dense
+    print(f"# bench_thin_gemm: d = {d}, {args.rows} row(s), {torch.get_num_threads()} thread(s), stack of "
+          f"{args.layers} dense layers ({args.layers * d * d * 4 / 2**20:.0f} MiB); dense {t_dense * 1e3:.2f} ms a layer")
+    results = {}
+    for n in args.ns:
+        m = d // n
+        stack = [torch.randn(n, m, m) for _ in range(args.layers * n)]
+        table, _ = forms(stack[0], args.rows)
+        if torch.backends.mkldnn.is_available():
+            X = torch.randn(args.rows * n, m)
+            packed = [S.reshape(n * m, m).to_mkldnn() for S in stack]
+            table["onednn"] = None
+        row = {}
+        for name, form in table.items():
+            if name == "onednn":
+                row[name] = best_time([lambda P=P: torch._C._nn.mkldnn_linear(X.to_mkldnn(), P, None).to_dense()
+                                       for P in packed], args.repeats) / t_dense
+            else:
+                row[name] = best_time([lambda S=S, form=form: form(S) for S in stack], args.repeats) / t_dense
+        results[n] = row
+        print(f"n = {n:2d}: " + "  ".join(f"{name} {ratio:.2f}" for name, ratio in row.items()), flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""benchmarks/bench_thin_gemm.py: its forms compute the products they claim, and a tiny run gives every ratio."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hyperplex.layers.functional import side_by_side
+
+
+@pytest.fixture(scope="module")
+def bench():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_thin_gemm.py"
+    spec = importlib.util.spec_from_file_location("bench_thin_gemm", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_forms_are_the_same_products(bench):
+    torch.manual_seed(0)
+    n, m, rows = 4, 8, 3
+    S = torch.randn(n, m, m)
+    table, inputs = bench.forms(S, rows)
+    x, Z = inputs["X"], inputs["Z"]
+    structured = table["structured"](S)  # (n·m, rows·n): row (i, q), column (b, c)
+    torch.testing.assert_close(table["x_st"](S), structured.T)
+    torch.testing.assert_close(table["bmm"](S).reshape(n * m, rows * n), structured)
+    torch.testing.assert_close(structured, S.reshape(n * m, m) @ x.T)
+    expected = Z.reshape(rows * n, n * m) @ side_by_side(S).T  # the pre-mixed GEMM against [S₁ … S_n]
+    torch.testing.assert_close(table["premixed_accumulate"](S), expected)
+
+
+def test_tiny_run_gives_a_ratio_per_form(bench):
+    results = bench.main(["--d", "64", "--rows", "2", "--ns", "2", "4", "--layers", "1", "--repeats", "1",
+                          "--threads", "1"])
+    assert set(results) == {2, 4}
+    for row in results.values():
+        assert {"structured", "x_st", "bmm", "premixed_stored", "premixed_accumulate"} <= set(row)
+        assert all(ratio > 0 for ratio in row.values())
+    with pytest.raises(SystemExit):
+        bench.main(["--d", "60", "--ns", "8"])

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -170,3 +171,16 @@ def prepared_task(path):
     torch.manual_seed(cfg.seed)
     task.prepare(fresh=True)
     return cfg, task
+
+
+def load_benchmark(name: str):
+    """The script ``benchmarks/NAME.py`` imported as a module (benchmarks are scripts, not a package)."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

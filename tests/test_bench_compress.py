@@ -3,12 +3,11 @@ columns (speed is measured there, never asserted here)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 pytest.importorskip("sentence_transformers")
 
@@ -17,12 +16,7 @@ from hyperplex.experiments.frontier import FrontierError, attach_serving, fronti
 
 @pytest.fixture(scope="module")
 def bench():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_compress.py"
-    spec = importlib.util.spec_from_file_location("bench_compress", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_compress")
 
 
 def test_spread_layers_are_the_frontier_plans(bench):

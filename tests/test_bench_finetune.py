@@ -6,10 +6,8 @@ measurement builds the same model. Speed and memory figures are printed, never a
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import random
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from conftest import TINY_BERT_WORDS, write_tiny_bert
+from conftest import TINY_BERT_WORDS, load_benchmark, write_tiny_bert
 
 from hyperplex.train.params import params
 
@@ -27,15 +25,7 @@ PLAN = ROOT / "experiments" / "sst2_adapters.yaml"
 EXTRA = ["--model.max_length=16"]
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_finetune", ROOT / "benchmarks" / "bench_finetune.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
-    return bench
-
-
-bench = _load_bench()
+bench = load_benchmark("bench_finetune")
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 import torch
 
 from hyperplex.layers.functional import side_by_side
@@ -14,12 +13,7 @@ from hyperplex.layers.functional import side_by_side
 
 @pytest.fixture(scope="module")
 def bench():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_thin_gemm.py"
-    spec = importlib.util.spec_from_file_location("bench_thin_gemm", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_thin_gemm")
 
 
 def test_forms_are_the_same_products(bench):

@@ -174,10 +174,12 @@ def budget_figure(points: list[dict], dev_metric: str = "cosine", metrics=METRIC
                 ax.errorbar([p["sentences"] for p in scored], [p["mean"][metric] for p in scored],
                             yerr=[p["std"][metric] or 0 for p in scored], color=colour, marker="o", capsize=3,
                             label=curve)
-    plain = FuncFormatter(lambda value, _: f"{value:,.0f}")
+    thousands = FuncFormatter(lambda value, _: f"{value / 1000:g}k")
     for ax, name in zip(axes, panels):
         ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_major_formatter(thousands)
+        ax.xaxis.set_minor_formatter(thousands)
+        ax.tick_params(axis="x", which="minor", labelsize=6)
         ax.set_xlabel("sentences seen (log scale)")
         ax.set_title(f"dev {name} during training" if ax is axes[0] else name)
         ax.grid(True, which="both", alpha=0.3)

@@ -30,8 +30,8 @@ Method. Every model lives in **its own fresh process** (this script with ``--wor
 user would — the teacher with ``SentenceTransformer(folder)``, the others from their saved folder — so no
 process holds pages freed by a conversion. Every folder, the teacher's included, is first copied by one routine
 (:func:`same_page_cache_history`): the weights are memory-mapped, and a file just written is mapped in larger
-pieces than an old one, which once charged a just-saved model 7 MB of embedding rows. Each process reports its resident memory after loading and after
-the last encode (``/proc/self/statm``), its peak resident memory (``VmHWM``, see :func:`_peak_bytes`), and
+pieces than an old one, which once charged a just-saved model 7 MB of embedding rows. Each process reports its
+resident memory after loading and after the last encode (``/proc/self/statm``), its peak resident memory (``VmHWM``, see :func:`_peak_bytes`), and
 the bytes of the model's parameters + buffers + cached ``H`` (+ packed int8 weights and their scales). The
 parent process then times ``SentenceTransformer.encode`` (tokenisation, padding to the longest in each batch,
 pooling and normalisation included) in interleaved rounds: in each round every process encodes the same

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from conftest import load_benchmark
 import torch
+from conftest import load_benchmark
 
 from hyperplex.layers.functional import side_by_side
 

@@ -22,12 +22,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from hyperplex.experiments.frontier import METRICS, mean_std
 from hyperplex.fileio import atomic_write, atomic_write_text
 
 __all__ = ["BudgetError", "parse_curve", "budget_points", "budget_table", "budget_figure", "main"]
-
-METRICS = ("agreement", "wikiqa_map", "sst2_probe")
-
 
 class BudgetError(ValueError):
     """A results.json, record or ``--curve`` that cannot give a budget curve (the message names what)."""
@@ -88,10 +86,6 @@ def _trajectory(record: Path, metric: str) -> tuple[int, list[tuple[int, float]]
     return last, points
 
 
-def _mean_std(values: list[float]) -> tuple[float, float | None]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
-
-
 def budget_points(results: dict, curves: list[tuple[str, list[str]]], results_path: str | Path,
                   dev_metric: str = "cosine", metrics=METRICS) -> tuple[list[dict], list[str]]:
     """Per curve and recorded row: ``{"curve", "row", "label", "seeds", "sentences", "hours", "dev", "mean",
@@ -122,11 +116,11 @@ def budget_points(results: dict, curves: list[tuple[str, list[str]]], results_pa
             if len(set(sentences)) > 1:
                 raise BudgetError(f"row {name!r}: its seeds saw different numbers of sentences {sentences}; a budget "
                                   "point needs one")
-            stats = {m: _mean_std([r["metrics"][m] for r in runs]) for m in metrics
+            stats = {m: mean_std([r["metrics"][m] for r in runs]) for m in metrics
                      if all(m in r["metrics"] for r in runs)}
             points.append({"curve": curve, "row": name, "label": rows[name].get("label", name), "seeds": len(runs),
                            "sentences": sentences[0], "hours": statistics.fmean(hours) if hours else None,
-                           "dev": _mean_std(dev) if dev else None, "mean": {m: s[0] for m, s in stats.items()},
+                           "dev": mean_std(dev) if dev else None, "mean": {m: s[0] for m, s in stats.items()},
                            "std": {m: s[1] for m, s in stats.items()}, "trajectories": trajectories})
     return points, missing
 

@@ -23,10 +23,11 @@ import json
 import statistics
 import sys
 
+from hyperplex.experiments.intervals import summarize
 from hyperplex.fileio import atomic_write, atomic_write_text
 
-__all__ = ["FrontierPoint", "frontier_points", "pareto_front", "attach_serving", "frontier_table", "frontier_figure",
-           "main"]
+__all__ = ["FrontierPoint", "mean_std", "frontier_points", "pareto_front", "attach_serving", "frontier_table",
+           "frontier_figure", "main"]
 
 #: The quality metrics a frontier is drawn for, in table order.
 METRICS = ("agreement", "wikiqa_map", "sst2_probe")
@@ -41,8 +42,11 @@ class FrontierPoint(dict):
     per metric and ``retention`` per metric (row mean / teacher mean)."""
 
 
-def _mean_std(values: list[float]) -> tuple[float, float | None]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample std (``None`` for one value) of per-seed values, as
+    :func:`~hyperplex.experiments.intervals.summarize` gives them."""
+    stats = summarize(values)
+    return stats["mean"], stats["std"]
 
 
 def frontier_points(results: dict, teacher: str = "teacher", metrics=METRICS) -> list[FrontierPoint]:
@@ -61,7 +65,7 @@ def frontier_points(results: dict, teacher: str = "teacher", metrics=METRICS) ->
         for metric in metrics:
             values = [r["metrics"][metric] for r in runs if metric in r["metrics"]]
             if values:
-                point["mean"][metric], point["std"][metric] = _mean_std(values)
+                point["mean"][metric], point["std"][metric] = mean_std(values)
         points.append(point)
     base = next((p for p in points if p["name"] == teacher), None)
     if base is None:

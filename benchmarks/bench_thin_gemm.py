@@ -15,7 +15,13 @@ stack (so neither is served from the last-level cache), as the best of ``--repea
   *stored* that way (the library's ``premixed`` path copies them per call, which this form leaves out);
 - ``premixed_accumulate`` — the pre-mixed inputs against each ``Sᵢ`` in turn, accumulated with ``addmm_``
   (no copy, ``n`` calls);
-- ``onednn`` — ``x_st`` through oneDNN (``torch._C._nn.mkldnn_linear`` on ``to_mkldnn`` tensors), where built.
+- ``onednn`` — ``x_st`` through oneDNN (``torch._C._nn.mkldnn_linear`` on ``to_mkldnn`` tensors), where built;
+- ``mkl_packed`` — ``premixed_stored`` with the side-by-side factors packed once for MKL's GEMM
+  (``torch.ops.mkl._mkl_reorder_linear_weight``, what inductor's freezing uses), where built.
+
+Each line ends with ``bound``: the least ×dense any form could reach on this CPU, the larger of ``1/n`` (the
+factors' share of the dense bytes, read at the dense layer's rate) and the time the dense layer's
+``2·rows·d²`` flops take at the rate of a hot ``1024³`` GEMM (this CPU's practical peak, printed first).
 
 Usage: ``OMP_NUM_THREADS=1 python benchmarks/bench_thin_gemm.py --threads 1 --d 4096 --rows 1``. Run it on a
 quiet machine: the ratios are of memory-bound kernels and move with other processes' memory traffic.
@@ -38,6 +44,20 @@ def best_time(calls, repeats: int) -> float:
             call()
         best = min(best, time.perf_counter() - start)
     return best / len(calls)
+
+
+def peak_flops(repeats: int, size: int = 1024) -> float:
+    """Flop/s of a hot ``size³`` GEMM: the practical peak of one GEMM at the current thread count."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    return 2 * size**3 / best_time([lambda: a @ b], repeats)
+
+
+def bound(n: int, d: int, rows: int, t_dense: float, peak: float) -> float:
+    """The least ×dense a PHM form can reach: ``max(1/n, 2·rows·d² / peak / t_dense)`` — it reads ``1/n`` of
+    the dense bytes and still does the dense layer's multiply-adds."""
+    return max(1.0 / n, 2 * rows * d * d / peak / t_dense)
 
 
 def forms(S, rows: int):
@@ -67,6 +87,17 @@ def forms(S, rows: int):
     return table, {"X": X, "Z": Z}
 
 
+def mkl_packed_ratio(stack, Z, repeats: int) -> float:
+    """Seconds per layer of ``Z @ [S₁ … S_n]ᵀ`` with the side-by-side factors packed once for MKL."""
+    import torch
+
+    rows = Z.shape[0]
+    views = [S.view(S.shape[1], -1) for S in stack]  # S's memory read as [S₁ … S_n], as in premixed_stored
+    packed = [torch.ops.mkl._mkl_reorder_linear_weight(V, rows) for V in views]
+    return best_time([lambda V=V, P=P: torch.ops.mkl._mkl_linear(Z, P, V, None, rows) for V, P in zip(views, packed)],
+                     repeats)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--d", type=int, default=4096, help="in = out features (default 4096)")
@@ -90,6 +121,9 @@ def main(argv: list[str] | None = None) -> dict:
     del dense
     print(f"# bench_thin_gemm: d = {d}, {args.rows} row(s), {torch.get_num_threads()} thread(s), stack of "
           f"{args.layers} dense layers ({args.layers * d * d * 4 / 2**20:.0f} MiB); dense {t_dense * 1e3:.2f} ms a layer")
+    peak = peak_flops(max(args.repeats, 10))
+    print(f"# peak: a hot 1024³ GEMM at {peak / 1e9:.1f} GFLOP/s; the dense layer's flops at that rate take "
+          f"{2 * args.rows * d * d / peak / t_dense:.2f}× its time")
     results = {}
     for n in args.ns:
         m = d // n
@@ -99,13 +133,19 @@ def main(argv: list[str] | None = None) -> dict:
             X = torch.randn(args.rows * n, m)
             packed = [S.reshape(n * m, m).to_mkldnn() for S in stack]
             table["onednn"] = None
+        if hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight") and torch.backends.mkl.is_available():
+            Z = torch.randn(args.rows * n, d)
+            table["mkl_packed"] = None
         row = {}
         for name, form in table.items():
             if name == "onednn":
                 row[name] = best_time([lambda P=P: torch._C._nn.mkldnn_linear(X.to_mkldnn(), P, None).to_dense()
                                        for P in packed], args.repeats) / t_dense
+            elif name == "mkl_packed":
+                row[name] = mkl_packed_ratio(stack, Z, args.repeats) / t_dense
             else:
                 row[name] = best_time([lambda S=S, form=form: form(S) for S in stack], args.repeats) / t_dense
+        row["bound"] = bound(n, d, args.rows, t_dense, peak)
         results[n] = row
         print(f"n = {n:2d}: " + "  ".join(f"{name} {ratio:.2f}" for name, ratio in row.items()), flush=True)
     return results

@@ -28,6 +28,26 @@ def test_forms_are_the_same_products(bench):
     torch.testing.assert_close(table["premixed_accumulate"](S), expected)
 
 
+def test_bound_is_the_larger_of_bytes_and_flops(bench):
+    # d = 4096, one row: 2·4096² flops = 33.55 Mflop; at 50 Gflop/s that is 0.671 ms of a 4.0 ms dense layer
+    assert bench.bound(4, 4096, 1, 4.0e-3, 50e9) == 0.25  # bytes bind: 1/4 > 0.168
+    assert bench.bound(16, 4096, 1, 4.0e-3, 50e9) == pytest.approx(2 * 4096**2 / 50e9 / 4.0e-3)  # flops: 0.168
+    assert bench.bound(16, 4096, 1, 4.0e-3, 50e9) == pytest.approx(0.16777, rel=1e-4)
+
+
+@pytest.mark.skipif(not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")),
+                    reason="MKL's packed GEMM is not built into this torch")
+def test_mkl_packed_form_is_the_premixed_product(bench):
+    torch.manual_seed(0)
+    n, m, rows = 4, 8, 3
+    S = torch.randn(n, m, m)
+    Z = torch.randn(rows * n, n * m)
+    view = S.view(m, n * m)
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(view, rows * n)
+    torch.testing.assert_close(torch.ops.mkl._mkl_linear(Z, packed, view, None, rows * n), Z @ view.T)
+    assert bench.mkl_packed_ratio([S], Z, repeats=1) > 0
+
+
 def test_tiny_run_gives_a_ratio_per_form(bench):
     results = bench.main(["--d", "64", "--rows", "2", "--ns", "2", "4", "--layers", "1", "--repeats", "1",
                           "--threads", "1"])
@@ -35,5 +55,6 @@ def test_tiny_run_gives_a_ratio_per_form(bench):
     for row in results.values():
         assert {"structured", "x_st", "bmm", "premixed_stored", "premixed_accumulate"} <= set(row)
         assert all(ratio > 0 for ratio in row.values())
+    assert results[2]["bound"] >= 0.5 and results[4]["bound"] >= 0.25
     with pytest.raises(SystemExit):
         bench.main(["--d", "60", "--ns", "8"])

@@ -54,10 +54,15 @@ def peak_flops(repeats: int, size: int = 1024) -> float:
     return 2 * size**3 / best_time([lambda: a @ b], repeats)
 
 
+def flops_share(d: int, rows: int, t_dense: float, peak: float) -> float:
+    """The dense layer's ``2·rows·d²`` flops at ``peak`` flop/s, as a share of its measured time ``t_dense``."""
+    return 2 * rows * d * d / peak / t_dense
+
+
 def bound(n: int, d: int, rows: int, t_dense: float, peak: float) -> float:
-    """The least ×dense a PHM form can reach: ``max(1/n, 2·rows·d² / peak / t_dense)`` — it reads ``1/n`` of
-    the dense bytes and still does the dense layer's multiply-adds."""
-    return max(1.0 / n, 2 * rows * d * d / peak / t_dense)
+    """The least ×dense a PHM form can reach: ``max(1/n, flops_share)`` — it reads ``1/n`` of the dense bytes
+    and still does the dense layer's multiply-adds."""
+    return max(1.0 / n, flops_share(d, rows, t_dense, peak))
 
 
 def forms(S, rows: int):
@@ -123,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{args.layers} dense layers ({args.layers * d * d * 4 / 2**20:.0f} MiB); dense {t_dense * 1e3:.2f} ms a layer")
     peak = peak_flops(max(args.repeats, 10))
     print(f"# peak: a hot 1024³ GEMM at {peak / 1e9:.1f} GFLOP/s; the dense layer's flops at that rate take "
-          f"{2 * args.rows * d * d / peak / t_dense:.2f}× its time")
+          f"{flops_share(d, args.rows, t_dense, peak):.2f}× its time")
     results = {}
     for n in args.ns:
         m = d // n

@@ -107,6 +107,16 @@ def test_quantize_twice_is_an_error_and_changes_nothing():
     assert [type(s) for s in m] == state and torch.equal(m(x), before)
 
 
+def test_a_model_off_the_cpu_is_refused_and_unchanged():
+    """int8 kernels are CPU-only: a model with a parameter elsewhere (here the meta device, standing in for a
+    GPU) gets one error naming the tensor and the fix, before any layer is replaced."""
+    m = plain_model()
+    m[2].to("meta")
+    with pytest.raises(QuantizationError, match=r"holds '2\.[a-z_]+' on meta; .*CPU only.*model\.cpu\(\)"):
+        quantize(m)
+    assert [type(s) for s in m] == [PHMLinear, nn.GELU, LowRankLinear, nn.GELU, nn.Linear]
+
+
 def test_training_a_quantized_model_is_an_error():
     m = quantize(plain_model())
     m.train()

@@ -339,7 +339,9 @@ def quantize(model: nn.Module, dtype: torch.dtype = torch.qint8, *, phm_path: st
     ``per_channel_dynamic_qconfig`` (per-tensor weights: 0.885); measure on your task.
 
     Raises:
-        QuantizationError: ``model`` is already quantised; no quantised engine; no layer to quantise.
+        QuantizationError: ``model`` is already quantised; it holds a parameter or buffer off the CPU
+            (PyTorch's int8 kernels are CPU-only: ``model.cpu()`` first); no quantised engine; no layer to
+            quantise.
         ValueError: another ``dtype``, or an unknown ``phm_path``.
         All raised before ``model`` is changed.
     """
@@ -352,6 +354,11 @@ def quantize(model: nn.Module, dtype: torch.dtype = torch.qint8, *, phm_path: st
     if already is not None:
         raise QuantizationError(f"{type(model).__name__} is already quantised (layer {already!r} is int8); "
                                 f"quantise the float model once")
+    off_cpu = next(((name, t.device) for name, t in (*model.named_parameters(), *model.named_buffers())
+                    if t.device.type != "cpu"), None)
+    if off_cpu is not None:
+        raise QuantizationError(f"{type(model).__name__} holds {off_cpu[0]!r} on {off_cpu[1]}; int8 layers run on "
+                                f"the CPU only (PyTorch's quantised kernels): move the model with model.cpu() first")
     quantized_engine()
     targets = list(_targets(model))
     if not targets:

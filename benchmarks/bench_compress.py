@@ -33,8 +33,8 @@ process holds pages freed by a conversion. Every folder, the teacher's included,
 pieces than an old one, which once charged a just-saved model 7 MB of embedding rows. Each process reports its
 resident memory after loading and after the last encode (``/proc/self/statm``), its peak resident memory
 (``VmHWM``, see :func:`_peak_bytes`), and the bytes of the model's parameters + buffers + cached ``H`` (+ packed
-int8 weights and their scales). The parent process then times ``SentenceTransformer.encode`` (tokenisation, padding to the longest in each batch,
-pooling and normalisation included) in interleaved rounds: in each round every process encodes the same
+int8 weights and their scales). The parent process then times ``SentenceTransformer.encode`` (tokenisation,
+padding to the longest in each batch, pooling and normalisation included) in interleaved rounds: in each round every process encodes the same
 ``--sentences`` fixed English sentences (8 to 20 words, seeded) once at each batch size, one process at a
 time, the order rotating every round, after one warm-up encode each. Speed = sentences / seconds; ``×`` =
 median over rounds of (the model's speed / the teacher's in the same round): above 1 = faster than the

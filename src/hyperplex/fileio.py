@@ -17,8 +17,9 @@ import secrets
 import shutil
 from collections.abc import Callable
 
-__all__ = ["WriteError", "atomic_write", "atomic_write_text", "atomic_write_bytes", "TMP_PATTERN", "UnsafePathError",
-           "inside", "check_folder_files", "read_bounded", "sha256_file", "FolderBusyError", "folder_lock", "LOCK_NAME"]
+__all__ = ["WriteError", "default_file_mode", "atomic_write", "atomic_write_text", "atomic_write_bytes", "TMP_PATTERN",
+           "UnsafePathError", "inside", "check_folder_files", "read_bounded", "sha256_file", "FolderBusyError",
+           "folder_lock", "LOCK_NAME"]
 
 #: Names of the private temporary folders :func:`atomic_write` makes (left behind only by a kill).
 TMP_PATTERN = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")
@@ -47,6 +48,12 @@ def _umask() -> int:
     return mask
 
 
+def default_file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` gives a new file: ``0o666`` less the umask. Writers that go through
+    ``mkstemp`` leave ``0o600``; files put in place by hyperplex get this mode instead."""
+    return 0o666 & ~_umask()
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call ``write(tmp_path)``, fsync, then move the file onto ``path`` atomically (``os.replace``).
 
@@ -65,7 +72,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         write(tmp)
         # Writers that go through mkstemp (safetensors, some savers) leave 0600; give the file the mode
         # a plain open() would (0666 less the umask), so a model folder stays readable by its group.
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, default_file_mode())
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)  # the data reaches the disk before the rename makes it visible

@@ -93,11 +93,14 @@ def _export(args: argparse.Namespace) -> int:
     from hyperplex.train.export import export
 
     result, tensor_bytes = export(args.model, args.output, args.checkpoint, args.token_embeddings, args.opset,
-                                  args.data_root, args.phm)
+                                  args.data_root, args.phm, args.st_folder)
     diff = "not checked (onnxruntime missing)" if result.max_abs_diff is None else f"{result.max_abs_diff:.2g}"
-    print(f"wrote {result.path}: {result.bytes / 1e6:.2f} MB (tensors of the model: {tensor_bytes / 1e6:.2f} MB); "
+    tensors = "" if tensor_bytes is None else f" (tensors of the model: {tensor_bytes / 1e6:.2f} MB)"
+    print(f"wrote {result.path}: {result.bytes / 1e6:.2f} MB{tensors}; "
           f"inputs {', '.join(result.input_names)} -> {', '.join(result.output_names)}; "
           f"max |onnxruntime - PyTorch| = {diff}")
+    if args.st_folder:
+        print(f"load it with sentence-transformers' ONNX backend: SentenceTransformer({args.output!r}, backend=\"onnx\")")
     return 0
 
 
@@ -324,9 +327,11 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
         "batch and sequence axes, checked in onnxruntime against PyTorch before the file is put in place. MODEL: a "
         "save_converted folder or a `hyperplex compress` model folder (a SentenceTransformer: input_ids, "
         "attention_mask -> sentence_embedding), or a `hyperplex train` folder or checkpoint of a "
-        "TransformerClassifier (tokens, lengths -> logits). See docs/compress.md.")
+        "TransformerClassifier (tokens, lengths -> logits). --st-folder writes a folder for sentence-transformers' "
+        "ONNX backend instead of one file. See docs/compress.md.")
     export.add_argument("model", metavar="MODEL", help="model folder or checkpoint file")
-    export.add_argument("output", metavar="OUT.onnx", help="the ONNX file to write (replaced atomically)")
+    export.add_argument("output", metavar="OUT", help="the .onnx file to write (replaced atomically); with "
+                        "--st-folder, the new folder to write")
     export.add_argument("--checkpoint", default="best",
                         help="for a `hyperplex train` folder: best (default), last, or a checkpoint file")
     export.add_argument("--token-embeddings", action="store_true",
@@ -338,6 +343,11 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
                         "structured: one GEMM over the input blocks, then the n^2 partial products mixed; both never "
                         "form H. materialized: the graph forms H, which onnxruntime folds once when it opens the file "
                         "(the dense model's speed and memory)")
+    export.add_argument("--st-folder", action="store_true",
+                        help="for a SentenceTransformer folder: write OUT as a new folder that sentence-transformers' "
+                        "ONNX backend loads (SentenceTransformer(OUT, backend='onnx')): onnx/model.onnx (the "
+                        "token-embedding graph, factors only) beside the model's tokenizer, config and pooling "
+                        "modules, no PyTorch weights")
     export.add_argument("--opset", type=int, default=17, help="ONNX opset (default: 17)")
     export.add_argument("--data-root", **_DATA_ROOT)
     export.set_defaults(func=_export)

@@ -31,10 +31,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.convert.serialize import _is_sentence_transformer, _is_transformers_model
+from hyperplex.fileio import default_file_mode
 from hyperplex.layers.functional import materialize_weight, phm_linear_premixed, phm_linear_structured
 from hyperplex.layers.phm import PHMLinear
 
-__all__ = ["export_onnx", "ExportError", "ExportResult", "ONNX_TOLERANCE", "PHM_MODES", "phm_linear_premixed",
+__all__ = ["export_onnx", "export_onnx_folder", "ExportError", "ExportResult", "ONNX_TOLERANCE", "PHM_MODES", "phm_linear_premixed",
            "unsupported_layers"]
 
 #: onnxruntime's outputs must equal PyTorch's within ``ONNX_TOLERANCE × max(1, max |PyTorch output|)``
@@ -264,6 +265,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding
             try:
                 _trace(model, module, inputs, tmp, names, outputs_names, axes, opset, dynamo, phm)
                 diff = _verify(model, path, tmp, names, checks) if verify else None
+                os.chmod(tmp, default_file_mode())  # mkstemp's 0600 → what a plain open() would give
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
@@ -338,3 +340,133 @@ def _verify(model: nn.Module, path: str, tmp: str, names: list[str], checks: lis
                               f"of {sizes} (allowed {ONNX_TOLERANCE * scale:.3g}); the file was not written")
         diff = error if diff is None else max(diff, error)
     return diff
+
+
+# ----------------------------------------------------------------------------- a folder sentence-transformers loads
+#: Files that hold a folder's PyTorch weights (or another ONNX graph) and hyperplex's own records: the ONNX folder
+#: of :func:`export_onnx_folder` leaves them out, since its graph carries the transformer's weights.
+_LEFT_OUT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".onnx_data")
+
+
+def export_onnx_folder(folder: str | os.PathLike, out_dir: str | os.PathLike, *, phm: str = "premixed",
+                       opset: int = 17) -> ExportResult:
+    """Write ``out_dir``, a new folder that sentence-transformers' ONNX backend loads
+    (``SentenceTransformer(out_dir, backend="onnx")``), from the SentenceTransformer folder ``folder``.
+
+    ``folder`` is a :func:`~hyperplex.convert.save_converted` folder of a ``SentenceTransformer`` (a
+    ``hyperplex compress`` model's ``student/``) or a plain SentenceTransformer folder (e.g. the teacher's). The
+    new folder holds ``onnx/model.onnx`` — the transformer's ``input_ids``, ``attention_mask`` →
+    ``last_hidden_state`` graph of :func:`export_onnx` (``sentence_embedding=False``), with the factors, not
+    ``H`` — under the transformer module's path, beside every other file of ``folder`` except weights
+    (``*.safetensors``, ``*.bin``, …) and ``hyperplex_convert.json``: the tokenizer, ``config.json``, the pooling
+    and normalisation modules. ``modules.json`` names each module by its ``sentence_transformers.models.<Class>``
+    alias where the installed sentence-transformers has one (sentence-transformers 6 writes paths that 5 cannot
+    import; the aliases resolve in both). Only the first module may have parameters: the graph covers the
+    transformer, the later modules (pooling, normalisation) run from their config files.
+
+    Built in a temporary folder beside ``out_dir`` and renamed into place once the graph has been checked in
+    onnxruntime, so an error leaves nothing behind. Raises :class:`ExportError` (``out_dir`` exists, its parent
+    does not, ``folder`` is not a SentenceTransformer folder, a later module has parameters, a symbolic link in
+    ``folder``) or the errors of loading ``folder`` and of :func:`export_onnx`.
+    """
+    import json
+    import secrets
+    import shutil
+    from pathlib import Path
+
+    from hyperplex.convert.serialize import SPEC_NAME, load_converted
+    from hyperplex.fileio import UnsafePathError, inside, read_bounded
+
+    source, out = Path(folder), Path(out_dir)
+    if phm not in PHM_MODES:
+        raise ExportError(f"unknown phm mode {phm!r}; valid: {', '.join(PHM_MODES)}")
+    if os.path.lexists(out):
+        raise ExportError(f"{out}: already exists; give a new folder (nothing is overwritten)")
+    if not out.absolute().parent.is_dir():
+        raise ExportError(f"{out}: folder {out.absolute().parent} does not exist")
+    modules_path = source / "modules.json"
+    if not source.is_dir() or not modules_path.is_file():
+        raise ExportError(f"{source}: not a SentenceTransformer folder (no modules.json); an ONNX folder for "
+                          f"sentence-transformers is written from one")
+    try:
+        modules = json.loads(read_bounded(modules_path, 1 << 20))
+    except UnsafePathError as err:
+        raise ExportError(str(err)) from err
+    except ValueError as err:
+        raise ExportError(f"{modules_path}: not valid JSON ({err})") from err
+    if (not isinstance(modules, list) or not modules
+            or not all(isinstance(m, dict) and isinstance(m.get("path"), str) and isinstance(m.get("type"), str)
+                       for m in modules)):
+        raise ExportError(f"{modules_path}: expected a non-empty list of modules, each with a 'path' and a 'type'")
+    try:
+        transformer_dir = inside(source, modules[0]["path"] or ".", f"{modules_path}: modules[0].path")
+    except UnsafePathError as err:
+        raise ExportError(str(err)) from err
+    if (source / SPEC_NAME).is_file():
+        model = load_converted(source)
+    else:
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(os.fspath(source), device="cpu")
+    if not _is_sentence_transformer(model):
+        raise ExportError(f"{source}: holds a {type(model).__name__}, not a SentenceTransformer")
+    for index, module in enumerate(list(model)[1:], start=1):
+        if any(True for _ in module.parameters()):
+            raise ExportError(f"{source}: module {index} ({type(module).__name__}) has parameters; the ONNX folder's "
+                              f"graph covers the transformer (module 0) only — export the sentence_embedding graph "
+                              f"with export_onnx instead")
+    tmp = out.absolute().parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        os.mkdir(tmp)
+        _copy_without_weights(source, tmp)
+        portable = [{**m, "type": _portable_module_type(m["type"])} for m in modules]
+        (tmp / "modules.json").write_text(json.dumps(portable, indent=2) + "\n", encoding="utf-8")
+        relative = Path(transformer_dir).resolve().relative_to(source.resolve())
+        onnx_dir = tmp / relative / "onnx"
+        onnx_dir.mkdir(parents=True, exist_ok=True)
+        result = export_onnx(model, onnx_dir / "model.onnx", sentence_embedding=False, phm=phm, opset=opset)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    final = out / relative / "onnx" / "model.onnx"
+    return ExportResult(os.fspath(final), final.stat().st_size, result.input_names, result.output_names,
+                        result.max_abs_diff)
+
+
+def _copy_without_weights(source, target) -> None:
+    """Copy ``source``'s files into the existing folder ``target``, leaving out weights
+    (:data:`_LEFT_OUT_SUFFIXES`), ``hyperplex_convert.json`` and hidden entries; a symbolic link is refused."""
+    import shutil
+
+    from hyperplex.convert.serialize import SPEC_NAME
+
+    for entry in sorted(os.scandir(source), key=lambda e: e.name):
+        if entry.name.startswith(".") or entry.name == SPEC_NAME:
+            continue
+        if entry.is_symlink():
+            raise ExportError(f"{entry.path}: a symbolic link; an ONNX folder is copied from regular files only")
+        if entry.is_dir():
+            os.mkdir(os.path.join(target, entry.name))
+            _copy_without_weights(entry.path, os.path.join(target, entry.name))
+        elif entry.is_file() and not entry.name.endswith(_LEFT_OUT_SUFFIXES):
+            shutil.copyfile(entry.path, os.path.join(target, entry.name))
+
+
+def _portable_module_type(name: str) -> str:
+    """``sentence_transformers.models.<Class>`` for a sentence-transformers module class that the installed
+    version also exports under that alias (resolved by sentence-transformers 3 to 6), else ``name`` unchanged.
+    Only ``sentence_transformers.*`` names are imported."""
+    import importlib
+
+    module_path, _, cls = name.rpartition(".")
+    if not module_path.startswith("sentence_transformers"):
+        return name
+    try:
+        original = getattr(importlib.import_module(module_path), cls)
+        with warnings.catch_warnings():  # sentence-transformers 6 deprecates the alias module it still resolves
+            warnings.simplefilter("ignore", DeprecationWarning)
+            legacy = importlib.import_module("sentence_transformers.models")
+    except (ImportError, AttributeError):
+        return name
+    return f"sentence_transformers.models.{cls}" if getattr(legacy, cls, None) is original else name

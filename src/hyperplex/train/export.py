@@ -68,15 +68,25 @@ def load_exportable(model_path: Path, checkpoint: str = "best", data_root: str |
 
 
 def export(model: str, output: str, checkpoint: str = "best", token_embeddings: bool = False, opset: int = 17,
-           data_root: str | None = None, phm: str = "premixed"):
+           data_root: str | None = None, phm: str = "premixed", st_folder: bool = False):
     """Export MODEL to OUTPUT (see the module notes): ``(ExportResult, bytes of the model's tensors)``; nothing
-    is written on any error."""
-    from hyperplex.convert.export import ExportError, export_onnx
+    is written on any error. ``st_folder``: OUTPUT is a new folder that sentence-transformers' ONNX backend
+    loads (:func:`~hyperplex.convert.export.export_onnx_folder`; MODEL a SentenceTransformer folder), and the
+    second value is ``None``."""
+    from hyperplex.convert.export import ExportError, export_onnx, export_onnx_folder
     from hyperplex.convert.quantize import model_bytes
+    from hyperplex.convert.serialize import SPEC_NAME
 
     model_path = Path(model)
     if not model_path.exists():
         raise FileNotFoundError(f"model not found: {model}")
+    if st_folder:
+        if token_embeddings:
+            raise ExportError("--st-folder always writes the token-embedding graph; leave out --token-embeddings")
+        folder = model_path
+        if folder.is_dir() and not (folder / SPEC_NAME).is_file() and (folder / "student" / SPEC_NAME).is_file():
+            folder = folder / "student"
+        return export_onnx_folder(folder, output, phm=phm, opset=opset), None
     out = Path(output)
     if out.suffix != ".onnx":
         raise ExportError(f"{output}: the output file must end in .onnx")

@@ -9,7 +9,7 @@ import yaml
 
 from hyperplex.experiments.cli import main
 from hyperplex.experiments.plan import PlanError, load_plan
-from hyperplex.experiments.runs import saved_config, validate
+from hyperplex.experiments.runs import HOW_IT_RUNS_KEYS, config_diff, saved_config, validate
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 
@@ -58,6 +58,26 @@ def test_shipped_plans_validate(plan, tmp_path, capsys, request):
     output = capsys.readouterr().out
     assert "model(s) selected" in output and "total_without_embeddings" in output
     assert not (tmp_path / "out").exists()
+
+
+def test_how_a_run_executes_is_not_a_different_config():
+    saved = {"model_dir": "a", "training": {"num_threads": 1, "device": "cuda", "progress_bar": True, "plots": True,
+                                            "lr": 1e-3, "max_steps": 10}}
+    wanted = {"model_dir": "b", "training": {"num_threads": 2, "device": "cpu", "progress_bar": False, "plots": False,
+                                             "lr": 1e-3, "max_steps": 10}}
+    assert {f"training.{k}" for k in saved["training"] if saved["training"][k] != wanted["training"][k]} \
+        == HOW_IT_RUNS_KEYS
+    assert config_diff(saved, wanted) == []
+    wanted["training"]["max_steps"] = 20  # what the run computes still counts, beside the ignored keys
+    assert config_diff(saved, wanted) == ["training.max_steps: 10 in the folder, 20 in the plan"]
+
+
+def test_finished_folder_matches_its_plan_run_with_other_threads(done, tmp_path):
+    """A lane resumed (or a report made) with another training.num_threads still finds its finished folders."""
+    plan, out, _, _ = done
+    validate(load_plan(plan), ["phm2"], None, out, ["--training.num_threads=2"], False)
+    with pytest.raises(PlanError, match=r"training.lr: .* in the folder"):
+        validate(load_plan(plan), ["phm2"], None, out, ["--training.lr=0.5"], False)
 
 
 def test_folder_saved_before_split_seed_still_matches_its_plan(done, tmp_path):

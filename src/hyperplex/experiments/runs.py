@@ -43,14 +43,20 @@ def run_overrides(plan: Plan, row: Row, seed: int, extra: list[str]) -> list[str
     return [*(plan.budget if row.train else []), *row.overrides, *extra, f"--seed={seed}"]
 
 
+#: Keys that say how a run is executed, never what it computes: a folder trained with other values still holds the
+#: plan's run (a lane resumed with more threads, a model trained on a GPU and reported on a CPU).
+HOW_IT_RUNS_KEYS = frozenset({"training.num_threads", "training.device", "training.progress_bar", "training.plots"})
+
+
 def config_diff(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
-    """``key: A in the folder, B in the plan`` for every dotted key whose values differ (``model_dir`` ignored)."""
+    """``key: A in the folder, B in the plan`` for every dotted key whose values differ (``model_dir`` and
+    :data:`HOW_IT_RUNS_KEYS` ignored)."""
     keys = []
     for key in sorted(set(saved) | set(wanted)):
         a, b = saved.get(key), wanted.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             keys += config_diff(a, b, f"{prefix}{key}.")
-        elif a != b and key != "model_dir":
+        elif a != b and key != "model_dir" and f"{prefix}{key}" not in HOW_IT_RUNS_KEYS:
             keys.append(f"{prefix}{key}: {a!r} in the folder, {b!r} in the plan")
     return keys
 

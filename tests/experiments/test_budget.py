@@ -104,3 +104,17 @@ def test_cli_writes_table_and_figure(plan, tmp_path, capsys):
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main([str(path), "--curve", "PHM=phm9"]) == 1
     assert "no row 'phm9'" in capsys.readouterr().err
+
+
+def test_log_axis_labels_only_decades_and_their_twos_and_fives(plan):
+    """The minor ticks of the sentences axis are labelled at 2× and 5× a power of ten only (every minor label
+    overlapped its neighbours before)."""
+    from hyperplex.experiments.budget import budget_figure
+
+    path, results = plan
+    points, _ = budget_points(results, [("PHM", ["phm4", "phm4_40k"])], path, metrics=("agreement", "wikiqa_map"))
+    figure = budget_figure(points, metrics=("agreement", "wikiqa_map"))
+    minor = figure.axes[1].xaxis.get_minor_formatter()
+    assert [minor(v, 0) for v in (2000, 3000, 5000, 7000, 20000, 40000, 500000)] == \
+        ["2k", "", "5k", "", "20k", "", "500k"]
+    assert figure.axes[1].xaxis.get_major_formatter()(10000, 0) == "10k"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -169,10 +170,13 @@ def budget_figure(points: list[dict], dev_metric: str = "cosine", metrics=METRIC
                             yerr=[p["std"][metric] or 0 for p in scored], color=colour, marker="o", capsize=3,
                             label=curve)
     thousands = FuncFormatter(lambda value, _: f"{value / 1000:g}k")
+    # minor ticks labelled at 2× and 5× each power of ten only: every one of them overlapped its neighbours
+    twos_and_fives = FuncFormatter(lambda value, _: f"{value / 1000:g}k" if value > 0 and round(
+        value / 10 ** math.floor(math.log10(value))) in (2, 5) else "")
     for ax, name in zip(axes, panels):
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(thousands)
-        ax.xaxis.set_minor_formatter(thousands)
+        ax.xaxis.set_minor_formatter(twos_and_fives)
         ax.tick_params(axis="x", which="minor", labelsize=6)
         ax.set_xlabel("sentences seen (log scale)")
         ax.set_title(f"dev {name} during training" if ax is axes[0] else name)

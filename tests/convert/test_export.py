@@ -338,3 +338,32 @@ def test_export_file_gets_the_mode_a_plain_open_would(tmp_path):
     torch.manual_seed(0)
     export_onnx(nn.Sequential(PHMLinear(16, 32, 4)), tmp_path / "m.onnx", example_inputs=torch.randn(2, 16))
     assert (tmp_path / "m.onnx").stat().st_mode & 0o777 == default_file_mode() != 0o600
+
+
+def test_st_folder_puts_the_graph_under_the_transformer_modules_path(tmp_path, tiny_sentence_transformer):
+    """A folder saved by an older sentence-transformers keeps its transformer in `0_Transformer/`; the backend
+    looks for `onnx/model.onnx` under that module's path, so the graph goes there."""
+    import json
+    import shutil
+
+    model = tiny_sentence_transformer()
+    model.save(str(tmp_path / "plain"))
+    plain = tmp_path / "plain"
+    modules = json.loads((plain / "modules.json").read_text())
+    assert modules[0]["path"] == ""
+    (plain / "0_Transformer").mkdir()
+    for entry in list(plain.iterdir()):
+        if entry.is_file() and entry.name not in ("modules.json", "config_sentence_transformers.json", "README.md"):
+            shutil.move(str(entry), plain / "0_Transformer" / entry.name)
+    modules[0]["path"] = "0_Transformer"
+    (plain / "modules.json").write_text(json.dumps(modules))
+    result = export_onnx_folder(plain, tmp_path / "out")
+    assert result.path == str(tmp_path / "out" / "0_Transformer" / "onnx" / "model.onnx")
+    assert not (tmp_path / "out" / "onnx").exists()
+    assert not list((tmp_path / "out").rglob("*.safetensors"))
+    sentences = ["the cat sat on the mat", "blue"]
+    features = model.tokenize(sentences)
+    (tokens,) = run_onnx(result.path, {"input_ids": features["input_ids"], "attention_mask": features["attention_mask"]})
+    with torch.no_grad():
+        expected = model[0](dict(features))["token_embeddings"]
+    assert (tokens - expected).abs().max() < ONNX_TOLERANCE

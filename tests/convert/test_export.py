@@ -357,9 +357,14 @@ def test_st_folder_puts_the_graph_under_the_transformer_modules_path(tmp_path, t
             shutil.move(str(entry), plain / "0_Transformer" / entry.name)
     modules[0]["path"] = "0_Transformer"
     (plain / "modules.json").write_text(json.dumps(modules))
+    # exports of the weights the folder had (as hub folders ship them) are stale for the graph written now
+    for stale in ("0_Transformer/onnx/model_O4.onnx", "0_Transformer/onnx/notes.txt", "openvino/openvino_model.xml"):
+        (plain / stale).parent.mkdir(parents=True, exist_ok=True)
+        (plain / stale).write_text("stale")
     result = export_onnx_folder(plain, tmp_path / "out")
     assert result.path == str(tmp_path / "out" / "0_Transformer" / "onnx" / "model.onnx")
-    assert not (tmp_path / "out" / "onnx").exists()
+    assert os.listdir(tmp_path / "out" / "0_Transformer" / "onnx") == ["model.onnx"]
+    assert not (tmp_path / "out" / "onnx").exists() and not (tmp_path / "out" / "openvino").exists()
     assert not list((tmp_path / "out").rglob("*.safetensors"))
     sentences = ["the cat sat on the mat", "blue"]
     features = model.tokenize(sentences)

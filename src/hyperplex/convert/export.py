@@ -346,6 +346,9 @@ def _verify(model: nn.Module, path: str, tmp: str, names: list[str], checks: lis
 #: Files that hold a folder's PyTorch weights (or another ONNX graph) and hyperplex's own records: the ONNX folder
 #: of :func:`export_onnx_folder` leaves them out, since its graph carries the transformer's weights.
 _LEFT_OUT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".onnx_data")
+#: Folders of other exports of the source model (sentence-transformers' ONNX and OpenVINO backends): left out whole,
+#: since they describe the weights the folder had, not the graph written now.
+_LEFT_OUT_FOLDERS = ("onnx", "openvino")
 
 
 def export_onnx_folder(folder: str | os.PathLike, out_dir: str | os.PathLike, *, phm: str = "premixed",
@@ -358,7 +361,7 @@ def export_onnx_folder(folder: str | os.PathLike, out_dir: str | os.PathLike, *,
     new folder holds ``onnx/model.onnx`` — the transformer's ``input_ids``, ``attention_mask`` →
     ``last_hidden_state`` graph of :func:`export_onnx` (``sentence_embedding=False``), with the factors, not
     ``H`` — under the transformer module's path, beside every other file of ``folder`` except weights
-    (``*.safetensors``, ``*.bin``, …) and ``hyperplex_convert.json``: the tokenizer, ``config.json``, the pooling
+    (``*.safetensors``, ``*.bin``, …), earlier ``onnx/`` and ``openvino/`` exports and ``hyperplex_convert.json``: the tokenizer, ``config.json``, the pooling
     and normalisation modules. ``modules.json`` names each module by its ``sentence_transformers.models.<Class>``
     alias where the installed sentence-transformers has one (sentence-transformers 6 writes paths that 5 cannot
     import; the aliases resolve in both). Only the first module may have parameters: the graph covers the
@@ -436,7 +439,8 @@ def export_onnx_folder(folder: str | os.PathLike, out_dir: str | os.PathLike, *,
 
 def _copy_without_weights(source, target) -> None:
     """Copy ``source``'s files into the existing folder ``target``, leaving out weights
-    (:data:`_LEFT_OUT_SUFFIXES`), ``hyperplex_convert.json`` and hidden entries; a symbolic link is refused."""
+    (:data:`_LEFT_OUT_SUFFIXES`), other backends' folders (:data:`_LEFT_OUT_FOLDERS`), ``hyperplex_convert.json`` and
+    hidden entries; a symbolic link is refused."""
     import shutil
 
     from hyperplex.convert.serialize import SPEC_NAME
@@ -447,6 +451,8 @@ def _copy_without_weights(source, target) -> None:
         if entry.is_symlink():
             raise ExportError(f"{entry.path}: a symbolic link; an ONNX folder is copied from regular files only")
         if entry.is_dir():
+            if entry.name in _LEFT_OUT_FOLDERS:
+                continue
             os.mkdir(os.path.join(target, entry.name))
             _copy_without_weights(entry.path, os.path.join(target, entry.name))
         elif entry.is_file() and not entry.name.endswith(_LEFT_OUT_SUFFIXES):

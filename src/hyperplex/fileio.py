@@ -17,9 +17,9 @@ import secrets
 import shutil
 from collections.abc import Callable
 
-__all__ = ["WriteError", "default_file_mode", "atomic_write", "atomic_write_text", "atomic_write_bytes", "TMP_PATTERN",
-           "UnsafePathError", "inside", "check_folder_files", "read_bounded", "sha256_file", "FolderBusyError",
-           "folder_lock", "LOCK_NAME"]
+__all__ = ["WriteError", "default_file_mode", "temporary_sibling", "atomic_write", "atomic_write_text",
+           "atomic_write_bytes", "TMP_PATTERN", "UnsafePathError", "inside", "check_folder_files", "read_bounded",
+           "sha256_file", "FolderBusyError", "folder_lock", "LOCK_NAME"]
 
 #: Names of the private temporary folders :func:`atomic_write` makes (left behind only by a kill).
 TMP_PATTERN = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")
@@ -54,6 +54,14 @@ def default_file_mode() -> int:
     return 0o666 & ~_umask()
 
 
+def temporary_sibling(path: str | os.PathLike) -> str:
+    """A fresh private name ``.<name>.tmp-<pid>-<hex>`` next to ``path`` (it matches :data:`TMP_PATTERN`, so a
+    folder left there by a killed process is recognised): where a file or folder is built before being renamed
+    onto ``path``."""
+    path = os.path.abspath(os.fspath(path))
+    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call ``write(tmp_path)``, fsync, then move the file onto ``path`` atomically (``os.replace``).
 
@@ -65,7 +73,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    tmp_dir = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp_dir = temporary_sibling(path)
     tmp = os.path.join(tmp_dir, os.path.basename(path))
     try:
         os.mkdir(tmp_dir)

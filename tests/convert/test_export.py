@@ -305,7 +305,8 @@ def test_st_folder_refusals_write_nothing(tmp_path, tiny_sentence_transformer, b
         export_onnx_folder(tmp_path / "student", tmp_path / "missing" / "out")
     with pytest.raises(ExportError, match="unknown phm mode"):
         export_onnx_folder(tmp_path / "student", tmp_path / "out", phm="dense")
-    bert = transformers.BertModel.from_pretrained(bert_folder).eval()  # a converted folder, but not a SentenceTransformer
+    # a converted folder, but not a SentenceTransformer
+    bert = transformers.BertModel.from_pretrained(bert_folder).eval()
     convert_linears(bert, "phm", n=4, include="*encoder.layer*", min_features=8)
     save_converted(bert, tmp_path / "bert")
     with pytest.raises(ExportError, match="no modules.json"):
@@ -368,7 +369,8 @@ def test_st_folder_puts_the_graph_under_the_transformer_modules_path(tmp_path, t
     assert not list((tmp_path / "out").rglob("*.safetensors"))
     sentences = ["the cat sat on the mat", "blue"]
     features = model.tokenize(sentences)
-    (tokens,) = run_onnx(result.path, {"input_ids": features["input_ids"], "attention_mask": features["attention_mask"]})
+    (tokens,) = run_onnx(result.path, {"input_ids": features["input_ids"],
+                                       "attention_mask": features["attention_mask"]})
     with torch.no_grad():
         expected = model[0](dict(features))["token_embeddings"]
     assert (tokens - expected).abs().max() < ONNX_TOLERANCE

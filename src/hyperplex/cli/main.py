@@ -100,7 +100,8 @@ def _export(args: argparse.Namespace) -> int:
           f"inputs {', '.join(result.input_names)} -> {', '.join(result.output_names)}; "
           f"max |onnxruntime - PyTorch| = {diff}")
     if args.st_folder:
-        print(f"load it with sentence-transformers' ONNX backend: SentenceTransformer({args.output!r}, backend=\"onnx\")")
+        print("load it with sentence-transformers' ONNX backend: "
+              f"SentenceTransformer({args.output!r}, backend=\"onnx\")")
     return 0
 
 

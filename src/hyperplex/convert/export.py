@@ -31,12 +31,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.convert.serialize import _is_sentence_transformer, _is_transformers_model
-from hyperplex.fileio import default_file_mode
+from hyperplex.fileio import default_file_mode, temporary_sibling
 from hyperplex.layers.functional import materialize_weight, phm_linear_premixed, phm_linear_structured
 from hyperplex.layers.phm import PHMLinear
 
-__all__ = ["export_onnx", "export_onnx_folder", "ExportError", "ExportResult", "ONNX_TOLERANCE", "PHM_MODES", "phm_linear_premixed",
-           "unsupported_layers"]
+__all__ = ["export_onnx", "export_onnx_folder", "ExportError", "ExportResult", "ONNX_TOLERANCE", "PHM_MODES",
+           "phm_linear_premixed", "unsupported_layers"]
 
 #: onnxruntime's outputs must equal PyTorch's within ``ONNX_TOLERANCE × max(1, max |PyTorch output|)``
 #: (max abs difference). Both run float32; they differ only by the order of additions in the matmuls
@@ -276,11 +276,15 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, sentence_embedding
     return ExportResult(path, os.path.getsize(path), names, outputs_names, diff)
 
 
+def _check_phm_mode(phm: str) -> None:
+    if phm not in PHM_MODES:
+        raise ExportError(f"unknown phm mode {phm!r}; valid: {', '.join(PHM_MODES)}")
+
+
 def _check_export(model: nn.Module, path: str, phm: str) -> str:
     """What :func:`export_onnx` refuses before tracing (an unknown ``phm`` mode, a layer the exporter cannot
     write, a missing folder, a folder as the path, no ``onnx`` package); returns the file's folder."""
-    if phm not in PHM_MODES:
-        raise ExportError(f"unknown phm mode {phm!r}; valid: {', '.join(PHM_MODES)}")
+    _check_phm_mode(phm)
     bad = unsupported_layers(model)
     if bad:
         name, reason = bad[0]
@@ -361,11 +365,12 @@ def export_onnx_folder(folder: str | os.PathLike, out_dir: str | os.PathLike, *,
     new folder holds ``onnx/model.onnx`` — the transformer's ``input_ids``, ``attention_mask`` →
     ``last_hidden_state`` graph of :func:`export_onnx` (``sentence_embedding=False``), with the factors, not
     ``H`` — under the transformer module's path, beside every other file of ``folder`` except weights
-    (``*.safetensors``, ``*.bin``, …), earlier ``onnx/`` and ``openvino/`` exports and ``hyperplex_convert.json``: the tokenizer, ``config.json``, the pooling
-    and normalisation modules. ``modules.json`` names each module by its ``sentence_transformers.models.<Class>``
-    alias where the installed sentence-transformers has one (sentence-transformers 6 writes paths that 5 cannot
-    import; the aliases resolve in both). Only the first module may have parameters: the graph covers the
-    transformer, the later modules (pooling, normalisation) run from their config files.
+    (``*.safetensors``, ``*.bin``, …), earlier ``onnx/`` and ``openvino/`` exports and ``hyperplex_convert.json``:
+    the tokenizer, ``config.json``, the pooling and normalisation modules. ``modules.json`` names each module by
+    its ``sentence_transformers.models.<Class>`` alias where the installed sentence-transformers has one
+    (sentence-transformers 6 writes paths that 5 cannot import; the aliases resolve in both). Only the first
+    module may have parameters: the graph covers the transformer, the later modules (pooling, normalisation) run
+    from their config files.
 
     Built in a temporary folder beside ``out_dir`` and renamed into place once the graph has been checked in
     onnxruntime, so an error leaves nothing behind. Raises :class:`ExportError` (``out_dir`` exists, its parent
@@ -373,7 +378,6 @@ def export_onnx_folder(folder: str | os.PathLike, out_dir: str | os.PathLike, *,
     ``folder``) or the errors of loading ``folder`` and of :func:`export_onnx`.
     """
     import json
-    import secrets
     import shutil
     from pathlib import Path
 
@@ -381,8 +385,7 @@ def export_onnx_folder(folder: str | os.PathLike, out_dir: str | os.PathLike, *,
     from hyperplex.fileio import UnsafePathError, inside, read_bounded
 
     source, out = Path(folder), Path(out_dir)
-    if phm not in PHM_MODES:
-        raise ExportError(f"unknown phm mode {phm!r}; valid: {', '.join(PHM_MODES)}")
+    _check_phm_mode(phm)  # before the model is loaded
     if os.path.lexists(out):
         raise ExportError(f"{out}: already exists; give a new folder (nothing is overwritten)")
     if not out.absolute().parent.is_dir():
@@ -418,7 +421,7 @@ def export_onnx_folder(folder: str | os.PathLike, out_dir: str | os.PathLike, *,
             raise ExportError(f"{source}: module {index} ({type(module).__name__}) has parameters; the ONNX folder's "
                               f"graph covers the transformer (module 0) only — export the sentence_embedding graph "
                               f"with export_onnx instead")
-    tmp = out.absolute().parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = Path(temporary_sibling(out))
     try:
         os.mkdir(tmp)
         _copy_without_weights(source, tmp)

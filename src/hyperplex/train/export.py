@@ -38,6 +38,17 @@ def classifier_inputs(model, rows: int = 2, length: int = 8) -> tuple[torch.Tens
     return tokens, lengths
 
 
+def _converted_folder(model_path: Path) -> Path:
+    """MODEL itself, or the ``student/`` of a ``hyperplex compress`` model folder that holds no converted model of
+    its own."""
+    from hyperplex.convert.serialize import SPEC_NAME
+
+    student = model_path / "student"
+    if model_path.is_dir() and not (model_path / SPEC_NAME).is_file() and (student / SPEC_NAME).is_file():
+        return student
+    return model_path
+
+
 def load_exportable(model_path: Path, checkpoint: str = "best", data_root: str | None = None):
     """(model, keyword arguments for :func:`~hyperplex.convert.export.export_onnx`) for MODEL (a converted or
     compress folder, or a ``hyperplex train`` model folder / checkpoint); ExportError for what cannot be exported."""
@@ -45,9 +56,7 @@ def load_exportable(model_path: Path, checkpoint: str = "best", data_root: str |
     from hyperplex.convert.quantize import QUANT_SPEC_NAME, load_quantized
     from hyperplex.convert.serialize import SPEC_NAME, load_converted
 
-    folder = model_path
-    if folder.is_dir() and not (folder / SPEC_NAME).is_file() and (folder / "student" / SPEC_NAME).is_file():
-        folder = folder / "student"
+    folder = _converted_folder(model_path)
     if folder.is_dir() and (folder / QUANT_SPEC_NAME).is_file():
         model = load_quantized(folder)  # checks the folder; then refused, naming its first int8 layer
         name, reason = unsupported_layers(model)[0]
@@ -75,7 +84,6 @@ def export(model: str, output: str, checkpoint: str = "best", token_embeddings: 
     second value is ``None``."""
     from hyperplex.convert.export import ExportError, export_onnx, export_onnx_folder
     from hyperplex.convert.quantize import model_bytes
-    from hyperplex.convert.serialize import SPEC_NAME
 
     model_path = Path(model)
     if not model_path.exists():
@@ -83,10 +91,7 @@ def export(model: str, output: str, checkpoint: str = "best", token_embeddings: 
     if st_folder:
         if token_embeddings:
             raise ExportError("--st-folder always writes the token-embedding graph; leave out --token-embeddings")
-        folder = model_path
-        if folder.is_dir() and not (folder / SPEC_NAME).is_file() and (folder / "student" / SPEC_NAME).is_file():
-            folder = folder / "student"
-        return export_onnx_folder(folder, output, phm=phm, opset=opset), None
+        return export_onnx_folder(_converted_folder(model_path), output, phm=phm, opset=opset), None
     out = Path(output)
     if out.suffix != ".onnx":
         raise ExportError(f"{output}: the output file must end in .onnx")

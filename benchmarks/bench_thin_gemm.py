@@ -19,6 +19,12 @@ stack (so neither is served from the last-level cache), as the best of ``--repea
 - ``mkl_packed`` — ``premixed_stored`` with the side-by-side factors packed once for MKL's GEMM
   (``torch.ops.mkl._mkl_reorder_linear_weight``, what inductor's freezing uses), where built.
 
+With ``--compile`` two more columns compare whole forwards, the rule's mixing included:
+
+- ``full`` — :func:`~hyperplex.layers.functional.phm_linear_structured` as the library runs it (eager);
+- ``compiled`` — the same function through ``torch.compile`` (inductor; compiled once per ``n`` before timing,
+  which takes tens of seconds on CPU and needs a C++ compiler).
+
 Each line ends with ``bound``: the least ×dense any form could reach on this CPU, the larger of ``1/n`` (the
 factors' share of the dense bytes, read at the dense layer's rate) and the time the dense layer's
 ``2·rows·d²`` flops take at the rate of a hot ``1024³`` GEMM (this CPU's practical peak, printed first).
@@ -103,6 +109,24 @@ def mkl_packed_ratio(stack, Z, repeats: int) -> float:
                      repeats)
 
 
+def whole_forwards(stack, rows: int, repeats: int, t_dense: float) -> dict[str, float]:
+    """×dense of the library's whole structured forward (mixing included), eager and compiled, on ``stack``."""
+    import torch
+
+    from hyperplex.layers.functional import phm_linear_structured
+
+    n, m, _ = stack[0].shape
+    rule = torch.randn(n, n, n)
+    x = torch.randn(rows, n * m)
+    compiled = torch.compile(phm_linear_structured, dynamic=False)
+    with torch.inference_mode():
+        error = (compiled(x, rule, stack[0]) - phm_linear_structured(x, rule, stack[0])).abs().max().item()
+        if error > 1e-3:
+            raise AssertionError(f"compiled forward differs from eager by {error:.2e} at n = {n}")
+        return {name: best_time([lambda S=S: f(x, rule, S) for S in stack], repeats) / t_dense
+                for name, f in (("full", phm_linear_structured), ("compiled", compiled))}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--d", type=int, default=4096, help="in = out features (default 4096)")
@@ -111,6 +135,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--layers", type=int, default=6, help="dense layers in the stack (PHM: n× as many)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the whole structured forward, eager and through torch.compile")
     args = parser.parse_args(argv)
     import torch
 
@@ -150,6 +176,8 @@ def main(argv: list[str] | None = None) -> dict:
                 row[name] = mkl_packed_ratio(stack, Z, args.repeats) / t_dense
             else:
                 row[name] = best_time([lambda S=S, form=form: form(S) for S in stack], args.repeats) / t_dense
+        if args.compile:
+            row.update(whole_forwards(stack, args.rows, args.repeats, t_dense))
         row["bound"] = bound(n, d, args.rows, t_dense, peak)
         results[n] = row
         print(f"n = {n:2d}: " + "  ".join(f"{name} {ratio:.2f}" for name, ratio in row.items()), flush=True)

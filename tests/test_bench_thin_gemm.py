@@ -58,3 +58,21 @@ def test_tiny_run_gives_a_ratio_per_form(bench):
     assert results[2]["bound"] >= 0.5 and results[4]["bound"] >= 0.25
     with pytest.raises(SystemExit):
         bench.main(["--d", "60", "--ns", "8"])
+
+
+def test_whole_forwards_time_eager_and_compiled_and_refuse_a_wrong_compile(bench, monkeypatch):
+    torch.manual_seed(0)
+    stack = [torch.randn(4, 8, 8) for _ in range(2)]
+    monkeypatch.setattr(torch, "compile", lambda f, **kwargs: f)  # inductor takes tens of seconds; slow test below
+    ratios = bench.whole_forwards(stack, rows=2, repeats=1, t_dense=1.0)
+    assert set(ratios) == {"full", "compiled"} and all(r > 0 for r in ratios.values())
+    monkeypatch.setattr(torch, "compile", lambda f, **kwargs: lambda x, rule, S: f(x, rule, S) + 1.0)
+    with pytest.raises(AssertionError, match="compiled forward differs from eager"):
+        bench.whole_forwards(stack, rows=2, repeats=1, t_dense=1.0)
+
+
+@pytest.mark.slow
+def test_compiled_structured_forward_matches_eager(bench):
+    torch.manual_seed(0)
+    ratios = bench.whole_forwards([torch.randn(2, 16, 16)], rows=1, repeats=1, t_dense=1.0)
+    assert ratios["compiled"] > 0

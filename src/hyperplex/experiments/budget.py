@@ -171,7 +171,7 @@ def budget_figure(points: list[dict], dev_metric: str = "cosine", metrics=METRIC
                             label=curve)
     thousands = FuncFormatter(lambda value, _: f"{value / 1000:g}k")
     # minor ticks labelled at 2× and 5× each power of ten only: every one of them overlapped its neighbours
-    twos_and_fives = FuncFormatter(lambda value, _: f"{value / 1000:g}k" if value > 0 and round(
+    twos_and_fives = FuncFormatter(lambda value, pos: thousands(value, pos) if value > 0 and round(
         value / 10 ** math.floor(math.log10(value))) in (2, 5) else "")
     for ax, name in zip(axes, panels):
         ax.set_xscale("log")

@@ -43,7 +43,8 @@ def test_unfinished_model_needs_resume_then_continues(done, tmp_path):
     assert segments[-1]["resume"] is True and segments[-1]["status"] == "finished"
 
 
-PRETRAINED_PLANS = {"minilm_compress.yaml", "minilm_frontier.yaml", "sst2_adapters.yaml", "wikiqa_adapters.yaml"}
+PRETRAINED_PLANS = {"minilm_compress.yaml", "minilm_frontier.yaml", "minilm_schedule.yaml",
+                    "sst2_adapters.yaml", "wikiqa_adapters.yaml"}
 
 
 @pytest.mark.parametrize("plan", [pytest.param(p, marks=pytest.mark.slow) if p in PRETRAINED_PLANS else p

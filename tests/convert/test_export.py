@@ -318,16 +318,23 @@ def test_st_folder_refusals_write_nothing(tmp_path, tiny_sentence_transformer, b
     with_dense.save(str(tmp_path / "dense_head"))
     with pytest.raises(ExportError, match=r"module 2 \(Dense\) has parameters"):
         export_onnx_folder(tmp_path / "dense_head", tmp_path / "out")
-    # a symbolic link in the folder is refused (a converted folder by load_converted, a plain one when copied),
-    # and the half-built folder is removed
-    from hyperplex.convert.serialize import LoadError
-
+    # a symbolic link out of the folder is refused before the model is loaded, converted or plain
     (tmp_path / "student" / "extra.txt").symlink_to(tmp_path / "taken" / "keep.txt")
-    with pytest.raises(LoadError, match="symbolic link"):
+    with pytest.raises(ExportError, match="extra.txt: a symbolic link to .*, outside the model folder"):
         export_onnx_folder(tmp_path / "student", tmp_path / "out")
     tiny_sentence_transformer().save(str(tmp_path / "plain"))
     (tmp_path / "plain" / "extra.txt").symlink_to(tmp_path / "taken" / "keep.txt")
     with pytest.raises(ExportError, match="symbolic link"):
+        export_onnx_folder(tmp_path / "plain", tmp_path / "out")
+    # a link that stays inside the folder passes the check but is not copied as a link: the half-built folder goes
+    (tmp_path / "plain" / "extra.txt").unlink()
+    (tmp_path / "plain" / "extra.txt").symlink_to(tmp_path / "plain" / "modules.json")
+    with pytest.raises(ExportError, match=r"extra.txt: a symbolic link; an ONNX folder is copied from regular files"):
+        export_onnx_folder(tmp_path / "plain", tmp_path / "out")
+    # a FIFO (it would block a reader, and a copy that skipped it would lose a file) is refused before loading
+    (tmp_path / "plain" / "extra.txt").unlink()
+    os.mkfifo(tmp_path / "plain" / "pipe")
+    with pytest.raises(ExportError, match=r"pipe: a FIFO, not a regular file"):
         export_onnx_folder(tmp_path / "plain", tmp_path / "out")
     assert sorted(os.listdir(tmp_path)) == ["bert", "dense_head", "plain", "student", "taken"]
     assert os.listdir(tmp_path / "taken") == ["keep.txt"]

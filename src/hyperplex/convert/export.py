@@ -382,7 +382,7 @@ def export_onnx_folder(folder: str | os.PathLike, out_dir: str | os.PathLike, *,
     from pathlib import Path
 
     from hyperplex.convert.serialize import SPEC_NAME, load_converted
-    from hyperplex.fileio import UnsafePathError, inside, read_bounded
+    from hyperplex.fileio import UnsafePathError, check_folder_files, inside, read_bounded
 
     source, out = Path(folder), Path(out_dir)
     _check_phm_mode(phm)  # before the model is loaded
@@ -394,6 +394,10 @@ def export_onnx_folder(folder: str | os.PathLike, out_dir: str | os.PathLike, *,
     if not source.is_dir() or not modules_path.is_file():
         raise ExportError(f"{source}: not a SentenceTransformer folder (no modules.json); an ONNX folder for "
                           f"sentence-transformers is written from one")
+    try:  # a FIFO or a device would block the copy or be left out of it; refused before anything is loaded
+        check_folder_files(source)
+    except UnsafePathError as err:
+        raise ExportError(str(err)) from err
     try:
         modules = json.loads(read_bounded(modules_path, 1 << 20))
     except UnsafePathError as err:
@@ -443,7 +447,7 @@ def export_onnx_folder(folder: str | os.PathLike, out_dir: str | os.PathLike, *,
 def _copy_without_weights(source, target) -> None:
     """Copy ``source``'s files into the existing folder ``target``, leaving out weights
     (:data:`_LEFT_OUT_SUFFIXES`), other backends' folders (:data:`_LEFT_OUT_FOLDERS`), ``hyperplex_convert.json`` and
-    hidden entries; a symbolic link is refused."""
+    hidden entries; a symbolic link or any other entry that is not a regular file or folder is refused."""
     import shutil
 
     from hyperplex.convert.serialize import SPEC_NAME
@@ -458,7 +462,9 @@ def _copy_without_weights(source, target) -> None:
                 continue
             os.mkdir(os.path.join(target, entry.name))
             _copy_without_weights(entry.path, os.path.join(target, entry.name))
-        elif entry.is_file() and not entry.name.endswith(_LEFT_OUT_SUFFIXES):
+        elif not entry.is_file():  # check_folder_files refused these before the copy began
+            raise ExportError(f"{entry.path}: not a regular file; an ONNX folder is copied from regular files only")
+        elif not entry.name.endswith(_LEFT_OUT_SUFFIXES):
             shutil.copyfile(entry.path, os.path.join(target, entry.name))
 
 

@@ -462,7 +462,7 @@ def _copy_without_weights(source, target) -> None:
                 continue
             os.mkdir(os.path.join(target, entry.name))
             _copy_without_weights(entry.path, os.path.join(target, entry.name))
-        elif not entry.is_file():  # check_folder_files refused these before the copy began
+        elif not entry.is_file():  # check_folder_files refused these already: reached only if the folder changed since
             raise ExportError(f"{entry.path}: not a regular file; an ONNX folder is copied from regular files only")
         elif not entry.name.endswith(_LEFT_OUT_SUFFIXES):
             shutil.copyfile(entry.path, os.path.join(target, entry.name))

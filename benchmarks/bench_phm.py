@@ -299,6 +299,8 @@ def estimate_bytes(variant: str, phase: str, d: int, k: int, n: int, rows: int, 
         "dense": k * d if phase == "train" else 0,
         "structured": rows * n * k * (3 if phase == "train" else 1),
         "materialized": k * d * (4 if phase == "train" else 1),
+        "premixed": rows * n * d + k * d // n,  # the pre-mixed rows and the Sᵢ side by side
+        "streamed": rows * n * d,  # the pre-mixed rows
         "auto": k * d * (4 if phase == "train" else 1) + rows * n * k * (3 if phase == "train" else 1),
         "kron": n * k * d * (2 if phase == "train" else 1) + 2 * k * d,
     }[variant]
@@ -724,6 +726,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="default cuda if available, else cpu")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="default float32")
     p.add_argument("--threads", type=int, metavar="N", help="torch.set_num_threads(N) (default: torch's choice)")
+    p.add_argument("--native", action="store_true",
+                   help="build hyperplex's compiled PHM kernel first (hyperplex.layers.native, about a minute the first "
+                        "time), so that `auto` takes its streamed path in inference at few rows on large weights")
     p.add_argument("--mode", choices=["both", "warm", "cold"], default="both",
                    help="warm: one layer called again and again (its weights may stay in cache); cold: a stack of "
                         "distinct layers called in sequence, whose weights overflow the last-level cache as a "
@@ -771,6 +776,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.native:
+        from hyperplex.layers.native import enable_native_kernels
+
+        enable_native_kernels()
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     if args.clock == "cpu" and device.type == "cuda":
         raise SystemExit("--clock cpu measures host CPU time; use --clock wall with --device cuda")

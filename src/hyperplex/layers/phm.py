@@ -16,12 +16,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.algebra import ALGEBRAS, algebra_rule
+from hyperplex.layers import native
 from hyperplex.layers.functional import materialize_weight, phm_linear_premixed, phm_linear_structured, signed_permutation
 
 __all__ = ["PHMLinear", "phm_parameter_count", "shared_weights", "FORWARD_MODES", "cache_dense_weights",
            "cached_bytes", "release_dense_caches"]
 
-FORWARD_MODES = ("auto", "structured", "materialized", "premixed")
+FORWARD_MODES = ("auto", "structured", "materialized", "premixed", "streamed")
 RuleSpec = str | Tensor
 
 
@@ -77,8 +78,10 @@ class PHMLinear(nn.Module):
             stored as the buffer ``phm_rule``.
         forward_mode: ``"auto"`` (choose per call by shape and grad mode), ``"structured"``
             (never form ``H``), ``"premixed"`` (never form ``H``: inputs mixed by the rule, then one
-            GEMM against the ``Sᵢ`` side by side) or ``"materialized"`` (form ``H``, then one dense
-            matmul). All are exact.
+            GEMM against the ``Sᵢ`` side by side), ``"materialized"`` (form ``H``, then one dense
+            matmul) or ``"streamed"`` (inference only: the compiled kernel of :mod:`hyperplex.layers.native`,
+            which ``auto`` also takes at few rows once :func:`~hyperplex.layers.native.enable_native_kernels`
+            has built it). All are exact.
         cache_dense: keep the formed ``H`` between calls that need no weight gradient (inference,
             frozen layers) and reuse it while no parameter changes. Off by default: the cache is a
             dense copy of the weight (``k·d`` numbers, ``n×`` the layer's own weights), the very
@@ -280,9 +283,17 @@ class PHMLinear(nn.Module):
     PREMIXED_WEIGHT = 2 ** 20
     PREMIXED_ROW_LIMIT = 64
 
-    def choose_mode(self, rows: int) -> str:
+    def _streamable(self) -> bool:
+        """Whether ``auto`` may hand this call to the compiled kernel: float32 on the CPU, outside autocast,
+        ``torch.compile``, tracing and ONNX export (which need PyTorch operations to record)."""
+        return (self.phm_weight.device.type == "cpu" and self.phm_weight.dtype == torch.float32
+                and self.phm_rule.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+                and not torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export())
+
+    def choose_mode(self, rows: int, input_grad: bool = False) -> str:
         """The path ``forward`` takes for an input with ``rows`` rows: ``"structured"``, ``"premixed"``,
-        ``"materialized"``, ``"cached"`` (materialized, reusing ``H``) or ``"dense"`` (``n = 1``)."""
+        ``"materialized"``, ``"streamed"``, ``"cached"`` (materialized, reusing ``H``) or ``"dense"`` (``n = 1``).
+        ``input_grad``: the input needs a gradient (``auto`` then keeps to the differentiable paths)."""
         if self.n == 1:
             return "dense"
         inference = not self._needs_weight_grad() and not torch.compiler.is_compiling()
@@ -296,19 +307,25 @@ class PHMLinear(nn.Module):
             weight = self.in_features * self.out_features
             if (inference and not cacheable and weight <= self.PREMIXED_WEIGHT and rows <= self.PREMIXED_ROW_LIMIT
                     and self.out_features >= self.in_features):
-                return "premixed"
-            if cacheable:
-                limit, per_row = self.STRUCTURED_ROW_LIMIT_INFERENCE, self.WEIGHT_PER_ROW_INFERENCE
-            elif inference:
-                limit, per_row = self.STRUCTURED_ROW_LIMIT_INFERENCE, self.WEIGHT_PER_ROW_UNCACHED
+                mode = "premixed"
             else:
-                limit, per_row = self.STRUCTURED_ROW_LIMIT_TRAINING, self.WEIGHT_PER_ROW_TRAINING
-                if weight >= self.LARGE_WEIGHT:
-                    limit = self.STRUCTURED_ROW_LIMIT_TRAINING_LARGE
-            structured = rows * self.n <= limit and rows * per_row <= weight
-            if cacheable and weight <= self.CACHE_RESIDENT_WEIGHT:
-                structured = False
-            mode = "structured" if structured else "materialized"
+                if cacheable:
+                    limit, per_row = self.STRUCTURED_ROW_LIMIT_INFERENCE, self.WEIGHT_PER_ROW_INFERENCE
+                elif inference:
+                    limit, per_row = self.STRUCTURED_ROW_LIMIT_INFERENCE, self.WEIGHT_PER_ROW_UNCACHED
+                else:
+                    limit, per_row = self.STRUCTURED_ROW_LIMIT_TRAINING, self.WEIGHT_PER_ROW_TRAINING
+                    if weight >= self.LARGE_WEIGHT:
+                        limit = self.STRUCTURED_ROW_LIMIT_TRAINING_LARGE
+                structured = rows * self.n <= limit and rows * per_row <= weight
+                if cacheable and weight <= self.CACHE_RESIDENT_WEIGHT:
+                    structured = False
+                mode = "structured" if structured else "materialized"
+            # Where a product that never forms H won, and the compiled kernel is on: it streams the factors once.
+            if (mode != "materialized" and inference and not cacheable and not input_grad
+                    and rows <= native.STREAMED_ROW_LIMIT and weight >= native.STREAMED_MIN_WEIGHT
+                    and native.native_kernels_enabled() and self._streamable()):
+                mode = "streamed"
         if mode == "materialized" and cacheable:
             return "cached"
         return mode
@@ -320,11 +337,13 @@ class PHMLinear(nn.Module):
             return F.linear(input, self.phm_weight.view(self.out_features, self.in_features), self.bias)
         if self._shared_weight is not None:  # inside shared_weights(): H formed once for many calls
             return F.linear(input, self._shared_weight, self.bias)
-        mode = self.choose_mode(input.numel() // self.in_features)
+        mode = self.choose_mode(input.numel() // self.in_features, input.requires_grad and torch.is_grad_enabled())
         if mode == "structured":
             return phm_linear_structured(input, self.phm_rule, self.phm_weight, self.bias)
         if mode == "premixed":
             return phm_linear_premixed(input, self.phm_rule, self.phm_weight, self.bias)
+        if mode == "streamed":
+            return native.phm_linear_streamed(input, self.phm_rule, self.phm_weight, self.bias)
         return F.linear(input, self._weight_for(mode), self.bias)
 
     def _weight_for(self, mode: str) -> Tensor:

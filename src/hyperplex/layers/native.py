@@ -1,0 +1,135 @@
+"""An optional compiled kernel for PHM inference at few rows: the *streamed* product.
+
+At one row (a decoder step, a single short sentence) a large PHM layer is bound by reading its weights, and PHM's
+gain is that it has ``n×`` fewer of them. PyTorch's own products cannot collect that gain at ``n ≥ 8``: the structured
+path runs ``n²`` small products, and the one GEMM against the ``Sᵢ`` side by side (:func:`phm_linear_premixed`) makes
+BLAS pack its weight operand first, which reads and writes the factors once more (docs/performance.md). The kernel in
+``phm_stream.cpp`` streams every ``Sᵢ`` from memory exactly once, in the layout in which it is stored, and does the
+dense layer's multiply-adds in registers.
+
+It is compiled on first use with :mod:`torch.utils.cpp_extension` (a C++ compiler and ``ninja``, from
+``pip install 'hyperplex[native]'``; about a minute, then cached in ``TORCH_EXTENSIONS_DIR``), with
+``-march=native``: the build fits the machine that made it. Nothing is compiled unless asked for:
+
+- :func:`enable_native_kernels` builds it and lets every :class:`~hyperplex.layers.PHMLinear` in ``forward_mode="auto"``
+  take it in inference where it applies (CPU, float32, no gradient needed, at most
+  :data:`STREAMED_ROW_LIMIT` rows on a weight of at least :data:`STREAMED_MIN_WEIGHT` elements), and not under
+  autocast, ``torch.compile``, tracing or ONNX export;
+- ``forward_mode="streamed"`` on a layer asks for it always (and fails with a clear error where it cannot run);
+- :func:`phm_linear_streamed` is the functional form.
+
+The result equals the other paths up to float32 rounding (the same sums in another order).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from hyperplex.layers.functional import premix_inputs
+
+__all__ = ["STREAMED_MIN_WEIGHT", "STREAMED_ROW_LIMIT", "enable_native_kernels", "native_kernels_enabled",
+           "phm_linear_streamed", "streamable"]
+
+SOURCE = Path(__file__).with_name("phm_stream.cpp")
+#: ``auto`` takes the streamed path in inference for at most ``STREAMED_ROW_LIMIT`` rows (tokens × batch) on a
+#: weight of at least ``STREAMED_MIN_WEIGHT`` elements (``k·d``; 1024² and up). Measured on this project's CPU, stacks
+#: of layers whose factors overflow the last-level cache, 2 threads (docs/performance.md): at 1024² and 4096², n = 4
+#: and 8, the kernel took 0.5–0.8× the time of the path ``auto`` had chosen at 1 and 4 rows, about level at 8, slower
+#: from 16; on MiniLM's 384-wide shapes the comparison swung from 0.5× to 1.6× between runs, so they keep PyTorch's
+#: paths.
+STREAMED_ROW_LIMIT = 4
+STREAMED_MIN_WEIGHT = 2 ** 20
+
+_lock = threading.Lock()
+_module = None
+_enabled = False
+
+
+def _build(verbose: bool = False):
+    global _module
+    with _lock:
+        if _module is None:
+            missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None and
+                       not (tool == "ninja" and _ninja_from_pip())]
+            if missing:
+                raise RuntimeError(
+                    f"hyperplex's native PHM kernel needs {' and '.join(missing)} to compile {SOURCE.name}: "
+                    "install a C++ compiler and `pip install 'hyperplex[native]'` (ninja), or leave the kernel off "
+                    "(every PHM path in PyTorch stays available)")
+            from torch.utils import cpp_extension
+
+            # -fopenmp: at::parallel_for is OpenMP in PyTorch's CPU builds, and the extension then shares the
+            # libgomp that torch loaded (same soname), so it runs on torch's threads (torch.set_num_threads).
+            flags = ["-O3", "-march=native", "-fopenmp"]
+            _module = cpp_extension.load(name=f"hyperplex_phm_stream_{_machine_tag()}", sources=[str(SOURCE)],
+                                         extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=verbose)
+    return _module
+
+
+def _machine_tag() -> str:
+    """A short hash of this CPU's model and feature flags: the build cache is per user, and a ``-march=native``
+    binary made on one CPU may stop with an illegal instruction on another that shares the home folder."""
+    import hashlib
+    import platform
+
+    text = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            text += "".join(line for line in fh if line.startswith(("model name", "flags", "Features")))
+    except OSError:
+        text += platform.processor()
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _ninja_from_pip() -> bool:
+    try:
+        import ninja  # noqa: F401  (pip's ninja puts its binary next to the interpreter's scripts)
+    except ImportError:
+        return False
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    return True
+
+
+def enable_native_kernels(enabled: bool = True, *, verbose: bool = False) -> None:
+    """Build the streamed kernel (once per machine; cached) and let ``forward_mode="auto"`` PHM layers use it in
+    inference at few rows; ``enabled=False`` turns that off again. Raises :class:`RuntimeError`, naming what is
+    missing, when it cannot be built; nothing is changed then."""
+    global _enabled
+    if enabled:
+        _build(verbose)
+    _enabled = bool(enabled)
+
+
+def native_kernels_enabled() -> bool:
+    """Whether ``auto`` PHM layers may take the streamed kernel (see :func:`enable_native_kernels`)."""
+    return _enabled
+
+
+def streamable(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> str | None:
+    """``None`` if :func:`phm_linear_streamed` can run on these tensors, else the reason it cannot."""
+    tensors = [t for t in (x, rule, weight, bias) if t is not None]
+    if any(t.device.type != "cpu" for t in tensors):
+        return "it runs on the CPU only"
+    if any(t.dtype != torch.float32 for t in tensors):
+        return "it runs in float32 only"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return "it has no backward pass (use it under torch.no_grad() or torch.inference_mode(), or on frozen weights)"
+    return None
+
+
+def phm_linear_streamed(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x Hᵀ + b`` with ``H = Σᵢ rule[i] ⊗ weight[i]``, through the compiled kernel (built on first call).
+    ``x``: ``(..., d)`` → ``(..., k)``. Inference only: CPU, float32, no gradient."""
+    reason = streamable(x, rule, weight, bias)
+    if reason is not None:
+        raise RuntimeError(f"the streamed PHM kernel cannot run here: {reason}")
+    n, k_n, _ = weight.shape
+    z = premix_inputs(x, rule)
+    y = _build().phm_stream(weight, z, bias)
+    return y.reshape(*x.shape[:-1], n * k_n)

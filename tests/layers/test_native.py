@@ -1,0 +1,171 @@
+"""The compiled streamed PHM kernel (hyperplex.layers.native): equal to the Kronecker reference on every shape,
+independent of the thread count, inference only, and taken by ``auto`` exactly where it applies.
+
+The kernel is built once per machine (about a minute, then cached); without a C++ compiler or ninja the module
+skips, except for the test that the build error names what is missing."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from hyperplex.layers import PHMLinear, native
+from hyperplex.layers.functional import phm_linear_reference, phm_linear_structured
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    try:
+        native.enable_native_kernels()
+    except RuntimeError as err:
+        pytest.skip(f"native kernel not buildable here: {err}")
+    except Exception as err:  # a compiler that is present but fails: report it as a skip, with the cause
+        pytest.skip(f"native kernel build failed: {type(err).__name__}: {err}")
+    native.enable_native_kernels(False)  # each test turns `auto`'s use on itself
+    return native
+
+
+@pytest.fixture
+def enabled(kernel):
+    kernel.enable_native_kernels()
+    yield kernel
+    kernel.enable_native_kernels(False)
+
+
+def _case(n, d_n, k_n, rows, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rule = torch.randn(n, n, n, generator=g)
+    weight = torch.randn(n, k_n, d_n, generator=g)
+    x = torch.randn(rows, n * d_n, generator=g)
+    b = torch.randn(n * k_n, generator=g) if bias else None
+    return x, rule, weight, b
+
+
+def _reference(x, rule, weight, bias):
+    return phm_linear_reference(x.double(), rule.double(), weight.double(), None if bias is None else bias.double())
+
+
+def _assert_close_to_reference(y, ref):
+    assert y.dtype == torch.float32 and y.shape == ref.shape
+    # float32 sums of d terms against a float64 reference: relative to the output's scale
+    scale = ref.abs().max().item()
+    assert (y.double() - ref).abs().max().item() <= 2e-6 * scale * max(1.0, ref.shape[-1] ** 0.5 / 8)
+
+
+# ---------------------------------------------------------------- values
+@pytest.mark.parametrize("n,d_n,k_n,rows", [
+    (4, 16, 8, 1),       # vector loop only, one tile
+    (4, 1024, 1024, 1),  # d = k = 4096 at one row: the decoding shape the kernel is for
+    (16, 256, 256, 2),   # many factors, long rows (the factor-outermost order)
+    (8, 17, 9, 3),       # a tail in every loop: d/n % 8, k/n % 6, odd number of pre-mixed rows
+    (2, 96, 50, 5),
+    (3, 11, 4, 7),       # n not a power of two, rows shorter than one vector
+    (1, 40, 13, 1),      # n = 1: one factor, one pre-mixed row (the 12 × 1 tile)
+    (4, 96, 384, 30),    # a MiniLM shape with a sentence's worth of rows
+])
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_kronecker_reference(kernel, n, d_n, k_n, rows, bias):
+    x, rule, weight, b = _case(n, d_n, k_n, rows, bias)
+    with torch.no_grad():
+        y = kernel.phm_linear_streamed(x, rule, weight, b)
+    _assert_close_to_reference(y, _reference(x, rule, weight, b))
+
+
+def test_leading_dimensions_and_untouched_inputs(kernel):
+    x, rule, weight, b = _case(4, 24, 12, 6)
+    x = x.reshape(2, 3, 96)
+    before = [t.clone() for t in (x, rule, weight, b)]
+    with torch.inference_mode():
+        y = kernel.phm_linear_streamed(x, rule, weight, b)
+    assert y.shape == (2, 3, 48)
+    _assert_close_to_reference(y.reshape(6, 48), _reference(x.reshape(6, 96), rule, weight, b))
+    for t, t0 in zip((x, rule, weight, b), before):  # the kernel accumulates into a fresh output, never the bias
+        assert torch.equal(t, t0)
+
+
+def test_result_does_not_depend_on_thread_count(kernel):
+    x, rule, weight, b = _case(8, 512, 512, 2)  # enough feature tiles to split across threads
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            one = kernel.phm_linear_streamed(x, rule, weight, b)
+        torch.set_num_threads(max(2, threads))
+        with torch.no_grad():
+            many = kernel.phm_linear_streamed(x, rule, weight, b)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, many)  # each output is summed by one thread in a fixed order
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 6), d_n=st.integers(1, 40), k_n=st.integers(1, 20), rows=st.integers(1, 9),
+       bias=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_matches_reference_on_random_shapes(kernel, n, d_n, k_n, rows, bias, seed):
+    x, rule, weight, b = _case(n, d_n, k_n, rows, bias, seed)
+    with torch.no_grad():
+        y = kernel.phm_linear_streamed(x, rule, weight, b)
+    _assert_close_to_reference(y, _reference(x, rule, weight, b))
+
+
+# ---------------------------------------------------------------- refusals
+def test_refuses_what_it_cannot_compute(kernel):
+    x, rule, weight, b = _case(4, 8, 8, 2)
+    with pytest.raises(RuntimeError, match="no backward pass"):
+        kernel.phm_linear_streamed(x.requires_grad_(), rule, weight, b)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="float32 only"):
+        kernel.phm_linear_streamed(x.double(), rule.double(), weight.double(), b.double())
+    layer = PHMLinear(32, 32, 4, forward_mode="streamed")  # asked for explicitly, in training
+    with pytest.raises(RuntimeError, match="streamed PHM kernel cannot run here: it has no backward pass"):
+        layer(torch.randn(2, 32))
+
+
+def test_build_error_names_what_is_missing(monkeypatch):
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_enabled", False)
+    monkeypatch.setattr(shutil, "which", lambda tool: None)
+    monkeypatch.setattr(native, "_ninja_from_pip", lambda: False)
+    with pytest.raises(RuntimeError, match=r"needs c\+\+ and ninja to compile phm_stream\.cpp.*hyperplex\[native\]"):
+        native.enable_native_kernels()
+    assert not native.native_kernels_enabled()  # nothing changed
+
+
+# ---------------------------------------------------------------- PHMLinear's `auto`
+def test_auto_takes_the_kernel_only_where_it_applies(enabled):
+    big = PHMLinear(1024, 1024, 4)
+    small = PHMLinear(384, 1536, 4)  # below STREAMED_MIN_WEIGHT
+    limit = native.STREAMED_ROW_LIMIT
+    with torch.no_grad():
+        assert big.choose_mode(1) == big.choose_mode(limit) == "streamed"
+        assert big.choose_mode(limit + 1) != "streamed"
+        assert big.choose_mode(1, input_grad=True) == "premixed"  # the input needs a gradient: PyTorch's path
+        assert small.choose_mode(1) != "streamed"
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert big.choose_mode(1) != "streamed"
+    assert big.choose_mode(1) == "structured"  # training: weight gradients needed
+    big.cache_dense = True
+    with torch.no_grad():
+        assert big.choose_mode(1) != "streamed"  # the user chose the dense cache
+    big.cache_dense = False
+    with torch.no_grad():
+        assert big.double().choose_mode(1) != "streamed"
+    native.enable_native_kernels(False)
+    with torch.no_grad():
+        assert PHMLinear(1024, 1024, 4).choose_mode(1) == "premixed"
+
+
+def test_auto_output_equals_the_structured_path(enabled):
+    torch.manual_seed(0)
+    layer = PHMLinear(1024, 2048, 8).eval()
+    x = torch.randn(3, 1024)
+    with torch.inference_mode():
+        assert layer.choose_mode(3) == "streamed"
+        y = layer(x)
+    ref = phm_linear_structured(x.double(), layer.phm_rule.double(), layer.phm_weight.double(), layer.bias.double())
+    _assert_close_to_reference(y, ref.detach())
+    y_train = layer(x)  # with gradients: a differentiable path, same values
+    assert y_train.requires_grad
+    torch.testing.assert_close(y_train.detach(), y, rtol=1e-5, atol=1e-5)

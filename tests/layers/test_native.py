@@ -59,9 +59,10 @@ def _assert_close_to_reference(y, ref):
 @pytest.mark.parametrize("n,d_n,k_n,rows", [
     (4, 16, 8, 1),       # vector loop only, one tile
     (4, 1024, 1024, 1),  # d = k = 4096 at one row: the decoding shape the kernel is for
-    (16, 256, 256, 2),   # many factors, long rows (the factor-outermost order)
-    (8, 17, 9, 3),       # a tail in every loop: d/n % 8, k/n % 6, odd number of pre-mixed rows
-    (2, 96, 50, 5),
+    (16, 256, 256, 2),   # many factors, 32 pre-mixed rows: the transposed 6 × 16 tile
+    (16, 24, 13, 1),     # 16 pre-mixed rows, a tail of features
+    (8, 17, 9, 3),       # 24 pre-mixed rows (the transposed 12 × 8 tile), d/n % 8 and k/n % 12 tails
+    (2, 96, 50, 5),      # 10 pre-mixed rows: the 6 × 2 tile along j, an odd tile of features
     (3, 11, 4, 7),       # n not a power of two, rows shorter than one vector
     (1, 40, 13, 1),      # n = 1: one factor, one pre-mixed row (the 12 × 1 tile)
     (4, 96, 384, 30),    # a MiniLM shape with a sentence's worth of rows
@@ -135,14 +136,15 @@ def test_build_error_names_what_is_missing(monkeypatch):
 
 # ---------------------------------------------------------------- PHMLinear's `auto`
 def test_auto_takes_the_kernel_only_where_it_applies(enabled):
-    big = PHMLinear(1024, 1024, 4)
-    small = PHMLinear(384, 1536, 4)  # below STREAMED_MIN_WEIGHT
+    big = PHMLinear(1024, 1024, 4)  # 2^18 numbers in its factors: the least that qualifies
+    small = PHMLinear(1024, 1024, 8)  # half of that
+    narrowing = PHMLinear(4096, 1024, 4)
     limit = native.STREAMED_ROW_LIMIT
     with torch.no_grad():
         assert big.choose_mode(1) == big.choose_mode(limit) == "streamed"
         assert big.choose_mode(limit + 1) != "streamed"
         assert big.choose_mode(1, input_grad=True) == "premixed"  # the input needs a gradient: PyTorch's path
-        assert small.choose_mode(1) != "streamed"
+        assert small.choose_mode(1) != "streamed" and narrowing.choose_mode(1) != "streamed"
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert big.choose_mode(1) != "streamed"
     assert big.choose_mode(1) == "structured"  # training: weight gradients needed

@@ -13,7 +13,7 @@ It is compiled on first use with :mod:`torch.utils.cpp_extension` (a C++ compile
 
 - :func:`enable_native_kernels` builds it and lets every :class:`~hyperplex.layers.PHMLinear` in ``forward_mode="auto"``
   take it in inference where it applies (CPU, float32, no gradient needed, at most
-  :data:`STREAMED_ROW_LIMIT` rows on a weight of at least :data:`STREAMED_MIN_WEIGHT` elements), and not under
+  :data:`STREAMED_ROW_LIMIT` rows on layers with large factors, :data:`STREAMED_MIN_FACTORS`), and not under
   autocast, ``torch.compile``, tracing or ONNX export;
 - ``forward_mode="streamed"`` on a layer asks for it always (and fails with a clear error where it cannot run);
 - :func:`phm_linear_streamed` is the functional form.
@@ -31,20 +31,19 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from hyperplex.layers.functional import premix_inputs
-
-__all__ = ["STREAMED_MIN_WEIGHT", "STREAMED_ROW_LIMIT", "enable_native_kernels", "native_kernels_enabled",
+__all__ = ["STREAMED_MIN_FACTORS", "STREAMED_ROW_LIMIT", "enable_native_kernels", "native_kernels_enabled",
            "phm_linear_streamed", "streamable"]
 
 SOURCE = Path(__file__).with_name("phm_stream.cpp")
-#: ``auto`` takes the streamed path in inference for at most ``STREAMED_ROW_LIMIT`` rows (tokens × batch) on a
-#: weight of at least ``STREAMED_MIN_WEIGHT`` elements (``k·d``; 1024² and up). Measured on this project's CPU, stacks
-#: of layers whose factors overflow the last-level cache, 2 threads (docs/performance.md): at 1024² and 4096², n = 4
-#: and 8, the kernel took 0.5–0.8× the time of the path ``auto`` had chosen at 1 and 4 rows, about level at 8, slower
-#: from 16; on MiniLM's 384-wide shapes the comparison swung from 0.5× to 1.6× between runs, so they keep PyTorch's
-#: paths.
+#: ``auto`` takes the streamed path in inference for at most ``STREAMED_ROW_LIMIT`` rows (tokens × batch), on a
+#: layer at least as wide out as in (``k ≥ d``) whose factors hold at least ``STREAMED_MIN_FACTORS`` numbers
+#: (``k·d/n``: 1 MiB in float32, e.g. 1024² at n = 4, 4096² at any n ≤ 16). Measured on this project's CPU with
+#: ``benchmarks/bench_phm.py --mode cold --native`` (stacks of layers whose factors overflow the last-level cache,
+#: 2 threads; docs/performance.md): at 4096², 1 and 4 rows, the kernel took 0.13–0.21× the dense layer's time
+#: against the structured path's 0.16–0.38×; from 16 rows, or on 1024² at n = 16 (256 KiB of factors), it was
+#: slower, and on narrowing layers (k < d) the rule mixing, ``n²·d`` multiply-adds a row, costs too much.
 STREAMED_ROW_LIMIT = 4
-STREAMED_MIN_WEIGHT = 2 ** 20
+STREAMED_MIN_FACTORS = 2 ** 18
 
 _lock = threading.Lock()
 _module = None
@@ -130,6 +129,5 @@ def phm_linear_streamed(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | 
     if reason is not None:
         raise RuntimeError(f"the streamed PHM kernel cannot run here: {reason}")
     n, k_n, _ = weight.shape
-    z = premix_inputs(x, rule)
-    y = _build().phm_stream(weight, z, bias)
+    y = _build().phm_stream(x.reshape(-1, x.shape[-1]), rule, weight, bias)
     return y.reshape(*x.shape[:-1], n * k_n)

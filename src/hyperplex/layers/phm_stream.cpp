@@ -2,25 +2,33 @@
 //
 // Built on demand by hyperplex/layers/native.py (torch.utils.cpp_extension); see that module for when it is used.
 //
-// Input: the pre-mixed rows z (cols × n·d_n, from hyperplex.layers.functional.premix_inputs: row (b, a) holds
-// [z_{a,1} … z_{a,n}], z_{a,i} = Σ_c Aᵢ[a, c] x_c) and the factors S (n × k_n × d_n). Output: y (cols × k_n), which
-// is exactly the (rows, k) output, since row (b, a), column q of y is output b, feature a·k_n + q.
+// Input: x (rows × n·d_n), the rule A (n × n × n) and the factors S (n × k_n × d_n). First the input blocks x_c are
+// mixed by the rule, as in hyperplex.layers.functional.premix_inputs: pre-mixed row (b, a) holds [z_{a,1} … z_{a,n}],
+// z_{a,i} = Σ_c Aᵢ[a, c] x_{b,c} (n²·d multiply-adds a row, 1/n of the product's). Then, with c = (b, a) running
+// over the cols = rows·n pre-mixed rows, y (cols × k_n) is exactly the (rows, k) output, since its row (b, a),
+// column q is output b, feature a·k_n + q:
 //
 //     y[c, q] = bias[(c mod n)·k_n + q] + Σᵢ Σⱼ S[i, q, j] · z[c, i·d_n + j]
 //
 // This is one GEMM of the dense layer's multiply-adds against the Sᵢ side by side, but BLAS packs its weight operand
 // before a GEMM only a few columns wide, reading and writing the factors once more, and at one row the layer is bound
-// by that weight traffic (docs/performance.md). This kernel streams every Sᵢ from memory exactly once, in its stored
-// layout: each thread owns a contiguous range of output features q and walks i outermost, so it reads n contiguous
-// runs of S; a 6 × 2 register tile (6 rows of Sᵢ against 2 rows of z, 8 lanes wide: 12 accumulators, 15 of the 16
-// AVX2 registers) does 12 multiply-adds per 8 loads. GCC vector extensions keep it portable to other instruction sets.
+// by that weight traffic (docs/performance.md). This kernel reads every Sᵢ from memory once, in its stored layout,
+// through register tiles of 12 accumulators (8 lanes each; with the operands, 15 of the 16 AVX2 registers) that run
+// through all n factors before their sums leave the registers, while the next tile's rows are prefetched. Threads
+// split the output features, so each output is summed by one thread in a fixed order whatever the thread count.
+// Two tile forms:
+//   - cols a multiple of 8 (n = 8, 16 at one row; most batches): lanes over pre-mixed rows, each Sᵢ entry broadcast
+//     against 8 or 16 of them (tile_t). A tile's rows of the Sᵢ are read once for all of them.
+//   - otherwise (n = 2, 4 at one row): lanes along j, 6 rows of the Sᵢ against 2 pre-mixed rows (tile), 12
+//     multiply-adds per 8 loads, reduced across lanes at the end.
+// GCC vector extensions keep it portable to other instruction sets.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 namespace {
 
@@ -36,18 +44,17 @@ inline float sum8(v8 v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
-// One register tile: features q0 … q0+rb-1 against pre-mixed rows c0 … c0+cb-1, the part of the sum that factors
-// i0 … i1-1 contribute. Between calls the accumulators live in `saved` (8 lanes of partial sums per output): zero
-// before factor 0, reduced across lanes and stored to y (plus bias) after factor n-1. Rows past rb / cb repeat the
-// first one (their results are not stored), so the loops have fixed trip counts.
+// One register tile: features q0 … q0+rb-1 against pre-mixed rows c0 … c0+cb-1, summed over all n factors, stored to
+// y with the bias. Rows past rb / cb repeat the first one (their results are not stored), so the loops have fixed
+// trip counts. `ahead` is the distance to the next tile's rows in the same factor: prefetched while this one runs.
 template <int RB, int CB>
-void tile(const float* S, const float* z, const float* bias, float* y, v8* saved, int64_t n, int64_t k_n,
-          int64_t d_n, int64_t i0, int64_t i1, int64_t q0, int64_t rb, int64_t c0, int64_t cb) {
+void tile(const float* S, const float* z, const float* bias, float* y, int64_t n, int64_t k_n, int64_t d_n,
+          int64_t q0, int64_t rb, int64_t c0, int64_t cb, int64_t ahead) {
   v8 acc[RB][CB];
   for (int r = 0; r < RB; ++r)
-    for (int c = 0; c < CB; ++c) acc[r][c] = i0 == 0 ? v8{} : saved[r * CB + c];
+    for (int c = 0; c < CB; ++c) acc[r][c] = v8{};
   const int64_t vec_end = d_n / 8 * 8;
-  for (int64_t i = i0; i < i1; ++i) {
+  for (int64_t i = 0; i < n; ++i) {
     const float* s[RB];
     const float* zc[CB];
     for (int r = 0; r < RB; ++r) s[r] = S + (i * k_n + q0 + (r < rb ? r : 0)) * d_n;
@@ -55,6 +62,8 @@ void tile(const float* S, const float* z, const float* bias, float* y, v8* saved
     for (int64_t j = 0; j < vec_end; j += 8) {
       v8 zv[CB];
       for (int c = 0; c < CB; ++c) zv[c] = load8(zc[c] + j);
+      if (ahead)
+        for (int r = 0; r < RB; ++r) __builtin_prefetch(s[r] + ahead + j, 0, 0);
       for (int r = 0; r < RB; ++r) {
         const v8 sv = load8(s[r] + j);
         for (int c = 0; c < CB; ++c) acc[r][c] += sv * zv[c];
@@ -65,11 +74,6 @@ void tile(const float* S, const float* z, const float* bias, float* y, v8* saved
         for (int c = 0; c < CB; ++c)
           for (int64_t j = vec_end; j < d_n; ++j) acc[r][c][0] += s[r][j] * zc[c][j];
   }
-  if (i1 < n) {
-    for (int r = 0; r < RB; ++r)
-      for (int c = 0; c < CB; ++c) saved[r * CB + c] = acc[r][c];
-    return;
-  }
   for (int r = 0; r < rb; ++r)
     for (int c = 0; c < cb; ++c) {
       const int64_t col = c0 + c, q = q0 + r;
@@ -77,61 +81,149 @@ void tile(const float* S, const float* z, const float* bias, float* y, v8* saved
     }
 }
 
-// Each task owns a contiguous range of feature tiles. Long factor rows (d/n ≥ kLongRow): the range is walked in
-// groups of kGroup tiles, factor i outermost, so the group's rows of every Sᵢ are read as one contiguous run
-// (kGroup·RB rows) while the group's accumulators wait in cache between factors — the order that streams a large
-// weight from memory at full speed. Short rows: each tile runs through all n factors with its accumulators in
-// registers, since a j-loop of a few vectors per factor would spend more on saving and restoring them.
-constexpr int64_t kGroup = 8;
-constexpr int64_t kLongRow = 256;
+// z[(b, a), i·d_n + j] = Σ_c A[i, a, c] · x[b, c·d_n + j], one pre-mixed row per task item.
+void premix(const float* x, const float* A, float* z, int64_t n, int64_t d_n, int64_t cols) {
+  at::parallel_for(0, cols, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t col = begin; col < end; ++col) {
+      const int64_t b = col / n, a = col % n;
+      const float* xb = x + b * n * d_n;
+      for (int64_t i = 0; i < n; ++i) {
+        float* out = z + col * n * d_n + i * d_n;
+        std::fill(out, out + d_n, 0.f);
+        for (int64_t c = 0; c < n; ++c) {
+          const float w = A[(i * n + a) * n + c];
+          const float* xc = xb + c * d_n;
+          for (int64_t j = 0; j < d_n; ++j) out[j] += w * xc[j];
+        }
+      }
+    }
+  });
+}
+
+// The transposed form, for a multiple of 8 pre-mixed rows: the 8 lanes run over pre-mixed rows c instead of j, each
+// Sᵢ entry is broadcast once against CV·8 of them, and zt holds z transposed, (i, j) × cols. A tile then reads its
+// rows of every Sᵢ once for all the pre-mixed rows of its chunk, and needs no reduction across lanes.
+template <int RB, int CV>
+void tile_t(const float* S, const float* zt, const float* bias, float* y, int64_t n, int64_t k_n, int64_t d_n,
+            int64_t cols, int64_t q0, int64_t rb, int64_t c0, int64_t ahead) {
+  v8 acc[RB][CV];
+  for (int r = 0; r < RB; ++r)
+    for (int v = 0; v < CV; ++v) acc[r][v] = v8{};
+  for (int64_t i = 0; i < n; ++i) {
+    const float* s[RB];
+    for (int r = 0; r < RB; ++r) s[r] = S + (i * k_n + q0 + (r < rb ? r : 0)) * d_n;
+    const float* zi = zt + i * d_n * cols + c0;
+    for (int64_t j = 0; j < d_n; ++j) {
+      v8 zv[CV];
+      for (int v = 0; v < CV; ++v) zv[v] = load8(zi + j * cols + 8 * v);
+      if (ahead && (j & 15) == 0)
+        for (int r = 0; r < RB; ++r) __builtin_prefetch(s[r] + ahead + j, 0, 0);
+      for (int r = 0; r < RB; ++r) {
+        const float sv = s[r][j];
+        for (int v = 0; v < CV; ++v) acc[r][v] += sv * zv[v];
+      }
+    }
+  }
+  for (int r = 0; r < rb; ++r)
+    for (int v = 0; v < CV; ++v)
+      for (int l = 0; l < 8; ++l) {
+        const int64_t col = c0 + 8 * v + l, q = q0 + r;
+        y[col * k_n + q] = acc[r][v][l] + (bias ? bias[(col % n) * k_n + q] : 0.f);
+      }
+}
+
+template <int RB, int CV>
+void stream_t(const float* S, const float* zt, const float* bias, float* y, int64_t n, int64_t k_n, int64_t d_n,
+              int64_t cols) {
+  const int64_t tiles = (k_n + RB - 1) / RB;
+  at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t q0 = t * RB, rb = std::min<int64_t>(RB, k_n - q0);
+      const int64_t ahead = t + 1 < end && rb == RB ? RB * d_n : 0;
+      for (int64_t c0 = 0; c0 < cols; c0 += 8 * CV)
+        tile_t<RB, CV>(S, zt, bias, y, n, k_n, d_n, cols, q0, rb, c0, c0 == 0 ? ahead : 0);
+    }
+  });
+}
+
+// The pre-mixed rows transposed, for tile_t: zt[i·d_n + j, b·n + a] = Σ_c A[i, a, c] · x[b, c·d_n + j], with At the
+// rule as [i][c][a] so that the innermost loop runs over a, contiguous in both At and zt.
+void premix_t(const float* x, const float* At, float* zt, int64_t n, int64_t d_n, int64_t rows) {
+  const int64_t cols = rows * n;
+  at::parallel_for(0, n * d_n, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t ij = begin; ij < end; ++ij) {
+      const int64_t i = ij / d_n, j = ij % d_n;
+      const float* Ai = At + i * n * n;
+      for (int64_t b = 0; b < rows; ++b) {
+        float* out = zt + ij * cols + b * n;
+        const float* xb = x + b * n * d_n + j;
+        std::fill(out, out + n, 0.f);
+        for (int64_t c = 0; c < n; ++c) {
+          const float xv = xb[c * d_n];
+          const float* a_col = Ai + c * n;
+          for (int64_t a = 0; a < n; ++a) out[a] += xv * a_col[a];
+        }
+      }
+    }
+  });
+}
 
 template <int RB, int CB>
 void stream(const float* S, const float* z, const float* bias, float* y, int64_t n, int64_t k_n, int64_t d_n,
             int64_t cols) {
   const int64_t tiles = (k_n + RB - 1) / RB, col_tiles = (cols + CB - 1) / CB;
-  const bool grouped = d_n >= kLongRow;
-  at::parallel_for(0, tiles, kGroup, [&](int64_t begin, int64_t end) {
-    std::vector<v8> saved(grouped ? static_cast<size_t>(kGroup * col_tiles * RB * CB) : 0);
-    for (int64_t g = begin; g < end; g += kGroup) {
-      const int64_t g_end = std::min(g + kGroup, end);
-      for (int64_t i = 0; i < (grouped ? n : 1); ++i)
-        for (int64_t t = g; t < g_end; ++t) {
-          const int64_t q0 = t * RB, rb = std::min<int64_t>(RB, k_n - q0);
-          for (int64_t ct = 0; ct < col_tiles; ++ct) {
-            const int64_t c0 = ct * CB, cb = std::min<int64_t>(CB, cols - c0);
-            if (grouped)
-              tile<RB, CB>(S, z, bias, y, saved.data() + ((t - g) * col_tiles + ct) * RB * CB, n, k_n, d_n, i, i + 1,
-                           q0, rb, c0, cb);
-            else
-              tile<RB, CB>(S, z, bias, y, nullptr, n, k_n, d_n, 0, n, q0, rb, c0, cb);
-          }
-        }
+  at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t q0 = t * RB, rb = std::min<int64_t>(RB, k_n - q0);
+      const int64_t ahead = t + 1 < end && rb == RB ? RB * d_n : 0;
+      for (int64_t ct = 0; ct < col_tiles; ++ct)
+        tile<RB, CB>(S, z, bias, y, n, k_n, d_n, q0, rb, ct * CB, std::min<int64_t>(CB, cols - ct * CB),
+                     ct == 0 ? ahead : 0);
     }
   });
 }
 
-torch::Tensor phm_stream(const torch::Tensor& weight, const torch::Tensor& z, const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(weight.device().is_cpu() && z.device().is_cpu(), "phm_stream: CPU tensors only");
-  TORCH_CHECK(weight.scalar_type() == torch::kFloat && z.scalar_type() == torch::kFloat, "phm_stream: float32 only");
-  TORCH_CHECK(weight.dim() == 3 && z.dim() == 2, "phm_stream: weight (n, k/n, d/n) and z (cols, d) expected");
-  const int64_t n = weight.size(0), k_n = weight.size(1), d_n = weight.size(2), cols = z.size(0);
-  TORCH_CHECK(z.size(1) == n * d_n, "phm_stream: z has ", z.size(1), " columns, expected n·d/n = ", n * d_n);
-  TORCH_CHECK(cols % n == 0, "phm_stream: z has ", cols, " rows, not a multiple of n = ", n);
-  const torch::Tensor S = weight.contiguous(), zc = z.contiguous();
+}  // namespace
+
+torch::Tensor phm_stream(const torch::Tensor& x, const torch::Tensor& rule, const torch::Tensor& weight,
+                         const c10::optional<torch::Tensor>& bias) {
+  for (const torch::Tensor* t : {&x, &rule, &weight})
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == torch::kFloat, "phm_stream: float32 CPU tensors only");
+  TORCH_CHECK(weight.dim() == 3 && rule.dim() == 3 && x.dim() == 2, "phm_stream: x (rows, d), rule (n, n, n) and "
+              "weight (n, k/n, d/n) expected");
+  const int64_t n = weight.size(0), k_n = weight.size(1), d_n = weight.size(2), rows = x.size(0), cols = rows * n;
+  TORCH_CHECK(rule.size(0) == n && rule.size(1) == n && rule.size(2) == n, "phm_stream: rule of shape (n, n, n) expected");
+  TORCH_CHECK(x.size(1) == n * d_n, "phm_stream: x has ", x.size(1), " features, the weight takes ", n * d_n);
   if (bias.has_value())
-    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->numel() == n * k_n, "phm_stream: bias of k floats expected");
+    TORCH_CHECK(bias->device().is_cpu() && bias->scalar_type() == torch::kFloat && bias->numel() == n * k_n,
+                "phm_stream: bias of k float32 expected");
+  const torch::Tensor S = weight.contiguous(), xc = x.contiguous(), A = rule.contiguous();
   const torch::Tensor bias_c = bias.has_value() ? bias->contiguous() : torch::Tensor();
   const float* bias_ptr = bias.has_value() ? bias_c.data_ptr<float>() : nullptr;
-  torch::Tensor y = torch::empty({cols, k_n}, z.options());  // every element is written once, by the last factor
-  if (cols >= 2)
-    stream<6, 2>(S.data_ptr<float>(), zc.data_ptr<float>(), bias_ptr, y.data_ptr<float>(), n, k_n, d_n, cols);
-  else
-    stream<12, 1>(S.data_ptr<float>(), zc.data_ptr<float>(), bias_ptr, y.data_ptr<float>(), n, k_n, d_n, cols);
+  torch::Tensor y = torch::empty({rows, n * k_n}, x.options());  // every element is written once
+  if (rows == 0) return y;
+  // The pre-mixed rows: (cols, n·d_n) for tile, or transposed, (n·d_n, cols), for tile_t.
+  torch::Tensor z = torch::empty({cols * n * d_n}, x.options());
+  float *zp = z.data_ptr<float>(), *yp = y.data_ptr<float>();
+  const float *Sp = S.data_ptr<float>(), *xp = xc.data_ptr<float>();
+  if (cols % 8 == 0) {
+    const torch::Tensor At = A.permute({0, 2, 1}).contiguous();  // [i][c][a]
+    premix_t(xp, At.data_ptr<float>(), zp, n, d_n, rows);
+    if (cols % 16 == 0)
+      stream_t<6, 2>(Sp, zp, bias_ptr, yp, n, k_n, d_n, cols);
+    else
+      stream_t<12, 1>(Sp, zp, bias_ptr, yp, n, k_n, d_n, cols);
+  } else {
+    premix(xp, A.data_ptr<float>(), zp, n, d_n, cols);
+    if (cols >= 2)
+      stream<6, 2>(Sp, zp, bias_ptr, yp, n, k_n, d_n, cols);
+    else
+      stream<12, 1>(Sp, zp, bias_ptr, yp, n, k_n, d_n, cols);
+  }
   return y;
 }
 
-}  // namespace
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("phm_stream", &phm_stream, "y = z [S_1 … S_n]ᵀ + bias, streaming the factors once (float32, CPU)");
+  m.def("phm_stream", &phm_stream, "x Hᵀ + bias for H = Σᵢ rule[i] ⊗ weight[i], reading every factor once "
+        "(float32, CPU, no autograd)");
 }

@@ -7,6 +7,8 @@ Usage (from the repository root)::
     PYTHONPATH=src python benchmarks/bench_phm.py                        # full grid (warm, then cold)
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_phm.py --threads 1 --clock cpu --mode cold
     PYTHONPATH=src python benchmarks/bench_phm.py --sizes 4096 --ns 4 --rows 1 64 --csv phm.csv
+    PYTHONPATH=src python benchmarks/bench_phm.py --mode cold --cold-phases infer --cold-sizes 4096 --cold-rows 1 \
+        --native                                                         # auto with the compiled streamed kernel
 
 For every ``d = k`` in ``--sizes``, ``n`` in ``--ns`` and ``rows`` in ``--rows`` the script times
 five layers on the same input ``x`` of shape ``(rows, d)``:
@@ -16,7 +18,8 @@ five layers on the same input ``x`` of shape ``(rows, d)``:
 - ``mat``: ``PHMLinear(..., forward_mode="materialized", cache_dense=True)`` (forms ``H``, one dense matmul).
   With no gradient needed (inference) it reuses the kept ``H``, so its inference column is headed ``cached``;
 - ``auto``: ``PHMLinear(..., forward_mode="auto")`` — what a user gets by default (no ``H`` kept: in
-  inference it takes the structured path or forms ``H`` for the call, see ``PHMLinear.choose_mode``);
+  inference it takes the structured path or forms ``H`` for the call, see ``PHMLinear.choose_mode``; with
+  ``--native``, the compiled streamed kernel of ``hyperplex.layers.native`` where it applies);
 - ``kron``: :class:`BroadcastKronPHM`, a re-implementation of the PHM layer found in public code
   (Compacter / AdapterHub / PHC-GNN / HyperNets), which rebuilds ``H`` on every forward with a
   broadcast Kronecker product (an ``n·k·d`` intermediate) and then calls ``F.linear``. It shares

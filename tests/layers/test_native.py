@@ -87,6 +87,17 @@ def test_leading_dimensions_and_untouched_inputs(kernel):
         assert torch.equal(t, t0)
 
 
+def test_empty_and_non_contiguous_inputs(kernel):
+    x, rule, weight, b = _case(4, 8, 8, 5)
+    with torch.no_grad():
+        assert kernel.phm_linear_streamed(x[:0], rule, weight, b).shape == (0, 32)
+        assert kernel.phm_linear_streamed(x[:0].reshape(2, 0, 32), rule, weight, b).shape == (2, 0, 32)
+        xt = x.T.contiguous().T  # same values, column-major storage
+        assert not xt.is_contiguous()
+        _assert_close_to_reference(kernel.phm_linear_streamed(xt, rule, weight.transpose(1, 2).contiguous()
+                                                              .transpose(1, 2), b), _reference(x, rule, weight, b))
+
+
 def test_result_does_not_depend_on_thread_count(kernel):
     x, rule, weight, b = _case(8, 512, 512, 2)  # enough feature tiles to split across threads
     threads = torch.get_num_threads()

@@ -39,9 +39,10 @@ SOURCE = Path(__file__).with_name("phm_stream.cpp")
 #: layer at least as wide out as in (``k ≥ d``) whose factors hold at least ``STREAMED_MIN_FACTORS`` numbers
 #: (``k·d/n``: 1 MiB in float32, e.g. 1024² at n = 4, 4096² at any n ≤ 16). Measured on this project's CPU with
 #: ``benchmarks/bench_phm.py --mode cold --native`` (stacks of layers whose factors overflow the last-level cache,
-#: 2 threads; docs/performance.md): at 4096², 1 and 4 rows, the kernel took 0.13–0.21× the dense layer's time
-#: against the structured path's 0.16–0.38×; from 16 rows, or on 1024² at n = 16 (256 KiB of factors), it was
-#: slower, and on narrowing layers (k < d) the rule mixing, ``n²·d`` multiply-adds a row, costs too much.
+#: 2 threads; docs/performance.md): at 4096², 1 and 4 rows, the kernel took 0.11–0.23× the dense layer's time
+#: against the structured path's 0.19–0.41×; from 16 rows it was level or slower, on 1024² at n = 16 (256 KiB of
+#: factors) an earlier version lost, and on narrowing layers (k < d) the rule mixing, ``n²·d`` multiply-adds a
+#: row, costs too much.
 STREAMED_ROW_LIMIT = 4
 STREAMED_MIN_FACTORS = 2 ** 18
 

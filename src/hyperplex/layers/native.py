@@ -55,7 +55,8 @@ def _build(verbose: bool = False):
     global _module
     with _lock:
         if _module is None:
-            missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None and
+            compiler = os.environ.get("CXX", "c++")  # what torch.utils.cpp_extension will call
+            missing = [tool for tool in (compiler, "ninja") if shutil.which(tool) is None and
                        not (tool == "ninja" and _ninja_from_pip())]
             if missing:
                 raise RuntimeError(
@@ -89,7 +90,7 @@ def _machine_tag() -> str:
 
 def _ninja_from_pip() -> bool:
     try:
-        import ninja  # noqa: F401  (pip's ninja puts its binary next to the interpreter's scripts)
+        import ninja  # the PyPI package ships the binary in ninja.BIN_DIR; torch looks for it on PATH
     except ImportError:
         return False
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")

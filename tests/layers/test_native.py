@@ -138,6 +138,7 @@ def test_refuses_what_it_cannot_compute(kernel):
 def test_build_error_names_what_is_missing(monkeypatch):
     monkeypatch.setattr(native, "_module", None)
     monkeypatch.setattr(native, "_enabled", False)
+    monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(shutil, "which", lambda tool: None)
     monkeypatch.setattr(native, "_ninja_from_pip", lambda: False)
     with pytest.raises(RuntimeError, match=r"needs c\+\+ and ninja to compile phm_stream\.cpp.*hyperplex\[native\]"):

@@ -18,7 +18,9 @@ It is compiled on first use with :mod:`torch.utils.cpp_extension` (a C++ compile
 - ``forward_mode="streamed"`` on a layer asks for it always (and fails with a clear error where it cannot run);
 - :func:`phm_linear_streamed` is the functional form.
 
-The result equals the other paths up to float32 rounding (the same sums in another order).
+The result equals the other paths up to float32 rounding (the same sums in another order). Like the premixed path,
+it holds the pre-mixed rows while it runs: ``rows·n·d`` floats (256 KiB a row at d = 4096, n = 16), which is why
+it is meant for few rows.
 """
 
 from __future__ import annotations

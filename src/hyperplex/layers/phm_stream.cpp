@@ -44,10 +44,37 @@ inline float sum8(v8 v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
+// Rows q0 … q0+RB-1 of factor i; rows past rb (the last tile of features) repeat row q0, so that the tiles' loops
+// have fixed trip counts (their results are not stored).
+template <int RB>
+inline void factor_rows(const float* S, int64_t i, int64_t k_n, int64_t d_n, int64_t q0, int64_t rb,
+                        const float* (&s)[RB]) {
+  for (int r = 0; r < RB; ++r) s[r] = S + (i * k_n + q0 + (r < rb ? r : 0)) * d_n;
+}
+
+// Output feature q of pre-mixed row col (= b·n + a) is y[col, q], feature a·k_n + q of output b, with that bias.
+inline void store(float* y, const float* bias, int64_t n, int64_t k_n, int64_t col, int64_t q, float value) {
+  y[col * k_n + q] = value + (bias ? bias[(col % n) * k_n + q] : 0.f);
+}
+
+// Runs tile(q0, rb, c0, cw, ahead) over tiles of RB output features × W pre-mixed rows. Threads split the features
+// (each task a contiguous run of tiles); `ahead`, the distance to the next tile's rows in a factor, is passed to the
+// first column chunk of each tile whose successor is in the same task, so its rows are prefetched once.
+template <int RB, int W, typename Tile>
+void for_each_tile(int64_t k_n, int64_t d_n, int64_t cols, const Tile& tile) {
+  const int64_t tiles = (k_n + RB - 1) / RB;
+  at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t q0 = t * RB, rb = std::min<int64_t>(RB, k_n - q0);
+      const int64_t ahead = t + 1 < end && rb == RB ? RB * d_n : 0;
+      for (int64_t c0 = 0; c0 < cols; c0 += W) tile(q0, rb, c0, std::min<int64_t>(W, cols - c0), c0 == 0 ? ahead : 0);
+    }
+  });
+}
+
 // One register tile: features q0 … q0+rb-1 against pre-mixed rows c0 … c0+cb-1, summed over all n factors, stored to
-// y with the bias. Rows past rb / cb repeat the first one (their results are not stored), so the loops have fixed
-// trip counts. `ahead` is the distance to the next tile's rows in the same factor: prefetched while this one runs,
-// into L2 (locality 1): they are used a whole tile later, after n factors' worth of rows have passed through L1
+// y with the bias. Pre-mixed rows past cb repeat the first one, as factor rows past rb do. `ahead` is the distance
+// to the next tile's rows in the same factor: prefetched while this one runs, into L2 (locality 1): they are used a whole tile later, after n factors' worth of rows have passed through L1
 // (cold stack, 4096², 2 threads: n = 8 / 16 at 0.11-0.17 / 0.09-0.16 x dense against 0.16-0.17 / 0.12 with the
 // non-temporal hint and 0.17 / 0.15 without prefetching).
 template <int RB, int CB>
@@ -60,7 +87,7 @@ void tile(const float* S, const float* z, const float* bias, float* y, int64_t n
   for (int64_t i = 0; i < n; ++i) {
     const float* s[RB];
     const float* zc[CB];
-    for (int r = 0; r < RB; ++r) s[r] = S + (i * k_n + q0 + (r < rb ? r : 0)) * d_n;
+    factor_rows<RB>(S, i, k_n, d_n, q0, rb, s);
     for (int c = 0; c < CB; ++c) zc[c] = z + (c0 + (c < cb ? c : 0)) * n * d_n + i * d_n;
     for (int64_t j = 0; j < vec_end; j += 8) {
       v8 zv[CB];
@@ -78,10 +105,7 @@ void tile(const float* S, const float* z, const float* bias, float* y, int64_t n
           for (int64_t j = vec_end; j < d_n; ++j) acc[r][c][0] += s[r][j] * zc[c][j];
   }
   for (int r = 0; r < rb; ++r)
-    for (int c = 0; c < cb; ++c) {
-      const int64_t col = c0 + c, q = q0 + r;
-      y[col * k_n + q] = sum8(acc[r][c]) + (bias ? bias[(col % n) * k_n + q] : 0.f);
-    }
+    for (int c = 0; c < cb; ++c) store(y, bias, n, k_n, c0 + c, q0 + r, sum8(acc[r][c]));
 }
 
 // z[(b, a), i·d_n + j] = Σ_c A[i, a, c] · x[b, c·d_n + j], one pre-mixed row per task item.
@@ -114,7 +138,7 @@ void tile_t(const float* S, const float* zt, const float* bias, float* y, int64_
     for (int v = 0; v < CV; ++v) acc[r][v] = v8{};
   for (int64_t i = 0; i < n; ++i) {
     const float* s[RB];
-    for (int r = 0; r < RB; ++r) s[r] = S + (i * k_n + q0 + (r < rb ? r : 0)) * d_n;
+    factor_rows<RB>(S, i, k_n, d_n, q0, rb, s);
     const float* zi = zt + i * d_n * cols + c0;
     for (int64_t j = 0; j < d_n; ++j) {
       v8 zv[CV];
@@ -129,23 +153,14 @@ void tile_t(const float* S, const float* zt, const float* bias, float* y, int64_
   }
   for (int r = 0; r < rb; ++r)
     for (int v = 0; v < CV; ++v)
-      for (int l = 0; l < 8; ++l) {
-        const int64_t col = c0 + 8 * v + l, q = q0 + r;
-        y[col * k_n + q] = acc[r][v][l] + (bias ? bias[(col % n) * k_n + q] : 0.f);
-      }
+      for (int l = 0; l < 8; ++l) store(y, bias, n, k_n, c0 + 8 * v + l, q0 + r, acc[r][v][l]);
 }
 
 template <int RB, int CV>
 void stream_t(const float* S, const float* zt, const float* bias, float* y, int64_t n, int64_t k_n, int64_t d_n,
               int64_t cols) {
-  const int64_t tiles = (k_n + RB - 1) / RB;
-  at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t q0 = t * RB, rb = std::min<int64_t>(RB, k_n - q0);
-      const int64_t ahead = t + 1 < end && rb == RB ? RB * d_n : 0;
-      for (int64_t c0 = 0; c0 < cols; c0 += 8 * CV)
-        tile_t<RB, CV>(S, zt, bias, y, n, k_n, d_n, cols, q0, rb, c0, c0 == 0 ? ahead : 0);
-    }
+  for_each_tile<RB, 8 * CV>(k_n, d_n, cols, [&](int64_t q0, int64_t rb, int64_t c0, int64_t, int64_t ahead) {
+    tile_t<RB, CV>(S, zt, bias, y, n, k_n, d_n, cols, q0, rb, c0, ahead);
   });
 }
 
@@ -174,15 +189,8 @@ void premix_t(const float* x, const float* At, float* zt, int64_t n, int64_t d_n
 template <int RB, int CB>
 void stream(const float* S, const float* z, const float* bias, float* y, int64_t n, int64_t k_n, int64_t d_n,
             int64_t cols) {
-  const int64_t tiles = (k_n + RB - 1) / RB, col_tiles = (cols + CB - 1) / CB;
-  at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t q0 = t * RB, rb = std::min<int64_t>(RB, k_n - q0);
-      const int64_t ahead = t + 1 < end && rb == RB ? RB * d_n : 0;
-      for (int64_t ct = 0; ct < col_tiles; ++ct)
-        tile<RB, CB>(S, z, bias, y, n, k_n, d_n, q0, rb, ct * CB, std::min<int64_t>(CB, cols - ct * CB),
-                     ct == 0 ? ahead : 0);
-    }
+  for_each_tile<RB, CB>(k_n, d_n, cols, [&](int64_t q0, int64_t rb, int64_t c0, int64_t cb, int64_t ahead) {
+    tile<RB, CB>(S, z, bias, y, n, k_n, d_n, q0, rb, c0, cb, ahead);
   });
 }
 

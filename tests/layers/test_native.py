@@ -61,6 +61,8 @@ def _assert_close_to_reference(y, ref):
     (4, 1024, 1024, 1),  # d = k = 4096 at one row: the decoding shape the kernel is for
     (16, 256, 256, 2),   # many factors, 32 pre-mixed rows: the transposed 6 × 16 tile
     (16, 24, 13, 1),     # 16 pre-mixed rows, a tail of features
+    (8, 6, 7, 1),        # the rule mixing four j at a time: d/n % 4 = 2, so the groups end at each factor
+    (16, 5, 3, 2),       # the same with two rows, and d/n shorter than two groups
     (8, 17, 9, 3),       # 24 pre-mixed rows (the transposed 12 × 8 tile), d/n % 8 and k/n % 12 tails
     (2, 96, 50, 5),      # 10 pre-mixed rows: the 6 × 2 tile along j, an odd tile of features
     (3, 11, 4, 7),       # n not a power of two, rows shorter than one vector
@@ -98,14 +100,18 @@ def test_empty_and_non_contiguous_inputs(kernel):
                                                               .transpose(1, 2), b), _reference(x, rule, weight, b))
 
 
-def test_result_does_not_depend_on_thread_count(kernel):
-    x, rule, weight, b = _case(8, 512, 512, 2)  # enough feature tiles to split across threads
+@pytest.mark.parametrize("n,d_n,k_n,rows,many_threads", [
+    (8, 512, 512, 2, 2),  # enough feature tiles to split across threads
+    (16, 129, 40, 1, 3),  # three threads split a factor's j in the rule mixing (its groups of four j)
+])
+def test_result_does_not_depend_on_thread_count(kernel, n, d_n, k_n, rows, many_threads):
+    x, rule, weight, b = _case(n, d_n, k_n, rows)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         with torch.no_grad():
             one = kernel.phm_linear_streamed(x, rule, weight, b)
-        torch.set_num_threads(max(2, threads))
+        torch.set_num_threads(max(many_threads, threads))
         with torch.no_grad():
             many = kernel.phm_linear_streamed(x, rule, weight, b)
     finally:

@@ -41,10 +41,11 @@ SOURCE = Path(__file__).with_name("phm_stream.cpp")
 #: layer at least as wide out as in (``k ≥ d``) whose factors hold at least ``STREAMED_MIN_FACTORS`` numbers
 #: (``k·d/n``: 1 MiB in float32, e.g. 1024² at n = 4, 4096² at any n ≤ 16). Measured on this project's CPU with
 #: ``benchmarks/bench_phm.py --mode cold --native`` (stacks of layers whose factors overflow the last-level cache,
-#: 2 threads; docs/performance.md): at 4096², 1 and 4 rows, the kernel took 0.11–0.23× the dense layer's time
-#: against the structured path's 0.19–0.41×; from 16 rows it was level or slower, on 1024² at n = 16 (256 KiB of
-#: factors) an earlier version lost, and on narrowing layers (k < d) the rule mixing, ``n²·d`` multiply-adds a
-#: row, costs too much.
+#: 2 threads; docs/performance.md): at 4096², 1 and 4 rows, the kernel took 0.10–0.18× the dense layer's time
+#: against the structured path's 0.15–0.35×. It also beat the structured path at 16 rows and on 1024², but there
+#: ``auto`` would otherwise take the premixed or materialised path, which that benchmark does not time against it,
+#: so the limits stay; an earlier version lost at 16 rows and on 1024² at n = 16, and on narrowing layers (k < d)
+#: the rule mixing, ``n²·d`` multiply-adds a row, costs too much.
 STREAMED_ROW_LIMIT = 4
 STREAMED_MIN_FACTORS = 2 ** 18
 

@@ -153,6 +153,65 @@ def test_build_error_names_what_is_missing(monkeypatch):
 
 
 # ---------------------------------------------------------------- PHMLinear's `auto`
+def _qualifying_layer():
+    return PHMLinear(1024, 1024, 4).eval()  # 2^18 numbers in its factors: the least that `auto` streams
+
+
+@pytest.mark.parametrize("value", ["1", "true", " ON "])
+def test_environment_variable_turns_the_kernel_on(kernel, monkeypatch, value):
+    monkeypatch.setattr(native, "_enabled", None)  # no call of enable_native_kernels: the variable decides
+    monkeypatch.setenv(native.ENV_VAR, value)
+    with torch.no_grad():
+        assert _qualifying_layer().choose_mode(1) == "streamed"
+    assert native.native_kernels_enabled()
+
+
+@pytest.mark.parametrize("value", [None, "", "0", "off"])
+def test_environment_variable_unset_or_off_leaves_it_off(kernel, monkeypatch, value):
+    monkeypatch.setattr(native, "_enabled", None)
+    if value is None:
+        monkeypatch.delenv(native.ENV_VAR, raising=False)
+    else:
+        monkeypatch.setenv(native.ENV_VAR, value)
+    with torch.no_grad():
+        assert _qualifying_layer().choose_mode(1) == "premixed"
+
+
+def test_a_call_overrides_the_environment_variable(kernel, monkeypatch):
+    monkeypatch.setattr(native, "_enabled", None)
+    monkeypatch.setenv(native.ENV_VAR, "1")
+    native.enable_native_kernels(False)
+    try:
+        with torch.no_grad():
+            assert _qualifying_layer().choose_mode(1) == "premixed"
+    finally:
+        monkeypatch.setattr(native, "_enabled", False)
+
+
+def test_environment_variable_with_an_unknown_value_is_refused(monkeypatch):
+    monkeypatch.setattr(native, "_enabled", None)
+    monkeypatch.setenv(native.ENV_VAR, "maybe")
+    with pytest.raises(ValueError, match=r"HYPERPLEX_NATIVE='maybe': expected one of 1, true"):
+        with torch.no_grad():
+            _qualifying_layer()(torch.randn(1, 1024))
+
+
+def test_environment_variable_with_no_compiler_fails_where_the_kernel_is_needed(monkeypatch):
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_enabled", None)
+    monkeypatch.setenv(native.ENV_VAR, "1")
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda tool: None)
+    monkeypatch.setattr(native, "_ninja_from_pip", lambda: False)
+    small = PHMLinear(64, 64, 4).eval()  # too small for the kernel: runs as before, nothing is built
+    with torch.no_grad():
+        assert small(torch.randn(1, 64)).shape == (1, 64)
+        with pytest.raises(RuntimeError, match=r"HYPERPLEX_NATIVE=1 asks for hyperplex's native PHM kernel, which "
+                                               r"could not be built: .*needs c\+\+ and ninja"):
+            _qualifying_layer()(torch.randn(1, 1024))
+    assert native._enabled is None  # still undecided: nothing was turned on
+
+
 def test_auto_takes_the_kernel_only_where_it_applies(enabled):
     big = PHMLinear(1024, 1024, 4)  # 2^18 numbers in its factors: the least that qualifies
     small = PHMLinear(1024, 1024, 8)  # half of that

@@ -15,6 +15,10 @@ It is compiled on first use with :mod:`torch.utils.cpp_extension` (a C++ compile
   take it in inference where it applies (CPU, float32, no gradient needed, at most
   :data:`STREAMED_ROW_LIMIT` rows on layers with large factors, :data:`STREAMED_MIN_FACTORS`), and not under
   autocast, ``torch.compile``, tracing or ONNX export;
+- the environment variable ``HYPERPLEX_NATIVE=1`` does the same without a change to the program (a serving
+  container, say): the kernel is built at the first call that ``auto`` would hand to it, and a build that fails
+  raises there, naming the variable. ``HYPERPLEX_NATIVE=0`` (or unset) leaves it off; a call of
+  :func:`enable_native_kernels` overrides the variable either way;
 - ``forward_mode="streamed"`` on a layer asks for it always (and fails with a clear error where it cannot run);
 - :func:`phm_linear_streamed` is the functional form.
 
@@ -33,7 +37,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["STREAMED_MIN_FACTORS", "STREAMED_ROW_LIMIT", "enable_native_kernels", "native_kernels_enabled",
+__all__ = ["ENV_VAR", "STREAMED_MIN_FACTORS", "STREAMED_ROW_LIMIT", "enable_native_kernels", "native_kernels_enabled",
            "phm_linear_streamed", "streamable"]
 
 SOURCE = Path(__file__).with_name("phm_stream.cpp")
@@ -49,9 +53,13 @@ SOURCE = Path(__file__).with_name("phm_stream.cpp")
 STREAMED_ROW_LIMIT = 4
 STREAMED_MIN_FACTORS = 2 ** 18
 
+#: The environment variable that turns the kernel on for ``auto`` without a call of :func:`enable_native_kernels`.
+ENV_VAR = "HYPERPLEX_NATIVE"
+_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
 _lock = threading.Lock()
 _module = None
-_enabled = False
+_enabled: bool | None = None  # None: no call of enable_native_kernels yet, so ENV_VAR decides
 
 
 def _build(verbose: bool = False):
@@ -111,8 +119,32 @@ def enable_native_kernels(enabled: bool = True, *, verbose: bool = False) -> Non
 
 
 def native_kernels_enabled() -> bool:
-    """Whether ``auto`` PHM layers may take the streamed kernel (see :func:`enable_native_kernels`)."""
-    return _enabled
+    """Whether ``auto`` PHM layers may take the streamed kernel: as :func:`enable_native_kernels` last set it, or,
+    before any call of it, as ``HYPERPLEX_NATIVE`` says. With the variable on, this builds the kernel the first
+    time it is asked (``auto`` asks only for a call the kernel would take) and raises :class:`RuntimeError`,
+    naming the variable, if it cannot; an unrecognised value raises :class:`ValueError`."""
+    global _enabled
+    if _enabled is not None:
+        return _enabled
+    if not _env_requests_kernel():
+        return False
+    try:
+        _build()
+    except Exception as err:
+        raise RuntimeError(f"{ENV_VAR}={os.environ[ENV_VAR]} asks for hyperplex's native PHM kernel, which could not "
+                           f"be built: {err} (unset {ENV_VAR} or set it to 0 to run on PyTorch's paths)") from err
+    _enabled = True
+    return True
+
+
+def _env_requests_kernel() -> bool:
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise ValueError(f"environment variable {ENV_VAR}={os.environ[ENV_VAR]!r}: expected one of "
+                     f"{', '.join(v for v in _ON + _OFF if v)} (or empty)")
 
 
 def streamable(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> str | None:

@@ -325,7 +325,7 @@ class PHMLinear(nn.Module):
             if (mode != "materialized" and inference and not cacheable and not input_grad
                     and rows <= native.STREAMED_ROW_LIMIT and self.out_features >= self.in_features
                     and weight // self.n >= native.STREAMED_MIN_FACTORS
-                    and native.native_kernels_enabled() and self._streamable()):
+                    and self._streamable() and native.native_kernels_enabled()):
                 mode = "streamed"
         if mode == "materialized" and cacheable:
             return "cached"

@@ -215,13 +215,15 @@ def test_environment_variable_with_no_compiler_fails_where_the_kernel_is_needed(
 def test_auto_takes_the_kernel_only_where_it_applies(enabled):
     big = PHMLinear(1024, 1024, 4)  # 2^18 numbers in its factors: the least that qualifies
     small = PHMLinear(1024, 1024, 8)  # half of that
-    narrowing = PHMLinear(4096, 1024, 4)
+    narrowing = PHMLinear(4096, 1024, 4)  # k < d: streamed too (it won at every such shape that qualifies)
+    narrow_small = PHMLinear(3072, 768, 16)  # 147,456 factor numbers: under the bound
     limit = native.STREAMED_ROW_LIMIT
     with torch.no_grad():
         assert big.choose_mode(1) == big.choose_mode(limit) == "streamed"
         assert big.choose_mode(limit + 1) != "streamed"
         assert big.choose_mode(1, input_grad=True) == "premixed"  # the input needs a gradient: PyTorch's path
-        assert small.choose_mode(1) != "streamed" and narrowing.choose_mode(1) != "streamed"
+        assert small.choose_mode(1) != "streamed" and narrow_small.choose_mode(1) != "streamed"
+        assert narrowing.choose_mode(1) == narrowing.choose_mode(limit) == "streamed"
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert big.choose_mode(1) != "streamed"
     assert big.choose_mode(1) == "structured"  # training: weight gradients needed
@@ -236,10 +238,11 @@ def test_auto_takes_the_kernel_only_where_it_applies(enabled):
         assert PHMLinear(1024, 1024, 4).choose_mode(1) == "premixed"
 
 
-def test_auto_output_equals_the_structured_path(enabled):
+@pytest.mark.parametrize("d,k,n", [(1024, 2048, 8), (2048, 512, 4)])
+def test_auto_output_equals_the_structured_path(enabled, d, k, n):
     torch.manual_seed(0)
-    layer = PHMLinear(1024, 2048, 8).eval()
-    x = torch.randn(3, 1024)
+    layer = PHMLinear(d, k, n).eval()
+    x = torch.randn(3, d)
     with torch.inference_mode():
         assert layer.choose_mode(3) == "streamed"
         y = layer(x)

@@ -323,8 +323,7 @@ class PHMLinear(nn.Module):
                 mode = "structured" if structured else "materialized"
             # Where a product that never forms H won, and the compiled kernel is on: it streams the factors once.
             if (mode != "materialized" and inference and not cacheable and not input_grad
-                    and rows <= native.STREAMED_ROW_LIMIT and self.out_features >= self.in_features
-                    and weight // self.n >= native.STREAMED_MIN_FACTORS
+                    and rows <= native.STREAMED_ROW_LIMIT and weight // self.n >= native.STREAMED_MIN_FACTORS
                     and self._streamable() and native.native_kernels_enabled()):
                 mode = "streamed"
         if mode == "materialized" and cacheable:

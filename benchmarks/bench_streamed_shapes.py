@@ -50,7 +50,8 @@ def _shape(text: str) -> tuple[int, int]:
     return d, k
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> list[dict]:
+    """Run the grid, print its table and return its rows (one dict per shape, n and row count)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", type=_shape, nargs="+", default=[(4096, 1024), (3072, 768), (1024, 4096)],
                    help="layer shapes D:K (in:out) (default: 4096:1024 3072:768 1024:4096)")
@@ -64,6 +65,8 @@ def main(argv=None) -> None:
     for name in ("rounds", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
+    if args.llc_mib <= 0:
+        p.error("--llc-mib must be positive")
     for d, k in args.shapes:
         for n in args.ns:
             if d % n or k % n:
@@ -73,6 +76,7 @@ def main(argv=None) -> None:
     native.enable_native_kernels()  # built once here, so that the timings below do not include the build
     torch.manual_seed(0)
     llc = args.llc_mib * 2 ** 20
+    results = []
     print(f"threads {torch.get_num_threads()}; × the nn.Linear stack's time in the same round")
     print("| D→K | n | rows | layers | dense ms | auto (path) | streamed | qualifies |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
@@ -99,9 +103,13 @@ def main(argv=None) -> None:
                         ratios["streamed"].append(_pass_time(layers, x, args.repeats) / base)
                         for layer in layers:
                             layer.forward_mode = "auto"
-                print(f"| {d}→{k} | {n} | {rows} | {count} | {statistics.median(dense_times) * 1e3:.3f} "
-                      f"| {statistics.median(ratios['auto']):.2f} ({path}) | {statistics.median(ratios['streamed']):.2f} "
-                      f"| {'yes' if qualifies else 'no'} |", flush=True)
+                row = {"d": d, "k": k, "n": n, "rows": rows, "layers": count, "path": path, "qualifies": qualifies,
+                       "dense_ms": statistics.median(dense_times) * 1e3, "auto": statistics.median(ratios["auto"]),
+                       "streamed": statistics.median(ratios["streamed"])}
+                results.append(row)
+                print(f"| {d}→{k} | {n} | {rows} | {count} | {row['dense_ms']:.3f} | {row['auto']:.2f} ({path}) "
+                      f"| {row['streamed']:.2f} | {'yes' if qualifies else 'no'} |", flush=True)
+    return results
 
 
 if __name__ == "__main__":

@@ -141,12 +141,17 @@ def test_refuses_what_it_cannot_compute(kernel):
         layer(torch.randn(2, 32))
 
 
-def test_build_error_names_what_is_missing(monkeypatch):
+def _without_compiler(monkeypatch, enabled):
+    """No kernel built yet, no C++ compiler or ninja to build it, and ``_enabled`` as given."""
     monkeypatch.setattr(native, "_module", None)
-    monkeypatch.setattr(native, "_enabled", False)
+    monkeypatch.setattr(native, "_enabled", enabled)
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(shutil, "which", lambda tool: None)
     monkeypatch.setattr(native, "_ninja_from_pip", lambda: False)
+
+
+def test_build_error_names_what_is_missing(monkeypatch):
+    _without_compiler(monkeypatch, enabled=False)
     with pytest.raises(RuntimeError, match=r"needs c\+\+ and ninja to compile phm_stream\.cpp.*hyperplex\[native\]"):
         native.enable_native_kernels()
     assert not native.native_kernels_enabled()  # nothing changed
@@ -180,12 +185,9 @@ def test_environment_variable_unset_or_off_leaves_it_off(kernel, monkeypatch, va
 def test_a_call_overrides_the_environment_variable(kernel, monkeypatch):
     monkeypatch.setattr(native, "_enabled", None)
     monkeypatch.setenv(native.ENV_VAR, "1")
-    native.enable_native_kernels(False)
-    try:
-        with torch.no_grad():
-            assert _qualifying_layer().choose_mode(1) == "premixed"
-    finally:
-        monkeypatch.setattr(native, "_enabled", False)
+    native.enable_native_kernels(False)  # monkeypatch restores _enabled afterwards
+    with torch.no_grad():
+        assert _qualifying_layer().choose_mode(1) == "premixed"
 
 
 def test_environment_variable_with_an_unknown_value_is_refused(monkeypatch):
@@ -197,12 +199,8 @@ def test_environment_variable_with_an_unknown_value_is_refused(monkeypatch):
 
 
 def test_environment_variable_with_no_compiler_fails_where_the_kernel_is_needed(monkeypatch):
-    monkeypatch.setattr(native, "_module", None)
-    monkeypatch.setattr(native, "_enabled", None)
+    _without_compiler(monkeypatch, enabled=None)
     monkeypatch.setenv(native.ENV_VAR, "1")
-    monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setattr(shutil, "which", lambda tool: None)
-    monkeypatch.setattr(native, "_ninja_from_pip", lambda: False)
     small = PHMLinear(64, 64, 4).eval()  # too small for the kernel: runs as before, nothing is built
     with torch.no_grad():
         assert small(torch.randn(1, 64)).shape == (1, 64)

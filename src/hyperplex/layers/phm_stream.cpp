@@ -74,8 +74,8 @@ void for_each_tile(int64_t k_n, int64_t d_n, int64_t cols, const Tile& tile) {
 
 // One register tile: features q0 … q0+rb-1 against pre-mixed rows c0 … c0+cb-1, summed over all n factors, stored to
 // y with the bias. Pre-mixed rows past cb repeat the first one, as factor rows past rb do. `ahead` is the distance
-// to the next tile's rows in the same factor: prefetched while this one runs, into L2 (locality 1): they are used a whole tile later, after n factors' worth of rows have passed through L1
-// (cold stack, 4096², 2 threads: n = 8 / 16 at 0.11-0.17 / 0.09-0.16 x dense against 0.16-0.17 / 0.12 with the
+// to the next tile's rows in the same factor: prefetched while this one runs, into L2 (locality 1): they are used
+// a whole tile later, after n factors' worth of rows have passed through L1 (cold stack, 4096², 2 threads: n = 8 / 16 at 0.11-0.17 / 0.09-0.16 x dense against 0.16-0.17 / 0.12 with the
 // non-temporal hint and 0.17 / 0.15 without prefetching).
 template <int RB, int CB>
 void tile(const float* S, const float* z, const float* bias, float* y, int64_t n, int64_t k_n, int64_t d_n,
@@ -169,9 +169,10 @@ void stream_t(const float* S, const float* zt, const float* bias, float* y, int6
 // the same sums in the same order, but may round them differently (the compiler's choice of fused multiply-adds
 // differs; measured), which is why premix_t fixes the groups by (i, j) and not by how threads split the work.
 template <int W>
-void premix_t_group(const float* x, const float* Ai, float* zt, int64_t n, int64_t d_n, int64_t rows, int64_t ij,
+void premix_t_group(const float* x, const float* At, float* zt, int64_t n, int64_t d_n, int64_t rows, int64_t i,
                     int64_t j) {
-  const int64_t cols = rows * n;
+  const int64_t cols = rows * n, ij = i * d_n + j;
+  const float* Ai = At + i * n * n;
   for (int64_t b = 0; b < rows; ++b) {
     const float* xb = x + b * n * d_n + j;
     for (int64_t a0 = 0; a0 < n; a0 += 8) {
@@ -200,11 +201,10 @@ void premix_t(const float* x, const float* At, float* zt, int64_t n, int64_t d_n
     at::parallel_for(0, n * groups, 64, [&](int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; ++g) {
         const int64_t i = g / groups, j = g % groups * 4;
-        const float* Ai = At + i * n * n;
         if (j + 4 <= d_n)
-          premix_t_group<4>(x, Ai, zt, n, d_n, rows, i * d_n + j, j);
+          premix_t_group<4>(x, At, zt, n, d_n, rows, i, j);
         else
-          for (int64_t jj = j; jj < d_n; ++jj) premix_t_group<1>(x, Ai, zt, n, d_n, rows, i * d_n + jj, jj);
+          for (int64_t jj = j; jj < d_n; ++jj) premix_t_group<1>(x, At, zt, n, d_n, rows, i, jj);
       }
     });
     return;

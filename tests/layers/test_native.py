@@ -145,6 +145,7 @@ def _without_compiler(monkeypatch, enabled):
     """No kernel built yet, no C++ compiler or ninja to build it, and ``_enabled`` as given."""
     monkeypatch.setattr(native, "_module", None)
     monkeypatch.setattr(native, "_enabled", enabled)
+    monkeypatch.setattr(native, "_env_failure", None)
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(shutil, "which", lambda tool: None)
     monkeypatch.setattr(native, "_ninja_from_pip", lambda: False)
@@ -208,6 +209,26 @@ def test_environment_variable_with_no_compiler_fails_where_the_kernel_is_needed(
                                                r"could not be built: .*needs c\+\+ and ninja"):
             _qualifying_layer()(torch.randn(1, 1024))
     assert native._enabled is None  # still undecided: nothing was turned on
+
+
+def test_a_failed_build_under_the_environment_variable_is_not_retried_on_every_call(monkeypatch):
+    _without_compiler(monkeypatch, enabled=None)
+    monkeypatch.setenv(native.ENV_VAR, "1")
+    builds = []
+    real_build = native._build
+    monkeypatch.setattr(native, "_build", lambda *a: builds.append(1) or real_build(*a))
+    layer = _qualifying_layer()
+    with torch.no_grad():
+        for _ in range(3):
+            with pytest.raises(RuntimeError, match=r"HYPERPLEX_NATIVE=1 asks .* could not be built: .*needs c\+\+"):
+                layer(torch.randn(1, 1024))
+    assert len(builds) == 1  # one compile attempt, then the same error
+    with pytest.raises(RuntimeError, match=r"needs c\+\+ and ninja"):
+        native.enable_native_kernels()  # an explicit call does try again
+    assert len(builds) == 2
+    monkeypatch.setenv(native.ENV_VAR, "0")
+    with torch.no_grad():
+        assert layer.choose_mode(1) == "premixed"  # the variable turned off: PyTorch's path, no error
 
 
 def test_auto_takes_the_kernel_only_where_it_applies(enabled):

@@ -17,8 +17,9 @@ It is compiled on first use with :mod:`torch.utils.cpp_extension` (a C++ compile
   autocast, ``torch.compile``, tracing or ONNX export;
 - the environment variable ``HYPERPLEX_NATIVE=1`` does the same without a change to the program (a serving
   container, say): the kernel is built at the first call that ``auto`` would hand to it, and a build that fails
-  raises there, naming the variable. ``HYPERPLEX_NATIVE=0`` (or unset) leaves it off; a call of
-  :func:`enable_native_kernels` overrides the variable either way;
+  raises there, naming the variable (it is tried once a process: later calls raise the same error without
+  compiling again). ``HYPERPLEX_NATIVE=0`` (or unset) leaves it off; a call of :func:`enable_native_kernels`
+  overrides the variable either way;
 - ``forward_mode="streamed"`` on a layer asks for it always (and fails with a clear error where it cannot run);
 - :func:`phm_linear_streamed` is the functional form.
 
@@ -61,6 +62,7 @@ _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 _lock = threading.Lock()
 _module = None
 _enabled: bool | None = None  # None: no call of enable_native_kernels yet, so ENV_VAR decides
+_env_failure: tuple[str, BaseException] | None = None  # the build ENV_VAR asked for failed: raised again, not retried
 
 
 def _build(verbose: bool = False):
@@ -113,27 +115,33 @@ def enable_native_kernels(enabled: bool = True, *, verbose: bool = False) -> Non
     """Build the streamed kernel (once per machine; cached) and let ``forward_mode="auto"`` PHM layers use it in
     inference at few rows; ``enabled=False`` turns that off again. Raises :class:`RuntimeError`, naming what is
     missing, when it cannot be built; nothing is changed then."""
-    global _enabled
+    global _enabled, _env_failure
     if enabled:
         _build(verbose)
     _enabled = bool(enabled)
+    _env_failure = None
 
 
 def native_kernels_enabled() -> bool:
     """Whether ``auto`` PHM layers may take the streamed kernel: as :func:`enable_native_kernels` last set it, or,
     before any call of it, as ``HYPERPLEX_NATIVE`` says. With the variable on, this builds the kernel the first
     time it is asked (``auto`` asks only for a call the kernel would take) and raises :class:`RuntimeError`,
-    naming the variable, if it cannot; an unrecognised value raises :class:`ValueError`."""
-    global _enabled
+    naming the variable, if it cannot; an unrecognised value raises :class:`ValueError`. A failed build is tried
+    once per process: later calls raise the same error without compiling again."""
+    global _enabled, _env_failure
     if _enabled is not None:
         return _enabled
     if not _env_requests_kernel():
         return False
-    try:
-        _build()
-    except Exception as err:
-        raise RuntimeError(f"{ENV_VAR}={os.environ[ENV_VAR]} asks for hyperplex's native PHM kernel, which could not "
-                           f"be built: {err} (unset {ENV_VAR} or set it to 0 to run on PyTorch's paths)") from err
+    if _env_failure is None:
+        try:
+            _build()
+        except Exception as err:
+            _env_failure = (f"{ENV_VAR}={os.environ[ENV_VAR]} asks for hyperplex's native PHM kernel, which could not "
+                            f"be built: {err} (unset {ENV_VAR} or set it to 0 to run on PyTorch's paths)", err)
+    if _env_failure is not None:
+        message, cause = _env_failure
+        raise RuntimeError(message) from cause
     _enabled = True
     return True
 

@@ -109,3 +109,35 @@ def test_benchmarks_are_scripts_not_a_verb(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["bench", "phm"])
     assert exit_info.value.code == 2 and "invalid choice: 'bench'" in capsys.readouterr().err
+
+def test_native_verb_builds_and_checks_the_kernel_without_turning_it_on(capsys, monkeypatch):
+    from hyperplex.layers import native
+
+    try:
+        native.build_native_kernels()
+    except Exception as err:  # no compiler or ninja here; test_native covers the error
+        pytest.skip(f"native kernel not buildable here: {err}")
+    monkeypatch.setattr(native, "_enabled", None)
+    monkeypatch.delenv(native.ENV_VAR, raising=False)
+    assert cli.main(["native"]) == 0
+    out = capsys.readouterr().out
+    assert f"native PHM kernel: {native._module.__file__}" in out
+    worst = max(r["error"] for r in native.self_check())  # the same seeded layers: the same figure
+    assert f"6 shapes (n = 2, 3, 4, 8, 16, 16): largest error {worst:.1e} of the largest output" in out
+    assert "HYPERPLEX_NATIVE=1" in out
+    assert not native.native_kernels_enabled()  # built, not turned on
+
+
+def test_native_verb_without_a_compiler_is_one_error(capsys, monkeypatch):
+    import shutil
+
+    from hyperplex.layers import native
+
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda tool: None)
+    monkeypatch.setattr(native, "_ninja_from_pip", lambda: False)
+    assert cli.main(["native"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("hyperplex native: error: hyperplex's native PHM kernel needs c++ and ninja") and \
+        err.count("\n") == 1

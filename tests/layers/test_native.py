@@ -158,6 +158,24 @@ def test_build_error_names_what_is_missing(monkeypatch):
     assert not native.native_kernels_enabled()  # nothing changed
 
 
+def test_self_check_passes_on_this_build_and_catches_a_wrong_one(kernel, monkeypatch):
+    results = native.self_check()
+    assert [(r["n"], r["d"], r["k"], r["rows"]) for r in results] == list(native.SELF_CHECK_SHAPES)
+    assert all(0 <= r["error"] <= native.SELF_CHECK_TOLERANCE for r in results)
+
+    class Wrong:  # a build that drops one term of the sum, e.g. a miscompiled tail
+        __file__ = "wrong.so"
+
+        @staticmethod
+        def phm_stream(x, rule, weight, bias):
+            return phm_linear_reference(x, rule[1:], weight[1:], bias)
+
+    monkeypatch.setattr(native, "_module", Wrong)
+    with pytest.raises(RuntimeError, match=r"kernel \(wrong\.so\) is wrong at n=2, 96 -> 100, 5 rows: largest "
+                                           r"difference .* of the largest output \(tolerance 1e-05\)"):
+        native.self_check()
+
+
 # ---------------------------------------------------------------- PHMLinear's `auto`
 def _qualifying_layer():
     return PHMLinear(1024, 1024, 4).eval()  # 2^18 numbers in its factors: the least that `auto` streams

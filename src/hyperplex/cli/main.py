@@ -354,6 +354,37 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
     export.set_defaults(func=_export)
 
 
+def _native(args: argparse.Namespace) -> int:
+    import time
+
+    from hyperplex.layers import native
+
+    start = time.perf_counter()
+    path = native.build_native_kernels(verbose=args.verbose)
+    print(f"native PHM kernel: {path} (ready in {time.perf_counter() - start:.1f} s)")
+    results = native.self_check()
+    worst = max(results, key=lambda r: r["error"])
+    print(f"self-check against the Kronecker product, {len(results)} shapes (n = "
+          f"{', '.join(str(r['n']) for r in results)}): largest error {worst['error']:.1e} of the largest output "
+          f"(at n={worst['n']}, {worst['d']} -> {worst['k']}), within {native.SELF_CHECK_TOLERANCE:.0e}")
+    print(f"turn it on: {native.ENV_VAR}=1 in the environment, or hyperplex.layers.native.enable_native_kernels(); "
+          f"PHM layers in forward_mode='auto' then take it in inference at up to {native.STREAMED_ROW_LIMIT} rows on "
+          f"layers with at least {native.STREAMED_MIN_FACTORS:,} numbers in their factors")
+    return 0
+
+
+def _add_native(sub, common: argparse.ArgumentParser) -> None:
+    """``hyperplex native``'s arguments."""
+    native = sub.add_parser(
+        "native", parents=[common], help="build and check the optional compiled PHM kernel (ahead of serving)",
+        description="Build hyperplex's compiled streamed PHM kernel for this machine, or load the copy cached in "
+        "TORCH_EXTENSIONS_DIR, then check it against the Kronecker product on random layers. Needs a C++ compiler "
+        "and ninja (pip install 'hyperplex[native]'); about a minute the first time. It does not turn the kernel "
+        "on: HYPERPLEX_NATIVE=1 or enable_native_kernels() does, and then finds it built. See docs/phm.md.")
+    native.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    native.set_defaults(func=_native)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``hyperplex`` parser: one subparser per verb, each added by its ``_add_VERB`` function."""
     common = argparse.ArgumentParser(add_help=False)
@@ -364,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Parameterized hypercomplex multiplication (PHM) layers and quaternion networks for NLP.")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_demo, _add_train, _add_compress, _add_score_encoder, _add_corpus, _add_evaluate, _add_translate,
-                _add_params, _add_average, _add_experiment, _add_export):  # the order `hyperplex --help` lists
+                _add_params, _add_average, _add_experiment, _add_export, _add_native):  # the order `hyperplex --help` lists
         add(sub, common)
     return parser
 

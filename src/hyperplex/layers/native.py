@@ -20,6 +20,8 @@ It is compiled on first use with :mod:`torch.utils.cpp_extension` (a C++ compile
   raises there, naming the variable (it is tried once a process: later calls raise the same error without
   compiling again). ``HYPERPLEX_NATIVE=0`` (or unset) leaves it off; a call of :func:`enable_native_kernels`
   overrides the variable either way;
+- :func:`build_native_kernels` (the ``hyperplex native`` command, which also runs :func:`self_check`) builds it
+  without turning it on, ahead of time: a serving image built that way starts with the kernel cached;
 - ``forward_mode="streamed"`` on a layer asks for it always (and fails with a clear error where it cannot run);
 - :func:`phm_linear_streamed` is the functional form.
 
@@ -38,8 +40,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["ENV_VAR", "STREAMED_MIN_FACTORS", "STREAMED_ROW_LIMIT", "enable_native_kernels", "native_kernels_enabled",
-           "phm_linear_streamed", "streamable"]
+__all__ = ["ENV_VAR", "SELF_CHECK_SHAPES", "SELF_CHECK_TOLERANCE", "STREAMED_MIN_FACTORS", "STREAMED_ROW_LIMIT",
+           "build_native_kernels", "enable_native_kernels", "native_kernels_enabled", "phm_linear_streamed",
+           "self_check", "streamable"]
 
 SOURCE = Path(__file__).with_name("phm_stream.cpp")
 #: ``auto`` takes the streamed path in inference for at most ``STREAMED_ROW_LIMIT`` rows (tokens × batch), on a
@@ -166,6 +169,53 @@ def streamable(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = No
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return "it has no backward pass (use it under torch.no_grad() or torch.inference_mode(), or on frozen weights)"
     return None
+
+
+def build_native_kernels(verbose: bool = False) -> str:
+    """Build the streamed kernel, or load the copy cached for this machine, without turning it on; returns the path
+    of the compiled library. ``hyperplex native`` calls this, so that a serving image can build it ahead of time
+    and its processes start with ``HYPERPLEX_NATIVE=1`` without the minute's compile. Raises
+    :class:`RuntimeError`, naming what is missing, when it cannot be built."""
+    return _build(verbose).__file__
+
+
+#: The shapes :func:`self_check` runs: ``(n, d, k, rows)``, covering the kernel's tiles and tails, a narrowing and
+#: a widening layer, and ``n`` up to 16.
+SELF_CHECK_SHAPES = ((2, 96, 100, 5), (3, 33, 12, 7), (4, 4096, 4096, 1), (8, 136, 72, 3), (16, 512, 256, 2),
+                     (16, 80, 48, 1))
+
+
+#: :func:`self_check`'s bound on the largest error relative to the largest output (float32 sums of up to 4,096
+#: terms: about 1e-6 on a sound build).
+SELF_CHECK_TOLERANCE = 1e-5
+
+
+def self_check(tolerance: float = SELF_CHECK_TOLERANCE) -> list[dict]:
+    """Run the built kernel on random layers of :data:`SELF_CHECK_SHAPES` (with a bias) against the Kronecker
+    product in float64, and return one ``{"n", "d", "k", "rows", "error"}`` per shape, ``error`` the largest
+    difference relative to the largest output. A ``-march=native`` binary that miscompiles or runs on the wrong
+    CPU shows here rather than in a model's outputs: an error over ``tolerance`` raises :class:`RuntimeError`.
+    Builds the kernel if needed; does not turn it on."""
+    from hyperplex.layers.functional import phm_linear_reference
+
+    module = _build()
+    generator = torch.Generator().manual_seed(0)
+    results = []
+    for n, d, k, rows in SELF_CHECK_SHAPES:
+        rule = torch.randn(n, n, n, generator=generator)
+        weight = torch.randn(n, k // n, d // n, generator=generator) / d ** 0.5
+        bias = torch.randn(k, generator=generator)
+        x = torch.randn(rows, d, generator=generator)
+        with torch.no_grad():
+            y = module.phm_stream(x, rule, weight, bias)
+            ref = phm_linear_reference(x.double(), rule.double(), weight.double(), bias.double())
+        error = ((y.double() - ref).abs().max() / ref.abs().max()).item()
+        results.append({"n": n, "d": d, "k": k, "rows": rows, "error": error})
+        if not error <= tolerance:  # NaN fails too
+            raise RuntimeError(f"the native PHM kernel ({module.__file__}) is wrong at n={n}, {d} -> {k}, {rows} "
+                               f"rows: largest difference from the Kronecker product {error:.2e} of the largest "
+                               f"output (tolerance {tolerance:.0e}); leave the kernel off and report this")
+    return results
 
 
 def phm_linear_streamed(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

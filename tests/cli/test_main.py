@@ -110,6 +110,7 @@ def test_benchmarks_are_scripts_not_a_verb(capsys):
         cli.main(["bench", "phm"])
     assert exit_info.value.code == 2 and "invalid choice: 'bench'" in capsys.readouterr().err
 
+
 def test_native_verb_builds_and_checks_the_kernel_without_turning_it_on(capsys, monkeypatch):
     from hyperplex.layers import native
 

@@ -395,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Parameterized hypercomplex multiplication (PHM) layers and quaternion networks for NLP.")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_demo, _add_train, _add_compress, _add_score_encoder, _add_corpus, _add_evaluate, _add_translate,
-                _add_params, _add_average, _add_experiment, _add_export, _add_native):  # the order `hyperplex --help` lists
+                _add_params, _add_average, _add_experiment, _add_export,
+                _add_native):  # the order `hyperplex --help` lists
         add(sub, common)
     return parser
 

@@ -135,6 +135,7 @@ def test_native_verb_without_a_compiler_is_one_error(capsys, monkeypatch):
     from hyperplex.layers import native
 
     monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_load_cached", lambda name: None)  # nothing built here before either
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(shutil, "which", lambda tool: None)
     monkeypatch.setattr(native, "_ninja_from_pip", lambda: False)

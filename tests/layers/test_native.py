@@ -6,7 +6,10 @@ skips, except for the test that the build error names what is missing."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -142,8 +145,9 @@ def test_refuses_what_it_cannot_compute(kernel):
 
 
 def _without_compiler(monkeypatch, enabled):
-    """No kernel built yet, no C++ compiler or ninja to build it, and ``_enabled`` as given."""
+    """No kernel built or cached yet, no C++ compiler or ninja to build it, and ``_enabled`` as given."""
     monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_load_cached", lambda name: None)
     monkeypatch.setattr(native, "_enabled", enabled)
     monkeypatch.setattr(native, "_env_failure", None)
     monkeypatch.delenv("CXX", raising=False)
@@ -174,6 +178,52 @@ def test_self_check_passes_on_this_build_and_catches_a_wrong_one(kernel, monkeyp
     with pytest.raises(RuntimeError, match=r"kernel \(wrong\.so\) is wrong at n=2, 96 -> 100, 5 rows: largest "
                                            r"difference .* of the largest output \(tolerance 1e-05\)"):
         native.self_check()
+
+
+def test_a_cached_build_loads_without_a_compiler(kernel):
+    """What a serving image made by `hyperplex native` relies on: a new process with no C++ compiler loads the
+    library built earlier for this CPU, source and torch, and it computes the same product."""
+    code = ("import torch; from hyperplex.layers import native; print(native.build_native_kernels()); "
+            "g = torch.Generator().manual_seed(0); x = torch.randn(3, 64, generator=g); "
+            "r = torch.randn(4, 4, 4, generator=g); w = torch.randn(4, 8, 16, generator=g); "
+            "print(native.phm_linear_streamed(x, r, w).double().sum().item())")
+    env = {**os.environ, "CXX": "/nonexistent/c++"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    path, total = out.stdout.split()
+    assert path == native.build_native_kernels()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 64, generator=g)
+    rule, weight = torch.randn(4, 4, 4, generator=g), torch.randn(4, 8, 16, generator=g)
+    assert float(total) == pytest.approx(_reference(x, rule, weight, None).sum().item(), rel=1e-5, abs=1e-4)
+
+
+def test_a_broken_or_foreign_cache_is_not_loaded(monkeypatch, tmp_path):
+    """A cached library that does not import (a build cut short) is compiled again — here, with no compiler, that
+    is the usual error naming what is missing — and a change of the source or of torch changes the name, so
+    a library built from other code is never picked up."""
+    name = native._library_name()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    (tmp_path / name).mkdir()
+    (tmp_path / name / f"{name}.so").write_bytes(b"not a library")
+    assert native._cached_library(name) == tmp_path / name / f"{name}.so"
+    assert native._load_cached(name) is None
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda tool: None)
+    monkeypatch.setattr(native, "_ninja_from_pip", lambda: False)
+    with pytest.raises(RuntimeError, match=r"needs c\+\+ and ninja to compile"):
+        native.build_native_kernels()
+    (tmp_path / name / "lock").touch()  # cpp_extension is building it right now
+    assert native._cached_library(name) is None
+
+    edited = tmp_path / "phm_stream.cpp"
+    edited.write_bytes(native.SOURCE.read_bytes() + b"\n// edited\n")
+    monkeypatch.setattr(native, "SOURCE", edited)
+    assert native._library_name() != name
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "__version__", torch.__version__ + ".other")
+    assert native._library_name() != name and native._library_name().startswith(name[:-12])
 
 
 # ---------------------------------------------------------------- PHMLinear's `auto`

@@ -378,8 +378,9 @@ def _add_native(sub, common: argparse.ArgumentParser) -> None:
     native = sub.add_parser(
         "native", parents=[common], help="build and check the optional compiled PHM kernel (ahead of serving)",
         description="Build hyperplex's compiled streamed PHM kernel for this machine, or load the copy cached in "
-        "TORCH_EXTENSIONS_DIR, then check it against the Kronecker product on random layers. Needs a C++ compiler "
-        "and ninja (pip install 'hyperplex[native]'); about a minute the first time. It does not turn the kernel "
+        "TORCH_EXTENSIONS_DIR, then check it against the Kronecker product on random layers. Building needs a C++ "
+        "compiler and ninja (pip install 'hyperplex[native]'; about a minute); later processes on this machine load "
+        "the cached build without them. It does not turn the kernel "
         "on: HYPERPLEX_NATIVE=1 or enable_native_kernels() does, and then finds it built. See docs/phm.md.")
     native.add_argument("--verbose", action="store_true", help="show the compiler's output")
     native.set_defaults(func=_native)

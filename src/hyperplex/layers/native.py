@@ -9,7 +9,8 @@ dense layer's multiply-adds in registers.
 
 It is compiled on first use with :mod:`torch.utils.cpp_extension` (a C++ compiler and ``ninja``, from
 ``pip install 'hyperplex[native]'``; about a minute, then cached in ``TORCH_EXTENSIONS_DIR``), with
-``-march=native``: the build fits the machine that made it. Nothing is compiled unless asked for:
+``-march=native``: the build fits the machine that made it. A later process on the same CPU, source and torch
+loads the cached library directly, with no compiler or ninja installed. Nothing is compiled unless asked for:
 
 - :func:`enable_native_kernels` builds it and lets every :class:`~hyperplex.layers.PHMLinear` in ``forward_mode="auto"``
   take it in inference where it applies (CPU, float32, no gradient needed, at most
@@ -21,7 +22,8 @@ It is compiled on first use with :mod:`torch.utils.cpp_extension` (a C++ compile
   compiling again). ``HYPERPLEX_NATIVE=0`` (or unset) leaves it off; a call of :func:`enable_native_kernels`
   overrides the variable either way;
 - :func:`build_native_kernels` (the ``hyperplex native`` command, which also runs :func:`self_check`) builds it
-  without turning it on, ahead of time: a serving image built that way starts with the kernel cached;
+  without turning it on, ahead of time: a serving image built that way starts with the kernel cached and needs no
+  compiler at run time;
 - ``forward_mode="streamed"`` on a layer asks for it always (and fails with a clear error where it cannot run);
 - :func:`phm_linear_streamed` is the functional form.
 
@@ -68,26 +70,79 @@ _enabled: bool | None = None  # None: no call of enable_native_kernels yet, so E
 _env_failure: tuple[str, BaseException] | None = None  # the build ENV_VAR asked for failed: raised again, not retried
 
 
+# -fopenmp: at::parallel_for is OpenMP in PyTorch's CPU builds, and the extension then shares the libgomp that torch
+# loaded (same soname), so it runs on torch's threads (torch.set_num_threads).
+_CFLAGS, _LDFLAGS = ("-O3", "-march=native", "-fopenmp"), ("-fopenmp",)
+
+
 def _build(verbose: bool = False):
     global _module
     with _lock:
         if _module is None:
-            compiler = os.environ.get("CXX", "c++")  # what torch.utils.cpp_extension will call
-            missing = [tool for tool in (compiler, "ninja") if shutil.which(tool) is None and
-                       not (tool == "ninja" and _ninja_from_pip())]
-            if missing:
-                raise RuntimeError(
-                    f"hyperplex's native PHM kernel needs {' and '.join(missing)} to compile {SOURCE.name}: "
-                    "install a C++ compiler and `pip install 'hyperplex[native]'` (ninja), or leave the kernel off "
-                    "(every PHM path in PyTorch stays available)")
-            from torch.utils import cpp_extension
-
-            # -fopenmp: at::parallel_for is OpenMP in PyTorch's CPU builds, and the extension then shares the
-            # libgomp that torch loaded (same soname), so it runs on torch's threads (torch.set_num_threads).
-            flags = ["-O3", "-march=native", "-fopenmp"]
-            _module = cpp_extension.load(name=f"hyperplex_phm_stream_{_machine_tag()}", sources=[str(SOURCE)],
-                                         extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=verbose)
+            name = _library_name()
+            _module = _load_cached(name)  # a build made earlier for this CPU, source and torch: no compiler needed
+            if _module is None:
+                _module = _compile(name, verbose)
     return _module
+
+
+def _compile(name: str, verbose: bool):
+    compiler = os.environ.get("CXX", "c++")  # what torch.utils.cpp_extension will call
+    missing = [tool for tool in (compiler, "ninja") if shutil.which(tool) is None and
+               not (tool == "ninja" and _ninja_from_pip())]
+    if missing:
+        raise RuntimeError(
+            f"hyperplex's native PHM kernel needs {' and '.join(missing)} to compile {SOURCE.name}: "
+            "install a C++ compiler and `pip install 'hyperplex[native]'` (ninja), or leave the kernel off "
+            "(every PHM path in PyTorch stays available)")
+    from torch.utils import cpp_extension
+
+    return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(_CFLAGS),
+                              extra_ldflags=list(_LDFLAGS), verbose=verbose)
+
+
+def _library_name() -> str:
+    """The extension's name, which is also its cache folder's: this CPU (:func:`_machine_tag`) and a hash of the
+    source, the flags and the torch version, so that a cached library is only ever loaded by the code it was
+    built from and against the torch it was built for."""
+    import hashlib
+
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(repr((_CFLAGS, _LDFLAGS, torch.__version__)).encode())
+    return f"hyperplex_phm_stream_{_machine_tag()}_{digest.hexdigest()[:12]}"
+
+
+def _cached_library(name: str) -> Path | None:
+    """The compiled library that ``cpp_extension.load(name=name, …)`` left in ``TORCH_EXTENSIONS_DIR`` (or the
+    default cache), if it is there and no build of it is under way (``cpp_extension`` holds a ``lock`` file
+    while it builds)."""
+    from torch.utils import cpp_extension
+
+    try:
+        folder = Path(cpp_extension._get_build_directory(name, verbose=False))  # torch's own folder rule
+    except (AttributeError, TypeError, OSError):  # the private helper changed, or the cache cannot be made
+        return None
+    library = folder / f"{name}{cpp_extension.LIB_EXT}"
+    return library if library.is_file() and not (folder / "lock").exists() else None
+
+
+def _load_cached(name: str):
+    """Import the cached library of :func:`_cached_library` directly, as ``cpp_extension`` does after a build,
+    without calling the compiler or ninja (``cpp_extension.load`` runs both in every new process, even when the
+    build is up to date): a serving image made by ``hyperplex native`` needs no compiler at run time. ``None``
+    when there is no such library or it does not import (a build cut short): then it is compiled again."""
+    import importlib.util
+
+    library = _cached_library(name)
+    if library is None:
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, library)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError):
+        return None
+    return module if hasattr(module, "phm_stream") else None
 
 
 def _machine_tag() -> str:

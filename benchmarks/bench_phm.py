@@ -525,6 +525,21 @@ def build_stack(d: int, k: int, n: int, depth: int, device: torch.device, dtype:
 
 
 # ----------------------------------------------------------------------------- reporting
+def native_line(asked: bool) -> str:
+    """Whether ``auto`` may take hyperplex's compiled streamed kernel in this run, and why (it changes the ``auto``
+    column at few rows on large layers)."""
+    from hyperplex.layers import native
+
+    value = os.environ.get(native.ENV_VAR)
+    if asked:
+        return "native PHM kernel: on (--native)"
+    if native.native_kernels_enabled():
+        return ("native PHM kernel: on (installed by `hyperplex native`)" if native._installed
+                else f"native PHM kernel: on ({native.ENV_VAR}={value})")
+    return (f"native PHM kernel: off ({native.ENV_VAR}={value})" if value
+            else "native PHM kernel: off (not installed; `hyperplex native` installs it, --native turns it on)")
+
+
 def machine_line(device: torch.device, dtype_name: str) -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -783,6 +798,7 @@ def main(argv=None) -> int:
         from hyperplex.layers.native import enable_native_kernels
 
         enable_native_kernels()
+    native_state = native_line(args.native)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     if args.clock == "cpu" and device.type == "cuda":
         raise SystemExit("--clock cpu measures host CPU time; use --clock wall with --device cuda")
@@ -845,6 +861,7 @@ def main(argv=None) -> int:
     print(f"# PHMLinear benchmark — {stamp}")
     print(machine_line(device, args.dtype) + f"; clock {args.clock}, statistic {args.stat}"
           + (f"; malloc {malloc}" if device.type == "cpu" else ""))
+    print(native_state)
     load_after = busy_cores_elsewhere() if load_before is not None else None
     if load_before is not None:
         print(f"other processes kept {load_before:.1f} (start) / {load_after:.1f} (end) of {os.cpu_count()} "
@@ -884,7 +901,7 @@ def main(argv=None) -> int:
         meta = {"date": stamp, "command": command, "machine": machine_line(device, args.dtype), "args": vars(args),
                 "llc_bytes": llc, "llc_source": llc_source, "stack_layers": {d: v[0] for d, v in depths.items()},
                 "busy_cores_elsewhere": [load_before, load_after],
-                "malloc": malloc, "wall_s": time.perf_counter() - started}
+                "malloc": malloc, "native": native_state, "wall_s": time.perf_counter() - started}
         with open(args.json, "w") as fh:
             rows = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(m).items()}
                     for m in records]  # NaN is not JSON

@@ -7,6 +7,11 @@ import torch
 # Two CPU cores in CI: keep torch from oversubscribing them.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
+# The suite must not depend on whether `hyperplex native` installed the compiled PHM kernel on this machine (with
+# HYPERPLEX_NATIVE unset, `auto` layers would take it): off unless a test turns it on itself (tests/layers/test_native.py
+# installs it only into a private copy of the cache, the `kernel_cache` fixture).
+os.environ["HYPERPLEX_NATIVE"] = "0"
+
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 
 
@@ -184,3 +189,40 @@ def load_benchmark(name: str):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def without_compiler(monkeypatch):
+    """hyperplex.layers.native with no kernel loaded or cached and no C++ compiler or ninja to build one."""
+    import shutil
+
+    from hyperplex.layers import native
+
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_load_cached", lambda name: None)
+    monkeypatch.setattr(native, "_env_failure", None)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda tool: None)
+    monkeypatch.setattr(native, "_ninja_from_pip", lambda: False)
+
+
+@pytest.fixture
+def kernel_cache(tmp_path, monkeypatch):
+    """A private ``TORCH_EXTENSIONS_DIR`` holding a copy of this machine's build of the native PHM kernel (built
+    first if needed; skips where it cannot be), ``HYPERPLEX_NATIVE`` unset and the module's per-process state
+    reset, so that installing the kernel in a test never touches the user's cache. Returns the build's folder."""
+    import shutil
+
+    from hyperplex.layers import native
+
+    try:
+        library = Path(native.build_native_kernels())
+    except Exception as err:  # no compiler or ninja here; test_native covers the error
+        pytest.skip(f"native kernel not buildable here: {err}")
+    folder = tmp_path / "torch_extensions" / native._library_name()
+    folder.mkdir(parents=True)
+    shutil.copy2(library, folder / library.name)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(folder.parent))
+    monkeypatch.delenv(native.ENV_VAR, raising=False)
+    for attr in ("_module", "_enabled", "_installed", "_env_failure"):
+        monkeypatch.setattr(native, attr, None)
+    return folder

@@ -14,6 +14,8 @@ from hyperplex.config import load_yaml
 from hyperplex.train.checkpoint import load_model_weights
 from hyperplex.train.load import load_model
 
+from conftest import without_compiler
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
@@ -111,34 +113,30 @@ def test_benchmarks_are_scripts_not_a_verb(capsys):
     assert exit_info.value.code == 2 and "invalid choice: 'bench'" in capsys.readouterr().err
 
 
-def test_native_verb_builds_and_checks_the_kernel_without_turning_it_on(capsys, monkeypatch):
+def test_native_verb_builds_checks_and_installs_the_kernel(capsys, monkeypatch, kernel_cache):
     from hyperplex.layers import native
 
-    try:
-        native.build_native_kernels()
-    except Exception as err:  # no compiler or ninja here; test_native covers the error
-        pytest.skip(f"native kernel not buildable here: {err}")
-    monkeypatch.setattr(native, "_enabled", None)
-    monkeypatch.delenv(native.ENV_VAR, raising=False)
     assert cli.main(["native"]) == 0
     out = capsys.readouterr().out
-    assert f"native PHM kernel: {native._module.__file__}" in out
+    assert f"native PHM kernel: {kernel_cache / kernel_cache.name}.so" in out
     worst = max(r["error"] for r in native.self_check())  # the same seeded layers: the same figure
     assert f"6 shapes (n = 2, 3, 4, 8, 16, 16): largest error {worst:.1e} of the largest output" in out
-    assert "HYPERPLEX_NATIVE=1" in out
-    assert not native.native_kernels_enabled()  # built, not turned on
+    assert f"installed ({kernel_cache / native.INSTALL_MARKER})" in out and "HYPERPLEX_NATIVE=0 turns it off" in out
+    assert native.native_kernels_enabled()  # HYPERPLEX_NATIVE unset (the fixture): the installed build
+    monkeypatch.setenv(native.ENV_VAR, "0")
+    assert cli.main(["native"]) == 0
+    assert "note: HYPERPLEX_NATIVE=0 in this environment keeps it off here" in capsys.readouterr().out
+    assert cli.main(["native", "--uninstall"]) == 0
+    assert capsys.readouterr().out.startswith(f"removed {kernel_cache / native.INSTALL_MARKER}: PHM layers stay")
+    monkeypatch.delenv(native.ENV_VAR)
+    assert not native.native_kernels_enabled() and (kernel_cache / f"{kernel_cache.name}.so").is_file()
+    assert cli.main(["native", "--uninstall"]) == 0
+    assert "was not installed for this CPU, source and torch: nothing to remove" in capsys.readouterr().out
 
 
-def test_native_verb_without_a_compiler_is_one_error(capsys, monkeypatch):
-    import shutil
-
-    from hyperplex.layers import native
-
-    monkeypatch.setattr(native, "_module", None)
-    monkeypatch.setattr(native, "_load_cached", lambda name: None)  # nothing built here before either
-    monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setattr(shutil, "which", lambda tool: None)
-    monkeypatch.setattr(native, "_ninja_from_pip", lambda: False)
+def test_native_verb_without_a_compiler_is_one_error(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    without_compiler(monkeypatch)  # nothing built here before either
     assert cli.main(["native"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("hyperplex native: error: hyperplex's native PHM kernel needs c++ and ninja") and \

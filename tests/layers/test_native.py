@@ -7,9 +7,10 @@ skips, except for the test that the build error names what is missing."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ from hypothesis import given, settings, strategies as st
 
 from hyperplex.layers import PHMLinear, native
 from hyperplex.layers.functional import phm_linear_reference, phm_linear_structured
+
+from conftest import SUBPROCESS_ENV, without_compiler
 
 
 @pytest.fixture(scope="module")
@@ -146,13 +149,8 @@ def test_refuses_what_it_cannot_compute(kernel):
 
 def _without_compiler(monkeypatch, enabled):
     """No kernel built or cached yet, no C++ compiler or ninja to build it, and ``_enabled`` as given."""
-    monkeypatch.setattr(native, "_module", None)
-    monkeypatch.setattr(native, "_load_cached", lambda name: None)
+    without_compiler(monkeypatch)
     monkeypatch.setattr(native, "_enabled", enabled)
-    monkeypatch.setattr(native, "_env_failure", None)
-    monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setattr(shutil, "which", lambda tool: None)
-    monkeypatch.setattr(native, "_ninja_from_pip", lambda: False)
 
 
 def test_build_error_names_what_is_missing(monkeypatch):
@@ -203,15 +201,14 @@ def test_a_broken_or_foreign_cache_is_not_loaded(monkeypatch, tmp_path):
     is the usual error naming what is missing — and a change of the source or of torch changes the name, so
     a library built from other code is never picked up."""
     name = native._library_name()
+    real_load_cached = native._load_cached
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     (tmp_path / name).mkdir()
     (tmp_path / name / f"{name}.so").write_bytes(b"not a library")
     assert native._cached_library(name) == tmp_path / name / f"{name}.so"
     assert native._load_cached(name) is None
-    monkeypatch.setattr(native, "_module", None)
-    monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setattr(shutil, "which", lambda tool: None)
-    monkeypatch.setattr(native, "_ninja_from_pip", lambda: False)
+    without_compiler(monkeypatch)
+    monkeypatch.setattr(native, "_load_cached", real_load_cached)  # this test's point: the broken file is tried
     with pytest.raises(RuntimeError, match=r"needs c\+\+ and ninja to compile"):
         native.build_native_kernels()
     (tmp_path / name / "lock").touch()  # cpp_extension is building it right now
@@ -240,9 +237,8 @@ def test_environment_variable_turns_the_kernel_on(kernel, monkeypatch, value):
     assert native.native_kernels_enabled()
 
 
-@pytest.mark.parametrize("value", [None, "", "0", "off"])
-def test_environment_variable_unset_or_off_leaves_it_off(kernel, monkeypatch, value):
-    monkeypatch.setattr(native, "_enabled", None)
+@pytest.mark.parametrize("value", [None, "", "auto", "0", "off"])
+def test_environment_variable_unset_or_off_leaves_it_off_where_not_installed(kernel_cache, monkeypatch, value):
     if value is None:
         monkeypatch.delenv(native.ENV_VAR, raising=False)
     else:
@@ -262,7 +258,7 @@ def test_a_call_overrides_the_environment_variable(kernel, monkeypatch):
 def test_environment_variable_with_an_unknown_value_is_refused(monkeypatch):
     monkeypatch.setattr(native, "_enabled", None)
     monkeypatch.setenv(native.ENV_VAR, "maybe")
-    with pytest.raises(ValueError, match=r"HYPERPLEX_NATIVE='maybe': expected one of 1, true"):
+    with pytest.raises(ValueError, match=r"HYPERPLEX_NATIVE='maybe': expected one of 1, true, .*, off, auto \(or empty\)"):
         with torch.no_grad():
             _qualifying_layer()(torch.randn(1, 1024))
 
@@ -338,3 +334,109 @@ def test_auto_output_equals_the_structured_path(enabled, d, k, n):
     y_train = layer(x)  # with gradients: a differentiable path, same values
     assert y_train.requires_grad
     torch.testing.assert_close(y_train.detach(), y, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- installed by `hyperplex native`
+def _marker(folder):
+    import json
+
+    return json.loads((folder / native.INSTALL_MARKER).read_text())
+
+
+def test_an_installed_build_is_taken_where_the_variable_is_unset(kernel_cache, monkeypatch):
+    import hashlib
+
+    layer = _qualifying_layer()
+    with torch.no_grad():
+        assert layer.choose_mode(1) == "premixed"  # nothing installed in this cache
+    assert native.installed_native_kernel() is None
+    installed = native.install_native_kernels()
+    library = kernel_cache / f"{kernel_cache.name}.so"
+    assert installed["library"] == str(library) and installed["marker"] == str(kernel_cache / native.INSTALL_MARKER)
+    record = _marker(kernel_cache)
+    assert record["sha256"] == hashlib.sha256(library.read_bytes()).hexdigest()
+    assert record["self_check"] == installed["self_check"] and len(record["self_check"]) == len(native.SELF_CHECK_SHAPES)
+    assert all(r["error"] <= native.SELF_CHECK_TOLERANCE for r in record["self_check"])
+    assert native.installed_native_kernel() == library
+    with torch.no_grad():
+        assert layer.choose_mode(1) == "streamed"  # HYPERPLEX_NATIVE unset: the installed build
+        assert layer.choose_mode(native.STREAMED_ROW_LIMIT + 1) != "streamed"  # only where it applies
+        x = torch.randn(2, 1024)
+        _assert_close_to_reference(layer(x), phm_linear_reference(x.double(), layer.phm_rule.double(),
+                                                                  layer.phm_weight.double(), layer.bias.double()))
+        monkeypatch.setenv(native.ENV_VAR, "0")
+        assert layer.choose_mode(1) == "premixed"  # off, installed or not
+        monkeypatch.delenv(native.ENV_VAR)
+        native.enable_native_kernels(False)  # an explicit call overrides the install too
+        assert layer.choose_mode(1) == "premixed"
+        monkeypatch.setattr(native, "_enabled", None)
+        assert layer.choose_mode(1) == "streamed"
+        assert native.uninstall_native_kernels() == installed["marker"]
+        assert layer.choose_mode(1) == "premixed"  # from this process's next call
+    assert native.uninstall_native_kernels() is None and library.is_file()  # the build stays cached
+
+
+def test_an_installed_build_that_changed_since_its_check_is_not_used(kernel_cache):
+    native.install_native_kernels()
+    library = kernel_cache / f"{kernel_cache.name}.so"
+    library.write_bytes(library.read_bytes() + b"\0")  # another file than the one the self-check ran
+    layer = _qualifying_layer()
+    with pytest.warns(RuntimeWarning, match=r"is not the build that `hyperplex native` checked .* run `hyperplex "
+                                            r"native` again"):
+        with torch.no_grad():
+            assert layer.choose_mode(1) == "premixed"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # looked for once per process: no second warning
+        with torch.no_grad():
+            assert layer.choose_mode(1) == "premixed"
+
+
+def test_a_build_that_fails_its_self_check_is_not_installed(kernel_cache, monkeypatch):
+    native.install_native_kernels()
+    assert (kernel_cache / native.INSTALL_MARKER).is_file()
+
+    def wrong(tolerance=native.SELF_CHECK_TOLERANCE):
+        raise RuntimeError("the native PHM kernel (x.so) is wrong at n=2")
+
+    monkeypatch.setattr(native, "self_check", wrong)
+    with pytest.raises(RuntimeError, match="is wrong at n=2"):
+        native.install_native_kernels()
+    assert not (kernel_cache / native.INSTALL_MARKER).exists()  # the earlier mark went with it
+    assert native.installed_native_kernel() is None
+
+
+def test_a_new_process_without_a_compiler_takes_the_installed_kernel(kernel_cache):
+    """The serving story: `hyperplex native` ran once (in an image, say); a process started later, with no C++
+    compiler and HYPERPLEX_NATIVE unset, streams the qualifying layers; HYPERPLEX_NATIVE=0 keeps it off."""
+    native.install_native_kernels()
+    code = ("import torch; from hyperplex.layers import PHMLinear, native\n"
+            "layer = PHMLinear(1024, 1024, 4).eval()\n"
+            "with torch.no_grad(): print(layer.choose_mode(1), native._module is not None)")
+    env = {**SUBPROCESS_ENV, "CXX": "/nonexistent/c++", "TORCH_EXTENSIONS_DIR": str(kernel_cache.parent)}
+    env.pop(native.ENV_VAR, None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["streamed", "True"]
+    out = subprocess.run([sys.executable, "-c", code], env={**env, native.ENV_VAR: "0"}, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["premixed", "False"]  # off: the library is not even loaded
+
+
+def test_looking_for_an_installed_build_creates_nothing_and_follows_torchs_folder_rule(monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    name = native._library_name()
+    root = tmp_path / "extensions"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root))
+    assert native.installed_native_kernel() is None and native._cached_library(name) is None
+    assert not root.exists()  # torch's own helper would have made root/name
+    assert native._build_folder(name) == Path(cpp_extension._get_build_directory(name, verbose=False))
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    folder = native._build_folder(name)
+    existed = folder.exists()
+    try:
+        assert folder == Path(cpp_extension._get_build_directory(name, verbose=False))
+    finally:
+        if not existed:
+            folder.rmdir()  # what torch's helper just made

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 
@@ -359,30 +360,43 @@ def _native(args: argparse.Namespace) -> int:
 
     from hyperplex.layers import native
 
+    if args.uninstall:
+        marker = native.uninstall_native_kernels()
+        print(f"removed {marker}: PHM layers stay on PyTorch's paths unless {native.ENV_VAR}=1 or "
+              "enable_native_kernels() turns the kernel on" if marker else
+              "the native PHM kernel was not installed for this CPU, source and torch: nothing to remove")
+        return 0
     start = time.perf_counter()
-    path = native.build_native_kernels(verbose=args.verbose)
-    print(f"native PHM kernel: {path} (ready in {time.perf_counter() - start:.1f} s)")
-    results = native.self_check()
+    installed = native.install_native_kernels(verbose=args.verbose)
+    results = installed["self_check"]
+    print(f"native PHM kernel: {installed['library']} (built or loaded, and checked, in "
+          f"{time.perf_counter() - start:.1f} s)")
     worst = max(results, key=lambda r: r["error"])
     print(f"self-check against the Kronecker product, {len(results)} shapes (n = "
           f"{', '.join(str(r['n']) for r in results)}): largest error {worst['error']:.1e} of the largest output "
           f"(at n={worst['n']}, {worst['d']} -> {worst['k']}), within {native.SELF_CHECK_TOLERANCE:.0e}")
-    print(f"turn it on: {native.ENV_VAR}=1 in the environment, or hyperplex.layers.native.enable_native_kernels(); "
-          f"PHM layers in forward_mode='auto' then take it in inference at up to {native.STREAMED_ROW_LIMIT} rows on "
-          f"layers with at least {native.STREAMED_MIN_FACTORS:,} numbers in their factors")
+    print(f"installed ({installed['marker']}): in every process on this machine, PHM layers in forward_mode='auto' "
+          f"take it in inference at up to {native.STREAMED_ROW_LIMIT} rows on layers with at least "
+          f"{native.STREAMED_MIN_FACTORS:,} numbers in their factors; {native.ENV_VAR}=0 turns it off, "
+          "hyperplex native --uninstall removes the mark")
+    if native._env_mode() == "off":
+        print(f"note: {native.ENV_VAR}={os.environ[native.ENV_VAR]} in this environment keeps it off here")
     return 0
 
 
 def _add_native(sub, common: argparse.ArgumentParser) -> None:
     """``hyperplex native``'s arguments."""
     native = sub.add_parser(
-        "native", parents=[common], help="build and check the optional compiled PHM kernel (ahead of serving)",
+        "native", parents=[common], help="build, check and install the optional compiled PHM kernel",
         description="Build hyperplex's compiled streamed PHM kernel for this machine, or load the copy cached in "
-        "TORCH_EXTENSIONS_DIR, then check it against the Kronecker product on random layers. Building needs a C++ "
-        "compiler and ninja (pip install 'hyperplex[native]'; about a minute); later processes on this machine load "
-        "the cached build without them. It does not turn the kernel "
-        "on: HYPERPLEX_NATIVE=1 or enable_native_kernels() does, and then finds it built. See docs/phm.md.")
+        "TORCH_EXTENSIONS_DIR, check it against the Kronecker product on random layers, and install it: later "
+        "processes on this machine (same CPU, hyperplex and torch) with HYPERPLEX_NATIVE unset let PHM layers in "
+        "forward_mode='auto' take it in inference at few rows, loading it without a compiler. Building needs a C++ "
+        "compiler and ninja (pip install 'hyperplex[native]'; about a minute). HYPERPLEX_NATIVE=0 keeps it off "
+        "anyway. See docs/phm.md.")
     native.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    native.add_argument("--uninstall", action="store_true",
+                        help="remove the install mark (the compiled library stays cached); nothing is built")
     native.set_defaults(func=_native)
 
 

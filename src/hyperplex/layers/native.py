@@ -12,6 +12,13 @@ It is compiled on first use with :mod:`torch.utils.cpp_extension` (a C++ compile
 ``-march=native``: the build fits the machine that made it. A later process on the same CPU, source and torch
 loads the cached library directly, with no compiler or ninja installed. Nothing is compiled unless asked for:
 
+- :func:`install_native_kernels` (the ``hyperplex native`` command) builds it, checks it against the Kronecker
+  product (:func:`self_check`) and marks that build *installed*: from then on every process on this machine (same
+  CPU, source and torch) in which ``HYPERPLEX_NATIVE`` is unset lets ``auto`` take it, as
+  :func:`enable_native_kernels` would — it is loaded from the cache, never compiled, and a library that changed
+  since it was checked is not used (with a warning). :func:`uninstall_native_kernels` (``hyperplex native
+  --uninstall``) takes the mark away; a serving image built with ``hyperplex native`` starts with it on and needs
+  no compiler at run time;
 - :func:`enable_native_kernels` builds it and lets every :class:`~hyperplex.layers.PHMLinear` in ``forward_mode="auto"``
   take it in inference where it applies (CPU, float32, no gradient needed, at most
   :data:`STREAMED_ROW_LIMIT` rows on layers with large factors, :data:`STREAMED_MIN_FACTORS`), and not under
@@ -19,11 +26,9 @@ loads the cached library directly, with no compiler or ninja installed. Nothing 
 - the environment variable ``HYPERPLEX_NATIVE=1`` does the same without a change to the program (a serving
   container, say): the kernel is built at the first call that ``auto`` would hand to it, and a build that fails
   raises there, naming the variable (it is tried once a process: later calls raise the same error without
-  compiling again). ``HYPERPLEX_NATIVE=0`` (or unset) leaves it off; a call of :func:`enable_native_kernels`
-  overrides the variable either way;
-- :func:`build_native_kernels` (the ``hyperplex native`` command, which also runs :func:`self_check`) builds it
-  without turning it on, ahead of time: a serving image built that way starts with the kernel cached and needs no
-  compiler at run time;
+  compiling again). ``HYPERPLEX_NATIVE=0`` leaves it off even where it is installed; unset (or ``auto``), it is
+  on exactly where it is installed. A call of :func:`enable_native_kernels` overrides the variable either way;
+- :func:`build_native_kernels` builds it (or loads the cached build) without turning it on or installing it;
 - ``forward_mode="streamed"`` on a layer asks for it always (and fails with a clear error where it cannot run);
 - :func:`phm_linear_streamed` is the functional form.
 
@@ -42,9 +47,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["ENV_VAR", "SELF_CHECK_SHAPES", "SELF_CHECK_TOLERANCE", "STREAMED_MIN_FACTORS", "STREAMED_ROW_LIMIT",
-           "build_native_kernels", "enable_native_kernels", "native_kernels_enabled", "phm_linear_streamed",
-           "self_check", "streamable"]
+__all__ = ["ENV_VAR", "INSTALL_MARKER", "SELF_CHECK_SHAPES", "SELF_CHECK_TOLERANCE", "STREAMED_MIN_FACTORS",
+           "STREAMED_ROW_LIMIT", "build_native_kernels", "enable_native_kernels", "install_native_kernels",
+           "installed_native_kernel", "native_kernels_enabled", "phm_linear_streamed", "self_check", "streamable",
+           "uninstall_native_kernels"]
 
 SOURCE = Path(__file__).with_name("phm_stream.cpp")
 #: ``auto`` takes the streamed path in inference for at most ``STREAMED_ROW_LIMIT`` rows (tokens × batch), on a
@@ -62,12 +68,15 @@ STREAMED_MIN_FACTORS = 2 ** 18
 
 #: The environment variable that turns the kernel on for ``auto`` without a call of :func:`enable_native_kernels`.
 ENV_VAR = "HYPERPLEX_NATIVE"
-_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+_ON, _OFF, _INSTALLED = ("1", "true", "yes", "on"), ("0", "false", "no", "off"), ("", "auto")
+#: The file, beside the cached library, that marks the build :func:`install_native_kernels` checked.
+INSTALL_MARKER = "hyperplex_installed.json"
 
 _lock = threading.Lock()
 _module = None
 _enabled: bool | None = None  # None: no call of enable_native_kernels yet, so ENV_VAR decides
 _env_failure: tuple[str, BaseException] | None = None  # the build ENV_VAR asked for failed: raised again, not retried
+_installed: bool | None = None  # whether an installed build was found and loaded; None: not looked for yet
 
 
 # -fopenmp: at::parallel_for is OpenMP in PyTorch's CPU builds, and the extension then shares the libgomp that torch
@@ -118,12 +127,30 @@ def _cached_library(name: str) -> Path | None:
     while it builds)."""
     from torch.utils import cpp_extension
 
-    try:
-        folder = Path(cpp_extension._get_build_directory(name, verbose=False))  # torch's own folder rule
-    except (AttributeError, TypeError, OSError):  # the private helper changed, or the cache cannot be made
-        return None
+    folder = _build_folder(name)
     library = folder / f"{name}{cpp_extension.LIB_EXT}"
     return library if library.is_file() and not (folder / "lock").exists() else None
+
+
+def _build_folder(name: str) -> Path:
+    """The folder in which ``cpp_extension.load(name=name, …)`` builds: torch's rule (its private
+    ``_get_build_directory``, which a test compares with this), without creating the folder as that helper does,
+    so that looking for a build leaves nothing behind on a machine that never made one."""
+    import sys
+
+    from torch.utils import cpp_extension
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        if torch.version.hip is not None:
+            accelerator = f"rocm{torch.version.hip.replace('.', '')}"
+        elif torch.version.cuda is not None:
+            accelerator = f"cu{torch.version.cuda.replace('.', '')}"
+        else:
+            accelerator = "cpu"
+        python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+        root = os.path.join(cpp_extension.get_default_build_root(), f"{python}_{accelerator}")
+    return Path(root) / name
 
 
 def _load_cached(name: str):
@@ -182,15 +209,20 @@ def enable_native_kernels(enabled: bool = True, *, verbose: bool = False) -> Non
 
 def native_kernels_enabled() -> bool:
     """Whether ``auto`` PHM layers may take the streamed kernel: as :func:`enable_native_kernels` last set it, or,
-    before any call of it, as ``HYPERPLEX_NATIVE`` says. With the variable on, this builds the kernel the first
-    time it is asked (``auto`` asks only for a call the kernel would take) and raises :class:`RuntimeError`,
-    naming the variable, if it cannot; an unrecognised value raises :class:`ValueError`. A failed build is tried
-    once per process: later calls raise the same error without compiling again."""
+    before any call of it, as ``HYPERPLEX_NATIVE`` says. Unset (or ``auto``): on if :func:`install_native_kernels`
+    installed the build for this CPU, source and torch (looked for once per process, loaded without a compiler).
+    On (``1``): this builds the kernel the first time it is asked (``auto`` asks only for a call the kernel would
+    take) and raises :class:`RuntimeError`, naming the variable, if it cannot; a failed build is tried once per
+    process, later calls raise the same error without compiling again. Off (``0``): off. An unrecognised value
+    raises :class:`ValueError`."""
     global _enabled, _env_failure
     if _enabled is not None:
         return _enabled
-    if not _env_requests_kernel():
+    mode = _env_mode()
+    if mode == "off":
         return False
+    if mode == "installed":
+        return _load_installed()
     if _env_failure is None:
         try:
             _build()
@@ -204,14 +236,67 @@ def native_kernels_enabled() -> bool:
     return True
 
 
-def _env_requests_kernel() -> bool:
+def _env_mode() -> str:
+    """``"on"``, ``"off"`` or ``"installed"``, as ``HYPERPLEX_NATIVE`` says."""
     value = os.environ.get(ENV_VAR, "").strip().lower()
     if value in _ON:
-        return True
+        return "on"
     if value in _OFF:
-        return False
+        return "off"
+    if value in _INSTALLED:
+        return "installed"
     raise ValueError(f"environment variable {ENV_VAR}={os.environ[ENV_VAR]!r}: expected one of "
-                     f"{', '.join(v for v in _ON + _OFF if v)} (or empty)")
+                     f"{', '.join(v for v in _ON + _OFF + _INSTALLED if v)} (or empty)")
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def installed_native_kernel() -> Path | None:
+    """The compiled library that :func:`install_native_kernels` installed for this CPU, source and torch, if its
+    mark is there and the library is the one it checked (same SHA-256); else ``None``. Loads nothing."""
+    name = _library_name()
+    marker = _build_folder(name) / INSTALL_MARKER
+    library = _cached_library(name)
+    if library is None or not marker.is_file():
+        return None
+    import json
+    import warnings
+
+    try:
+        record = json.loads(marker.read_text())
+        checked = record["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        checked = None
+    if checked != _sha256(library):
+        warnings.warn(f"hyperplex's native PHM kernel {library} is not the build that `hyperplex native` checked "
+                      f"({marker} does not match it), so it is not used; run `hyperplex native` again to check and "
+                      "install it", RuntimeWarning, stacklevel=2)
+        return None
+    return library
+
+
+def _load_installed() -> bool:
+    """Load the installed build once per process (``HYPERPLEX_NATIVE`` unset): ``True`` if there is one and it
+    imports. Nothing is compiled; a library that does not import is left off with a warning."""
+    global _installed, _module
+    with _lock:
+        if _installed is None:
+            _installed = False
+            library = installed_native_kernel()
+            if library is not None:
+                module = _module or _load_cached(_library_name())
+                if module is None:
+                    import warnings
+
+                    warnings.warn(f"hyperplex's native PHM kernel {library} is installed but does not import, so it "
+                                  "is not used; run `hyperplex native` again", RuntimeWarning, stacklevel=2)
+                else:
+                    _module, _installed = module, True
+    return _installed
 
 
 def streamable(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> str | None:
@@ -227,10 +312,9 @@ def streamable(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = No
 
 
 def build_native_kernels(verbose: bool = False) -> str:
-    """Build the streamed kernel, or load the copy cached for this machine, without turning it on; returns the path
-    of the compiled library. ``hyperplex native`` calls this, so that a serving image can build it ahead of time
-    and its processes start with ``HYPERPLEX_NATIVE=1`` without the minute's compile. Raises
-    :class:`RuntimeError`, naming what is missing, when it cannot be built."""
+    """Build the streamed kernel, or load the copy cached for this machine, without turning it on or installing it
+    (:func:`install_native_kernels` does both the build and the install); returns the path of the compiled
+    library. Raises :class:`RuntimeError`, naming what is missing, when it cannot be built."""
     return _build(verbose).__file__
 
 
@@ -271,6 +355,54 @@ def self_check(tolerance: float = SELF_CHECK_TOLERANCE) -> list[dict]:
                                f"rows: largest difference from the Kronecker product {error:.2e} of the largest "
                                f"output (tolerance {tolerance:.0e}); leave the kernel off and report this")
     return results
+
+
+def install_native_kernels(verbose: bool = False) -> dict:
+    """Build the streamed kernel (or load the copy cached for this machine), run :func:`self_check`, and mark this
+    build installed: processes on this machine with ``HYPERPLEX_NATIVE`` unset then let ``auto`` PHM layers take
+    it, loading it without a compiler. Returns ``{"library", "marker", "self_check"}``. A build that fails the
+    self-check raises :class:`RuntimeError` and is not installed (an earlier mark for it is removed); so does a
+    build that cannot be made. Does not turn the kernel on in this process (:func:`enable_native_kernels` does)."""
+    import datetime
+    import json
+
+    global _installed
+    name = _library_name()
+    _build(verbose)
+    library = _cached_library(name)  # the file later processes load: the one the mark vouches for
+    marker = _build_folder(name) / INSTALL_MARKER
+    if library is None:
+        raise RuntimeError(f"hyperplex's native PHM kernel is built, but not found in {marker.parent}, where torch's "
+                           "cache rule puts it (a build under way, or torch changed that rule): not installed; turn "
+                           f"it on with {ENV_VAR}=1 or enable_native_kernels() instead")
+    try:
+        results = self_check()
+    except RuntimeError:
+        marker.unlink(missing_ok=True)
+        raise
+    record = {"library": library.name, "sha256": _sha256(library), "torch": torch.__version__,
+              "installed": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+              "tolerance": SELF_CHECK_TOLERANCE, "self_check": results}
+    partial = marker.with_name(marker.name + ".partial")
+    partial.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(partial, marker)  # a reader sees the whole mark or none
+    with _lock:
+        _installed = None  # this process looks again when next asked
+    return {"library": str(library), "marker": str(marker), "self_check": results}
+
+
+def uninstall_native_kernels() -> str | None:
+    """Remove the mark :func:`install_native_kernels` left for this CPU, source and torch (the compiled library
+    stays cached); returns its path, or ``None`` if there was none. Processes started afterwards with
+    ``HYPERPLEX_NATIVE`` unset stay on PyTorch's paths; this one does from its next call."""
+    global _installed
+    marker = _build_folder(_library_name()) / INSTALL_MARKER
+    with _lock:
+        _installed = None
+    if not marker.is_file():
+        return None
+    marker.unlink()
+    return str(marker)
 
 
 def phm_linear_streamed(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -80,8 +80,8 @@ class PHMLinear(nn.Module):
             (never form ``H``), ``"premixed"`` (never form ``H``: inputs mixed by the rule, then one
             GEMM against the ``Sᵢ`` side by side), ``"materialized"`` (form ``H``, then one dense
             matmul) or ``"streamed"`` (inference only: the compiled kernel of :mod:`hyperplex.layers.native`,
-            which ``auto`` also takes at few rows once :func:`~hyperplex.layers.native.enable_native_kernels`
-            has built it). All are exact.
+            which ``auto`` also takes at few rows once ``hyperplex native`` has installed it or
+            :func:`~hyperplex.layers.native.enable_native_kernels` has turned it on). All are exact.
         cache_dense: keep the formed ``H`` between calls that need no weight gradient (inference,
             frozen layers) and reuse it while no parameter changes. Off by default: the cache is a
             dense copy of the weight (``k·d`` numbers, ``n×`` the layer's own weights), the very

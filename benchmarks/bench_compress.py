@@ -31,7 +31,10 @@ user would — the teacher with ``SentenceTransformer(folder)``, the others from
 process holds pages freed by a conversion. Every folder, the teacher's included, is first copied by one routine
 (:func:`same_page_cache_history`): the weights are memory-mapped, and a file just written is mapped in larger
 pieces than an old one, which once charged a just-saved model 7 MB of embedding rows. Each process reports its
-resident memory after loading and after the last encode (``/proc/self/statm``), its peak resident memory
+resident memory after loading and after the last encode (``/proc/self/statm``; after the encode also split, from
+``/proc/self/status``, into ``RssAnon`` — the heap: tensors, activations and what the allocator keeps freed — and
+``RssFile`` — mapped files: the memory-mapped weights, shared libraries; the ``Δ heap`` and ``Δ files`` columns),
+its peak resident memory
 (``VmHWM``, see :func:`_peak_bytes`), and the bytes of the model's parameters + buffers + cached ``H`` (+ packed
 int8 weights and their scales). The parent process then times ``SentenceTransformer.encode`` (tokenisation,
 padding to the longest in each batch, pooling and normalisation included) in interleaved rounds: in each round every process encodes the same
@@ -204,6 +207,20 @@ def _peak_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+def _resident_split() -> dict:
+    """``RssAnon`` (heap: tensors, activations, the allocator's free lists) and ``RssFile`` (mapped files: the
+    memory-mapped weights, shared libraries) of ``/proc/self/status``, in bytes; empty where there is no /proc."""
+    split = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(("RssAnon:", "RssFile:")):
+                    split["resident_" + line[3:7].lower()] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return split
+
+
 def _held_bytes(model) -> int:
     """Parameters + buffers + packed int8 weights (hyperplex.convert.quantize.model_bytes) + cached H."""
     from hyperplex.convert.quantize import model_bytes
@@ -250,7 +267,8 @@ def worker(spec: dict) -> None:
                 model.encode(chosen, batch_size=batch, convert_to_tensor=True, show_progress_bar=False)
                 answer = len(chosen) / (time.perf_counter() - start)
         else:
-            answer = {**stats, "held": _held_bytes(model), "resident": _resident_bytes(), "peak": _peak_bytes()}
+            answer = {**stats, "held": _held_bytes(model), "resident": _resident_bytes(), **_resident_split(),
+                      "peak": _peak_bytes()}
         print(json.dumps(answer), file=reply, flush=True)
 
 
@@ -310,6 +328,36 @@ def measure(specs: dict, sentences: list[str], batch_sizes: list[int], rounds: i
             proc.close()
 
 
+#: The memory figures of a worker, each the median over ``--memory-samples`` fresh processes.
+MEMORY_KEYS = ("resident_loaded", "resident", "resident_anon", "resident_file", "peak")
+
+
+def measure_memory(specs: dict, sentences: list[str], batch_sizes: list[int], samples: int,
+                   threads: int | None) -> dict:
+    """Per model: the median of each of :data:`MEMORY_KEYS` over ``samples`` fresh processes, and every sample.
+
+    One process is one draw of a noisy figure: the heap (``RssAnon``) of the same model encoding the same
+    sentences moved by ±10 MB from process to process on this project's VM, for the teacher and a converted model
+    alike, while the mapped weights (``RssFile``) did not move at all. So every model is loaded again in
+    ``samples`` processes of its own, one process at a time (models interleaved: sample 1 of every model, then
+    sample 2, …), each encoding the sentences once at every batch size before it reports."""
+    names = list(specs)
+    drawn = {name: [] for name in names}
+    for _ in range(samples):
+        for name in names:
+            proc = ModelProcess(name, {**specs[name], "sentences": sentences, "threads": threads})
+            try:
+                for b in batch_sizes:
+                    proc.ask({"encode": b})
+                drawn[name].append(proc.ask({"stats": True}))
+            finally:
+                proc.close()
+    return {name: {**{key: statistics.median(s[key] for s in drawn[name]) for key in MEMORY_KEYS
+                      if all(key in s for s in drawn[name])},
+                   "memory_samples": [{key: s[key] for key in MEMORY_KEYS if key in s} for s in drawn[name]]}
+            for name in names}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="minilm", help="SentenceTransformer folder, or minilm (default)")
@@ -326,6 +374,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds; default 7 (quick: 3)")
     parser.add_argument("--quick", action="store_true", help="3 rounds of 32 sentences")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per model process; default torch's")
+    parser.add_argument("--memory-samples", type=int, default=None,
+                        help="fresh processes per model for the memory columns (each the median over them); "
+                             "default 3 (quick: 1)")
     parser.add_argument("--json", help="also write the rows to this JSON file (for hyperplex.experiments.frontier)")
     args = parser.parse_args(argv)
     for name in args.variants:
@@ -335,7 +386,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             parser.error(str(error))
     if len(set(args.variants)) != len(args.variants) or "dense" in args.variants:
         parser.error("--variants: each name once, and not 'dense' (the teacher is always measured)")
+    for option in ("rounds", "sentences", "memory_samples"):
+        if getattr(args, option) is not None and getattr(args, option) < 1:
+            parser.error(f"--{option.replace('_', '-')} must be positive, not {getattr(args, option)}")
     rounds = args.rounds or (3 if args.quick else 7)
+    samples = args.memory_samples or (1 if args.quick else 3)
     count = args.sentences or (32 if args.quick else 64)
     sentences = fixed_sentences(count)
     import torch
@@ -348,10 +403,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"model {args.model}; load average at start {os.getloadavg()[0]:.2f}")
         print(f"# {count} sentences, {rounds} interleaved rounds, one fresh process per model; sent/s = median over "
               "rounds; × = median over rounds of (model speed / teacher speed in the same round), above 1 = faster; "
-              "memory in MB, Δ = model − teacher\n")
+              f"memory in MB, median over {samples} fresh process(es) per model, Δ = model − teacher\n")
         results = measure(specs, sentences, args.batch_sizes, rounds, args.threads)
+        memory = measure_memory(specs, sentences, args.batch_sizes, samples, args.threads)
+        for name, result in results.items():  # the memory columns: the medians of the dedicated processes
+            result["stats"] = {**{k: v for k, v in result["stats"].items() if k not in MEMORY_KEYS}, **memory[name]}
     header = ["model", "float params", "params of converted layers", "weights held", "file", "resident", "Δ resident",
-              "peak", "Δ peak"]
+              "Δ heap", "Δ files", "peak", "Δ peak"]
     for b in args.batch_sizes:
         header += [f"batch {b} sent/s", f"batch {b} ×"]
     print("| " + " | ".join(header) + " |")
@@ -368,6 +426,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         cells = [name, f"{stats['params']:,}", f"{selected:,}" if selected else "–", f"{stats['held'] / MB:.1f}",
                  f"{row['file_bytes'] / MB:.1f}",
                  f"{stats['resident'] / MB:.0f}", f"{(stats['resident'] - teacher['resident']) / MB:+.0f}",
+                 *(f"{(stats[key] - teacher[key]) / MB:+.0f}" if key in stats and key in teacher else "–"
+                   for key in ("resident_anon", "resident_file")),
                  f"{stats['peak'] / MB:.0f}", f"{(stats['peak'] - teacher['peak']) / MB:+.0f}"]
         for b in args.batch_sizes:
             cells += [f"{result['speed'][b]:.1f}", f"{result['ratio'][b]:.2f}"]
@@ -380,6 +440,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         run = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "model": args.model,
                "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
                "torch": torch.__version__, "threads": args.threads, "rounds": rounds, "sentences": count,
+               "memory_samples": samples,
                "batch_sizes": args.batch_sizes, "load_average": [load_start, os.getloadavg()[0]], "rows": rows}
         atomic_write_text(args.json, json.dumps(run, indent=1) + "\n")
     return rows

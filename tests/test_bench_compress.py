@@ -4,6 +4,7 @@ columns (speed is measured there, never asserted here)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -36,14 +37,24 @@ def test_keep_variant_and_json_feed_the_frontier(bench, teacher_folder, tmp_path
     SentenceTransformer; --json writes rows that attach_serving turns into the table's serving columns."""
     out = tmp_path / "serving.json"
     rows = bench.main(["--model", str(teacher_folder), "--variants", "keep1", "phm2", "--rounds", "1",
-                       "--sentences", "4", "--min-features", "8", "--threads", "1", "--json", str(out)])
+                       "--sentences", "4", "--min-features", "8", "--threads", "1", "--memory-samples", "2",
+                       "--json", str(out)])
     by = {r["name"]: r for r in rows}
+    for row in rows:  # the memory columns: the median of 2 fresh processes per model, each sample kept
+        assert len(row["memory_samples"]) == 2
+        for key in ("resident", "peak"):
+            assert row[key] == statistics.median(s[key] for s in row["memory_samples"]) > 0
     from sentence_transformers import SentenceTransformer
 
     teacher = SentenceTransformer(str(teacher_folder), device="cpu")
     layer = teacher[0].auto_model.encoder.layer[1]
     assert by["keep1"]["params"] == by["dense"]["params"] - sum(p.numel() for p in layer.parameters())
+    if Path("/proc/self/status").is_file():  # Linux: resident memory split into heap and mapped files
+        for row in rows:
+            assert row["resident_anon"] > 0 and row["resident_file"] > 0
+            assert abs(row["resident_anon"] + row["resident_file"] - row["resident"]) <= 8 << 20  # + shmem, timing
     saved = json.loads(out.read_text())
+    assert saved["memory_samples"] == 2
     assert saved["batch_sizes"] == [1, 32] and [r["name"] for r in saved["rows"]] == ["dense", "keep1", "phm2"]
     assert saved["rows"][1]["ratio_b1"] == by["keep1"]["ratio_b1"]
 
@@ -84,3 +95,10 @@ def test_every_model_is_measured_from_a_copy_made_the_same_way(bench, tmp_path):
     assert Path(out["phm4"]["folder"], "model.safetensors").read_bytes() == b"factors"
     assert Path(out["phm4"]["folder"], "sub", "config.json").read_text() == "{}"
     assert len(list(measured.iterdir())) == 2
+
+
+@pytest.mark.parametrize("option", ["--rounds", "--sentences", "--memory-samples"])
+def test_a_count_that_is_not_positive_is_refused_before_anything_runs(bench, option, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--variants", "phm4", option, "0"])
+    assert exit_info.value.code == 2 and f"{option} must be positive, not 0" in capsys.readouterr().err

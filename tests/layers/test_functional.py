@@ -47,3 +47,62 @@ def test_phm_linear_modes_and_error():
     torch.testing.assert_close(phm_linear(x, rule, weight, mode="structured"), phm_linear(x, rule, weight))
     with pytest.raises(ValueError, match="unknown mode 'fast'"):
         phm_linear(x, rule, weight, mode="fast")
+
+
+# ---------------------------------------------------------------- forming H without a gradient
+def _forms(rule, weight, permutation=None):
+    """H formed in place (no gradient to record) and by the differentiable one-matmul form."""
+    in_place = materialize_weight(rule, weight, permutation)
+    recorded = materialize_weight(rule, weight.detach().requires_grad_(True), permutation)
+    assert recorded.requires_grad and not in_place.requires_grad
+    return in_place, recorded.detach()
+
+
+@pytest.mark.parametrize("n,k_n,d_n", [(2, 3, 5), (3, 4, 2), (4, 6, 24), (4, 24, 6), (8, 2, 3)])
+def test_in_place_form_equals_the_differentiable_form_and_the_kron_sum(n, k_n, d_n):
+    torch.manual_seed(n + k_n)
+    rule, weight = torch.randn(n, n, n, dtype=torch.float64), torch.randn(n, k_n, d_n, dtype=torch.float64)
+    in_place, recorded = _forms(rule, weight)
+    torch.testing.assert_close(in_place, recorded, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(in_place, sum(torch.kron(rule[i], weight[i]) for i in range(n)))
+    with torch.inference_mode():
+        torch.testing.assert_close(materialize_weight(rule, weight), in_place, rtol=0, atol=0)
+    perm_rule = cayley_dickson_rule(n, dtype=torch.float64) if n in (2, 4, 8) else None
+    if perm_rule is not None:  # the gather form of fixed ±1 rules, in place too
+        in_place, recorded = _forms(perm_rule, weight, signed_permutation(perm_rule))
+        torch.testing.assert_close(in_place, recorded, rtol=0, atol=0)
+    mixed = materialize_weight(rule.float(), weight)  # float32 rule, float64 factors: float64, as the matmul gives
+    assert mixed.dtype == torch.float64
+
+
+def test_in_place_form_holds_nothing_of_hs_size_beside_h():
+    """Forming H in inference must not hold a second k·d intermediate (the one-matmul form's blocks): the largest
+    tensor any operation returns, besides H's own buffer, is one block row (k·d/n)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NewStorages(TorchDispatchMode):
+        """Bytes of every storage an operation allocates, except the one ``empty`` makes for ``H``."""
+
+        def __init__(self, *known):
+            super().__init__()
+            self.known, self.sizes = {t.untyped_storage().data_ptr() for t in known}, [0]
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in self.known:
+                    self.known.add(tensor.untyped_storage().data_ptr())
+                    if func is not torch.ops.aten.empty.memory_format:
+                        self.sizes.append(tensor.untyped_storage().nbytes())
+            return out
+
+    n, k_n, d_n = 4, 16, 32
+    rule, weight = torch.randn(n, n, n), torch.randn(n, k_n, d_n)
+    h_bytes = n * k_n * n * d_n * 4
+    with torch.no_grad(), NewStorages(rule, weight) as seen:
+        materialize_weight(rule, weight)
+    assert max(seen.sizes) <= h_bytes // n
+    leaf = weight.clone().requires_grad_(True)
+    with NewStorages(rule, leaf) as seen:  # the differentiable form: its blocks are a second H (the test can fail)
+        materialize_weight(rule, leaf)
+    assert h_bytes in seen.sizes and seen.sizes.count(h_bytes) == 2  # the blocks, then H

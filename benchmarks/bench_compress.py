@@ -33,17 +33,20 @@ process holds pages freed by a conversion. Every folder, the teacher's included,
 pieces than an old one, which once charged a just-saved model 7 MB of embedding rows. Each process reports its
 resident memory after loading and after the last encode (``/proc/self/statm``; after the encode also split, from
 ``/proc/self/status``, into ``RssAnon`` — the heap: tensors, activations and what the allocator keeps freed — and
-``RssFile`` — mapped files: the memory-mapped weights, shared libraries; the ``Δ heap`` and ``Δ files`` columns),
-its peak resident memory
-(``VmHWM``, see :func:`_peak_bytes`), and the bytes of the model's parameters + buffers + cached ``H`` (+ packed
-int8 weights and their scales). The parent process then times ``SentenceTransformer.encode`` (tokenisation,
+``RssFile`` — mapped files: the memory-mapped weights, shared libraries; the ``Δ heap`` and ``Δ files`` columns —
+and once more after glibc's ``malloc_trim(0)``, which returns the heap's free pages: ``Δ trimmed``, the memory in
+use), its peak resident memory (``VmHWM``, see :func:`_peak_bytes`), and the bytes of the model's parameters +
+buffers + cached ``H`` (+ packed int8 weights and their scales). The memory columns are the median over
+``--memory-samples`` processes per model of their own (:func:`measure_memory`: one process's heap is one draw of
+a figure that moves by ±10 MB). The parent process then times ``SentenceTransformer.encode`` (tokenisation,
 padding to the longest in each batch, pooling and normalisation included) in interleaved rounds: in each round every process encodes the same
 ``--sentences`` fixed English sentences (8 to 20 words, seeded) once at each batch size, one process at a
 time, the order rotating every round, after one warm-up encode each. Speed = sentences / seconds; ``×`` =
 median over rounds of (the model's speed / the teacher's in the same round): above 1 = faster than the
 teacher. Memory ``×`` columns are the model's figure minus the teacher's (negative = smaller). ``file`` is the
 size of the weight files the folder holds (``*.safetensors``; the teacher: written by ``save_converted``,
-float32, like the converted rows). ``--json FILE`` writes the rows (and the run's date, machine, threads, rounds)
+float32, like the converted rows). ``--json FILE`` writes the rows, each memory sample included (and the run's
+date, machine, threads, rounds, memory samples)
 for ``python -m hyperplex.experiments.frontier --serving FILE``.
 """
 
@@ -221,6 +224,23 @@ def _resident_split() -> dict:
     return split
 
 
+def _resident_trimmed() -> dict:
+    """Resident memory after glibc's ``malloc_trim(0)`` has handed the heap's free pages back to the system:
+    the memory the process *uses*, without what the allocator keeps after frees (on this VM 12–30 MB after
+    encoding, different in every process, for the teacher and a converted model alike: trimmed, both heaps came
+    to the same 347 MB). Empty where there is no glibc. Call it last: it changes the figures it is compared with."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return {}
+    trim(0)
+    return {"resident_trimmed": _resident_bytes()}
+
+
 def _held_bytes(model) -> int:
     """Parameters + buffers + packed int8 weights (hyperplex.convert.quantize.model_bytes) + cached H."""
     from hyperplex.convert.quantize import model_bytes
@@ -269,6 +289,7 @@ def worker(spec: dict) -> None:
         else:
             answer = {**stats, "held": _held_bytes(model), "resident": _resident_bytes(), **_resident_split(),
                       "peak": _peak_bytes()}
+            answer.update(_resident_trimmed())  # last: it frees what the figures above count
         print(json.dumps(answer), file=reply, flush=True)
 
 
@@ -329,7 +350,7 @@ def measure(specs: dict, sentences: list[str], batch_sizes: list[int], rounds: i
 
 
 #: The memory figures of a worker, each the median over ``--memory-samples`` fresh processes.
-MEMORY_KEYS = ("resident_loaded", "resident", "resident_anon", "resident_file", "peak")
+MEMORY_KEYS = ("resident_loaded", "resident", "resident_anon", "resident_file", "peak", "resident_trimmed")
 
 
 def measure_memory(specs: dict, sentences: list[str], batch_sizes: list[int], samples: int,
@@ -372,7 +393,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32], help="default 1 32")
     parser.add_argument("--sentences", type=int, default=None, help="sentences per measurement; default 64 (quick: 32)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds; default 7 (quick: 3)")
-    parser.add_argument("--quick", action="store_true", help="3 rounds of 32 sentences")
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 32 sentences, 1 memory sample")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per model process; default torch's")
     parser.add_argument("--memory-samples", type=int, default=None,
                         help="fresh processes per model for the memory columns (each the median over them); "
@@ -409,7 +430,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for name, result in results.items():  # the memory columns: the medians of the dedicated processes
             result["stats"] = {**{k: v for k, v in result["stats"].items() if k not in MEMORY_KEYS}, **memory[name]}
     header = ["model", "float params", "params of converted layers", "weights held", "file", "resident", "Δ resident",
-              "Δ heap", "Δ files", "peak", "Δ peak"]
+              "Δ heap", "Δ files", "Δ trimmed", "peak", "Δ peak"]
     for b in args.batch_sizes:
         header += [f"batch {b} sent/s", f"batch {b} ×"]
     print("| " + " | ".join(header) + " |")
@@ -427,7 +448,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                  f"{row['file_bytes'] / MB:.1f}",
                  f"{stats['resident'] / MB:.0f}", f"{(stats['resident'] - teacher['resident']) / MB:+.0f}",
                  *(f"{(stats[key] - teacher[key]) / MB:+.0f}" if key in stats and key in teacher else "–"
-                   for key in ("resident_anon", "resident_file")),
+                   for key in ("resident_anon", "resident_file", "resident_trimmed")),
                  f"{stats['peak'] / MB:.0f}", f"{(stats['peak'] - teacher['peak']) / MB:+.0f}"]
         for b in args.batch_sizes:
             cells += [f"{result['speed'][b]:.1f}", f"{result['ratio'][b]:.2f}"]

@@ -71,8 +71,12 @@ def test_in_place_form_equals_the_differentiable_form_and_the_kron_sum(n, k_n, d
     if perm_rule is not None:  # the gather form of fixed ±1 rules, in place too
         in_place, recorded = _forms(perm_rule, weight, signed_permutation(perm_rule))
         torch.testing.assert_close(in_place, recorded, rtol=0, atol=0)
-    mixed = materialize_weight(rule.float(), weight)  # float32 rule, float64 factors: float64, as the matmul gives
-    assert mixed.dtype == torch.float64
+    for rule_dtype, weight_dtype in ((torch.float32, torch.float64), (torch.float64, torch.float32),
+                                     (torch.float32, torch.bfloat16)):  # the factors' dtype, as the matmul gives
+        r, w = rule.to(rule_dtype), weight.to(weight_dtype)
+        in_place, recorded = _forms(r, w)
+        assert in_place.dtype == recorded.dtype == weight_dtype
+        torch.testing.assert_close(in_place, recorded)
 
 
 def test_in_place_form_holds_nothing_of_hs_size_beside_h():

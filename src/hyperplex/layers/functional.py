@@ -91,14 +91,14 @@ def _materialize_in_place(rule: Tensor, weight: Tensor, permutation: tuple[Tenso
     4096² ``H`` in 29–32 ms against 52–57 ms, and a PHM n = 4 MiniLM encodes at batch 32 at the same speed either
     way (docs/performance.md). Values equal the one-matmul form's up to float rounding."""
     n, k_n, d_n = _sizes(rule, weight)
-    dtype = torch.result_type(rule, weight) if permutation is None else weight.dtype
+    dtype = weight.dtype  # as the one-matmul form: the rule is cast to the factors' dtype
     out = torch.empty(n, k_n, n, d_n, dtype=dtype, device=weight.device)  # (a, q, c, j)
     if permutation is not None:  # a gather: each block is ±one Sᵢ (no products with the rule's zeros)
         index, sign = permutation
         for a in range(n):
             out[a].copy_(weight[index[a]].transpose(0, 1)).mul_(sign[a].to(dtype).reshape(1, n, 1))
     else:
-        factors = weight.to(dtype).permute(1, 0, 2)  # (q, i, j): a view
+        factors = weight.permute(1, 0, 2)  # (q, i, j): a view
         for a in range(n):
             mix = rule[:, a, :].T.to(dtype).expand(k_n, n, n)  # (q, c, i): the same rule block for every q
             torch.bmm(mix, factors, out=out[a])

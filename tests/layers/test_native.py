@@ -379,7 +379,9 @@ def test_an_installed_build_is_taken_where_the_variable_is_unset(kernel_cache, m
 def test_an_installed_build_that_changed_since_its_check_is_not_used(kernel_cache):
     native.install_native_kernels()
     library = kernel_cache / f"{kernel_cache.name}.so"
-    library.write_bytes(library.read_bytes() + b"\0")  # another file than the one the self-check ran
+    changed = library.with_name("changed.so")  # another file than the one the self-check ran, put in its place by
+    changed.write_bytes(library.read_bytes() + b"\0")  # a rename: this process has the old one mapped, and
+    os.replace(changed, library)  # writing over a mapped library in place crashes the process that maps it
     layer = _qualifying_layer()
     with pytest.warns(RuntimeWarning, match=r"is not the build that `hyperplex native` checked .* run `hyperplex "
                                             r"native` again"):

@@ -196,16 +196,27 @@ def _resident_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _peak_bytes() -> int:
-    """Peak resident memory of this process: ``VmHWM`` of ``/proc/self/status``. Not ``ru_maxrss``: Linux
-    keeps that across ``execve``, so a process started by a large parent reports the parent's peak."""
+def _status_bytes(*fields: str) -> dict[str, int]:
+    """The named ``kB`` fields of ``/proc/self/status`` (``VmHWM``, ``RssAnon``…), in bytes; those it lacks, or all
+    where there is no /proc, are left out."""
+    found = {}
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
+                key, _, value = line.partition(":")
+                if key in fields:
+                    found[key] = int(value.split()[0]) * 1024
     except OSError:
         pass
+    return found
+
+
+def _peak_bytes() -> int:
+    """Peak resident memory of this process: ``VmHWM`` of ``/proc/self/status``. Not ``ru_maxrss``: Linux
+    keeps that across ``execve``, so a process started by a large parent reports the parent's peak."""
+    peak = _status_bytes("VmHWM").get("VmHWM")
+    if peak is not None:
+        return peak
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # no /proc: the best figure there is
     return peak if sys.platform == "darwin" else peak * 1024
 
@@ -213,15 +224,8 @@ def _peak_bytes() -> int:
 def _resident_split() -> dict:
     """``RssAnon`` (heap: tensors, activations, the allocator's free lists) and ``RssFile`` (mapped files: the
     memory-mapped weights, shared libraries) of ``/proc/self/status``, in bytes; empty where there is no /proc."""
-    split = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(("RssAnon:", "RssFile:")):
-                    split["resident_" + line[3:7].lower()] = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return split
+    split = _status_bytes("RssAnon", "RssFile")
+    return {f"resident_{key[3:].lower()}": value for key, value in split.items()}
 
 
 def _resident_trimmed() -> dict:

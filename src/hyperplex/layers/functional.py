@@ -74,12 +74,17 @@ def materialize_weight(rule: Tensor, weight: Tensor, permutation: tuple[Tensor, 
     return blocks.permute(0, 2, 1, 3).reshape(n * k_n, n * d_n)  # (a, q, c, j) → (k, d)
 
 
+def recording_operations() -> bool:
+    """Whether PyTorch operations are being recorded into a graph (``torch.compile``, tracing, ONNX export): then
+    the paths that write into buffers in place or call the compiled kernel step aside for plain operations."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+
+
 def _form_in_place(rule: Tensor, weight: Tensor) -> bool:
     """Whether ``H`` may be written straight into its buffer: no gradient to record, and nothing recording
-    operations (``torch.compile``, tracing, ONNX export), which keep the one-matmul graph."""
+    operations, which keep the one-matmul graph."""
     return (not (torch.is_grad_enabled() and (rule.requires_grad or weight.requires_grad))
-            and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-            and not torch.onnx.is_in_onnx_export())
+            and not recording_operations())
 
 
 def _materialize_in_place(rule: Tensor, weight: Tensor, permutation: tuple[Tensor, Tensor] | None) -> Tensor:

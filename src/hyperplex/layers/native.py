@@ -366,6 +366,8 @@ def install_native_kernels(verbose: bool = False) -> dict:
     import datetime
     import json
 
+    from hyperplex.fileio import atomic_write_text
+
     global _installed
     name = _library_name()
     _build(verbose)
@@ -383,9 +385,7 @@ def install_native_kernels(verbose: bool = False) -> dict:
     record = {"library": library.name, "sha256": _sha256(library), "torch": torch.__version__,
               "installed": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
               "tolerance": SELF_CHECK_TOLERANCE, "self_check": results}
-    partial = marker.with_name(marker.name + ".partial")
-    partial.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(partial, marker)  # a reader sees the whole mark or none
+    atomic_write_text(marker, json.dumps(record, indent=1) + "\n")  # a reader sees the whole mark or none
     with _lock:
         _installed = None  # this process looks again when next asked
     return {"library": str(library), "marker": str(marker), "self_check": results}

@@ -17,7 +17,9 @@ from torch import Tensor, nn
 
 from hyperplex.algebra import ALGEBRAS, algebra_rule
 from hyperplex.layers import native
-from hyperplex.layers.functional import materialize_weight, phm_linear_premixed, phm_linear_structured, signed_permutation
+from hyperplex.layers.functional import (
+    materialize_weight, phm_linear_premixed, phm_linear_structured, recording_operations, signed_permutation,
+)
 
 __all__ = ["PHMLinear", "phm_parameter_count", "shared_weights", "FORWARD_MODES", "cache_dense_weights",
            "cached_bytes", "release_dense_caches"]
@@ -288,7 +290,7 @@ class PHMLinear(nn.Module):
         ``torch.compile``, tracing and ONNX export (which need PyTorch operations to record)."""
         return (self.phm_weight.device.type == "cpu" and self.phm_weight.dtype == torch.float32
                 and self.phm_rule.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
-                and not torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export())
+                and not recording_operations())
 
     def choose_mode(self, rows: int, input_grad: bool = False) -> str:
         """The path ``forward`` takes for an input with ``rows`` rows: ``"structured"``, ``"premixed"``,

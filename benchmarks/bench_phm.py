@@ -304,6 +304,7 @@ def estimate_bytes(variant: str, phase: str, d: int, k: int, n: int, rows: int, 
         "materialized": k * d * (4 if phase == "train" else 1),
         "premixed": rows * n * d + k * d // n,  # the pre-mixed rows and the Sᵢ side by side
         "streamed": rows * n * d,  # the pre-mixed rows
+        "onednn": rows * n * k,  # the partial products (inference only)
         "auto": k * d * (4 if phase == "train" else 1) + rows * n * k * (3 if phase == "train" else 1),
         "kron": n * k * d * (2 if phase == "train" else 1) + 2 * k * d,
     }[variant]

@@ -5,7 +5,8 @@ import torch
 
 from hyperplex.algebra import cayley_dickson_rule
 from hyperplex.layers.functional import (
-    materialize_weight, phm_linear, phm_linear_reference, phm_linear_structured, signed_permutation,
+    materialize_weight, onednn_available, phm_linear, phm_linear_onednn, phm_linear_reference, phm_linear_structured,
+    signed_permutation,
 )
 
 
@@ -110,3 +111,59 @@ def test_in_place_form_holds_nothing_of_hs_size_beside_h():
     with NewStorages(rule, leaf) as seen:  # the differentiable form: its blocks are a second H (the test can fail)
         materialize_weight(rule, leaf)
     assert h_bytes in seen.sizes and seen.sizes.count(h_bytes) == 2  # the blocks, then H
+
+
+# ---------------------------------------------------------------- the structured product on oneDNN
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch has no usable oneDNN linear")
+
+
+@needs_onednn
+@pytest.mark.parametrize("n, d, k, lead", [(2, 8, 12, (5,)), (3, 9, 6, (2, 3)), (4, 384, 1536, (17,)),
+                                           (4, 1536, 384, (33,)), (8, 64, 32, ()), (16, 256, 512, (4,))])
+def test_onednn_equals_the_kronecker_reference(n, d, k, lead):
+    torch.manual_seed(n * d + k)
+    rule, weight, bias = torch.randn(n, n, n), torch.randn(n, k // n, d // n), torch.randn(k)
+    x = torch.randn(*lead, d)
+    want = phm_linear_reference(x.double(), rule.double(), weight.double(), bias.double())
+    with torch.inference_mode():
+        got = phm_linear_onednn(x, rule, weight, bias)
+        no_bias = phm_linear(x, rule, weight, mode="onednn")
+    assert got.shape == (*lead, k) and got.dtype == torch.float32
+    scale = want.abs().max().item()
+    assert (got.double() - want).abs().max().item() <= 1e-5 * scale  # float32 sums of d products
+    torch.testing.assert_close(no_bias.double(), want - bias.double(), rtol=0, atol=1e-5 * scale)
+
+
+@needs_onednn
+def test_onednn_takes_strided_input_and_frozen_factors_under_grad_mode():
+    torch.manual_seed(1)
+    rule, weight = torch.randn(4, 4, 4), torch.randn(4, 6, 5)
+    x = torch.randn(20, 7)[:, 1:6].repeat(1, 4)  # (20, 20), built from a strided view
+    got = phm_linear_onednn(x.t().contiguous().t(), rule, weight)  # column-major input, no gradient anywhere
+    torch.testing.assert_close(got, phm_linear_structured(x, rule, weight), rtol=1e-5, atol=1e-5)
+
+
+def test_onednn_refuses_what_it_cannot_run_by_name():
+    rule, weight = torch.randn(2, 2, 2), torch.randn(2, 3, 4)
+    x = torch.randn(5, 8)
+    with pytest.raises(RuntimeError, match="no backward pass"):
+        phm_linear_onednn(x.requires_grad_(), rule, weight)
+    with pytest.raises(RuntimeError, match="float32 only"):
+        phm_linear_onednn(torch.randn(5, 8, dtype=torch.float64), rule.double(), weight.double())
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert not onednn_available()
+        with pytest.raises(RuntimeError, match="switched off"):
+            phm_linear_onednn(torch.randn(5, 8), rule, weight)
+    with pytest.raises(RuntimeError, match="ONNX export|tracing"):
+        torch.jit.trace(lambda t: phm_linear_onednn(t, rule, weight), torch.randn(5, 8))
+
+
+def test_onednn_self_check_failure_turns_it_off_once_with_a_warning(monkeypatch):
+    import hyperplex.layers.functional as functional
+
+    monkeypatch.setattr(functional, "_ONEDNN", {})
+    monkeypatch.setattr(functional, "_onednn_linear", lambda x, w: x @ w.T + 1.0)  # a wrong oneDNN
+    with pytest.warns(RuntimeWarning, match="failed its self-check"):
+        assert not functional.onednn_available()
+    assert not functional.onednn_available()  # decided once per process: no second warning, no second check
+    assert "self-check" in functional.onednn_reason(torch.randn(2, 8), torch.randn(2, 2, 2), torch.randn(2, 3, 4))

@@ -8,6 +8,7 @@ from torch import nn
 from hyperplex import PHMLinear, phm_parameter_count
 from hyperplex.algebra import ALGEBRAS, algebra_rule
 from hyperplex.layers import kronecker_decompose, phm_linear_reference
+from hyperplex.layers.functional import onednn_available
 
 RULES_BY_N = {1: ["learned", "real"], 2: ["learned", "complex"], 4: ["learned", "quaternion"],
               8: ["learned", "octonion"], 16: ["learned", "sedenion"]}
@@ -332,14 +333,14 @@ def test_auto_dispatch_by_rows_weight_size_and_grad_mode():
 
 
 def test_inference_without_cache_dispatch_never_caches():
-    # The default: no dense copy is kept. Inference then takes the pre-mixed path on widening or square
-    # weights (k ≥ d) of at most 2^20 elements for up to 64 rows; otherwise the structured path while
+    # The default: no dense copy is kept. Without oneDNN, inference then takes the pre-mixed path on widening
+    # or square weights (k ≥ d) of at most 2^20 elements for up to 64 rows; otherwise the structured path while
     # rows ≤ k·d / 2^14 and rows·n ≤ 256, and forms H for the call beyond.
     assert (PHMLinear.PREMIXED_WEIGHT, PHMLinear.PREMIXED_ROW_LIMIT) == (2**20, 64)
     widening = PHMLinear(384, 1536, 4)  # k ≥ d, 589,824 ≤ 2^20 → pre-mixed up to 64 rows
     narrowing = PHMLinear(1536, 384, 4)  # k < d → structured up to k·d / 2^14 = 36 rows
     square = PHMLinear(384, 384, 4)  # 147,456 ≤ 2^20 → pre-mixed up to 64 rows
-    with torch.no_grad():
+    with torch.no_grad(), torch.backends.mkldnn.flags(enabled=False):
         assert widening.choose_mode(1) == "premixed" and widening.choose_mode(64) == "premixed"
         assert widening.choose_mode(65) == "materialized"
         assert narrowing.choose_mode(36) == "structured" and narrowing.choose_mode(37) == "materialized"
@@ -355,12 +356,51 @@ def test_inference_without_cache_dispatch_never_caches():
         assert square.choose_mode(1) == "cached"
 
 
-@pytest.mark.parametrize("rows, shape", [(1, (384, 384)), (1, (1536, 384)), (200, (384, 384))])  # premixed, structured, materialised
-def test_default_inference_holds_no_dense_copy(rows, shape):
+@pytest.mark.skipif(not onednn_available(), reason="this PyTorch has no usable oneDNN linear")
+def test_inference_dispatch_takes_onednn_between_few_and_many_rows(monkeypatch):
+    # Pins the oneDNN rule of PHMLinear.choose_mode, fitted on stacks of MiniLM's and larger shapes
+    # (docs/performance.md, "oneDNN"): rows·n from 4 to 2·d, rows·k·d ≥ 2^23, and the pre-mixed path keeps its
+    # rows on weights under 2^20 elements.
+    monkeypatch.setenv("HYPERPLEX_NATIVE", "0")  # the compiled kernel would take ≤ 4 rows on large layers
+    assert (PHMLinear.ONEDNN_MIN_ROWS_N, PHMLinear.ONEDNN_ROWS_PER_INPUT) == (4, 2)
+    assert (PHMLinear.ONEDNN_MIN_WORK, PHMLinear.ONEDNN_PREMIXED_WEIGHT) == (2**23, 2**20)
+    widening, narrowing, square = PHMLinear(384, 1536, 4), PHMLinear(1536, 384, 4), PHMLinear(384, 384, 4)
+    with torch.no_grad():
+        assert widening.choose_mode(64) == "premixed"  # its own rows
+        assert widening.choose_mode(65) == "onednn" and widening.choose_mode(192) == "onednn"  # 192·4 = 2·384
+        assert widening.choose_mode(193) == "materialized"
+        assert narrowing.choose_mode(14) == "structured"  # 14 · 589,824 < 2^23
+        assert narrowing.choose_mode(15) == "onednn" and narrowing.choose_mode(768) == "onednn"  # 768·4 = 2·1536
+        assert narrowing.choose_mode(769) == "materialized"
+        assert square.choose_mode(64) == "premixed" and square.choose_mode(65) == "onednn"
+        assert square.choose_mode(193) == "materialized"
+        assert PHMLinear(1024, 1024, 4).choose_mode(7) == "premixed"  # 7 · 2^20 < 2^23
+        assert PHMLinear(1024, 1024, 4).choose_mode(8) == "onednn"  # 2^20 is not under ONEDNN_PREMIXED_WEIGHT
+        big = PHMLinear(4096, 4096, 4)
+        assert big.choose_mode(1) == "onednn" and big.choose_mode(2048) == "onednn"
+        assert big.choose_mode(2049) == "materialized"
+        assert PHMLinear(4096, 4096, 2).choose_mode(1) == "structured"  # rows·n < 4
+        square.cache_dense = True
+        assert square.choose_mode(100) == "cached"  # the cache, when asked for, is never bypassed
+    assert square.choose_mode(100) == "materialized"  # weight gradients: the training rule
+    with torch.no_grad():
+        assert narrowing.choose_mode(20) == "onednn"
+        assert narrowing.choose_mode(20, input_grad=True) == "structured"  # oneDNN has no backward
+        with torch.backends.mkldnn.flags(enabled=False):
+            assert narrowing.choose_mode(20) == "structured"  # oneDNN switched off by the user
+
+
+@pytest.mark.parametrize("rows, shape, path", [(1, (384, 384), "premixed"), (1, (1536, 384), "structured"),
+                                               (200, (384, 384), "materialized"), (96, (384, 384), "onednn"),
+                                               (40, (1536, 384), "onednn")])
+def test_default_inference_holds_no_dense_copy(rows, shape, path):
+    if path == "onednn" and not onednn_available():
+        pytest.skip("this PyTorch has no usable oneDNN linear")
     torch.manual_seed(0)
     layer = PHMLinear(*shape, 4).eval()
     x = torch.randn(rows, shape[0])
     with torch.inference_mode():
+        assert layer.choose_mode(rows) == path
         y = layer(x)
         y2 = layer(x)
     assert layer._cache is None and layer.cached_bytes == 0

@@ -18,13 +18,14 @@ from torch import Tensor, nn
 from hyperplex.algebra import ALGEBRAS, algebra_rule
 from hyperplex.layers import native
 from hyperplex.layers.functional import (
-    materialize_weight, phm_linear_premixed, phm_linear_structured, recording_operations, signed_permutation,
+    materialize_weight, onednn_available, phm_linear_onednn, phm_linear_premixed, phm_linear_structured,
+    recording_operations, signed_permutation,
 )
 
 __all__ = ["PHMLinear", "phm_parameter_count", "shared_weights", "FORWARD_MODES", "cache_dense_weights",
            "cached_bytes", "release_dense_caches"]
 
-FORWARD_MODES = ("auto", "structured", "materialized", "premixed", "streamed")
+FORWARD_MODES = ("auto", "structured", "materialized", "premixed", "onednn", "streamed")
 RuleSpec = str | Tensor
 
 
@@ -117,7 +118,7 @@ class PHMLinear(nn.Module):
         rule: RuleSpec = "learned",
         device=None,
         dtype=None,
-        forward_mode: Literal["auto", "structured", "materialized", "premixed"] = "auto",
+        forward_mode: Literal["auto", "structured", "materialized", "premixed", "onednn", "streamed"] = "auto",
         cache_dense: bool = False,
     ) -> None:
         super().__init__()
@@ -284,10 +285,25 @@ class PHMLinear(nn.Module):
     #: written on every call, tripling the weight traffic that the few-row regime is bound by.
     PREMIXED_WEIGHT = 2 ** 20
     PREMIXED_ROW_LIMIT = 64
+    #: In inference without the cache (CPU, float32, no gradient), ``auto`` runs the structured product on oneDNN
+    #: (:func:`~hyperplex.layers.functional.phm_linear_onednn`) where ``ONEDNN_MIN_ROWS_N ≤ rows·n ≤
+    #: ONEDNN_ROWS_PER_INPUT · d`` and ``rows · k·d ≥ ONEDNN_MIN_WORK``, except where the pre-mixed path was chosen on a
+    #: weight under ``ONEDNN_PREMIXED_WEIGHT`` elements. oneDNN's call costs some tens of µs more than PyTorch's
+    #: structured path, so tiny problems (one row on MiniLM's shapes, fewer than 16 rows on 384², 8 on 1024²) stay
+    #: on the structured or pre-mixed paths; from there up to ``rows·n = 2d`` it beat the structured, pre-mixed and
+    #: per-call materialised paths on stacks of 384², 384×1536, 1536×384, 1024² and 4096² layers (n = 2–16, 1 and
+    #: 2 threads), 4096² by 1.3–2.2× over the next best at 4–256 rows, except the pre-mixed path on MiniLM's widening
+    #: and square layers (384×1536 at up to 96 rows, 384² at up to 8–16). Beyond ``rows·n = 2d`` forming ``H``
+    #: wins: the partial products (``rows·n·k`` numbers) and the mixing (``n²/d`` of the product's work) grow with
+    #: ``n``. Measured 2026-11-27 (docs/performance.md, "oneDNN").
+    ONEDNN_MIN_ROWS_N = 4
+    ONEDNN_ROWS_PER_INPUT = 2
+    ONEDNN_MIN_WORK = 2 ** 23
+    ONEDNN_PREMIXED_WEIGHT = 2 ** 20
 
     def _streamable(self) -> bool:
-        """Whether ``auto`` may hand this call to the compiled kernel: float32 on the CPU, outside autocast,
-        ``torch.compile``, tracing and ONNX export (which need PyTorch operations to record)."""
+        """Whether ``auto`` may hand this call to the compiled kernel or to oneDNN: float32 on the CPU, outside
+        autocast, ``torch.compile``, tracing and ONNX export (which need PyTorch operations to record)."""
         return (self.phm_weight.device.type == "cpu" and self.phm_weight.dtype == torch.float32
                 and self.phm_rule.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
                 and not recording_operations())
@@ -323,11 +339,16 @@ class PHMLinear(nn.Module):
                 if cacheable and weight <= self.CACHE_RESIDENT_WEIGHT:
                     structured = False
                 mode = "structured" if structured else "materialized"
-            # Where a product that never forms H won, and the compiled kernel is on: it streams the factors once.
-            if (mode != "materialized" and inference and not cacheable and not input_grad
-                    and rows <= native.STREAMED_ROW_LIMIT and weight // self.n >= native.STREAMED_MIN_FACTORS
-                    and self._streamable() and native.native_kernels_enabled()):
-                mode = "streamed"
+            if inference and not cacheable and not input_grad and self._streamable():
+                # The compiled kernel (when it is on) streams the factors once at few rows on large layers ...
+                if (mode != "materialized" and rows <= native.STREAMED_ROW_LIMIT
+                        and weight // self.n >= native.STREAMED_MIN_FACTORS and native.native_kernels_enabled()):
+                    mode = "streamed"
+                # ... else oneDNN runs the structured product, where it measured fastest.
+                elif (self.ONEDNN_MIN_ROWS_N <= rows * self.n <= self.ONEDNN_ROWS_PER_INPUT * self.in_features
+                      and rows * weight >= self.ONEDNN_MIN_WORK
+                      and not (mode == "premixed" and weight < self.ONEDNN_PREMIXED_WEIGHT) and onednn_available()):
+                    mode = "onednn"
         if mode == "materialized" and cacheable:
             return "cached"
         return mode
@@ -346,6 +367,8 @@ class PHMLinear(nn.Module):
             return phm_linear_premixed(input, self.phm_rule, self.phm_weight, self.bias)
         if mode == "streamed":
             return native.phm_linear_streamed(input, self.phm_rule, self.phm_weight, self.bias)
+        if mode == "onednn":
+            return phm_linear_onednn(input, self.phm_rule, self.phm_weight, self.bias)
         return F.linear(input, self._weight_for(mode), self.bias)
 
     def _weight_for(self, mode: str) -> Tensor:

@@ -11,10 +11,14 @@ Usage (from the repository root)::
         --native                                                         # auto with the compiled streamed kernel
 
 For every ``d = k`` in ``--sizes``, ``n`` in ``--ns`` and ``rows`` in ``--rows`` the script times
-five layers on the same input ``x`` of shape ``(rows, d)``:
+seven layers on the same input ``x`` of shape ``(rows, d)``:
 
 - ``dense``: ``nn.Linear(d, k)``, the baseline every other number is divided by;
 - ``str``: ``PHMLinear(..., forward_mode="structured")`` (never forms ``H``);
+- ``pre``: ``PHMLinear(..., forward_mode="premixed")`` (never forms ``H``; inputs mixed by the rule first), and
+  ``dnn``: ``PHMLinear(..., forward_mode="onednn")`` (the structured product on PyTorch's oneDNN linear), both
+  timed in inference only (oneDNN's path has no backward; ``dnn`` shows ``skip`` where this PyTorch has no usable
+  oneDNN linear);
 - ``mat``: ``PHMLinear(..., forward_mode="materialized", cache_dense=True)`` (forms ``H``, one dense matmul).
   With no gradient needed (inference) it reuses the kept ``H``, so its inference column is headed ``cached``;
 - ``auto``: ``PHMLinear(..., forward_mode="auto")`` — what a user gets by default (no ``H`` kept: in
@@ -35,7 +39,7 @@ Two phases are timed:
 
 Method: each (layer, phase) gets one warm-up call, then a calibration call (skipped when the
 warm-up alone took over four blocks) that sets how many back-to-back calls make one timed block
-of about ``--block-ms``. Blocks of the five layers are then timed in interleaved rounds, the order
+of about ``--block-ms``. Blocks of the layers are then timed in interleaved rounds, the order
 rotating every round, so drift on a shared machine hits all layers alike. With ``--stat median``
 (default) a time is the median over rounds of the per-call time, and a ratio is the median over
 rounds of (layer time / dense time in the same round); with ``--stat min`` both use minima. The
@@ -50,7 +54,7 @@ Columns of the printed (markdown) table — ratios are ``time / dense time``, be
 
 - ``d=k``, ``n``, ``rows``: layer size, number of Kronecker terms, rows of ``x``;
 - ``dense fwd ms`` / ``dense f+b ms``: absolute time of the baseline (the statistic above), ms;
-- ``str fwd``, ``cached fwd``, ``auto fwd``, ``kron fwd``: inference forward, ×dense;
+- ``str fwd``, ``pre fwd``, ``dnn fwd``, ``cached fwd``, ``auto fwd``, ``kron fwd``: inference forward, ×dense;
 - ``str f+b``, ``mat f+b``, ``auto f+b``, ``kron f+b``: training step (forward + backward), ×dense;
 - ``auto path``: ``layer.choose_mode(rows)`` in inference / in training;
 - ``MiB dense``, ``MiB auto``, ``MiB kron``: peak memory of one training step, defined below.
@@ -126,9 +130,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hyperplex.layers.functional import onednn_available
 from hyperplex.layers.phm import PHMLinear
 
-VARIANTS = ("dense", "structured", "materialized", "auto", "kron")
+VARIANTS = ("dense", "structured", "premixed", "onednn", "materialized", "auto", "kron")
+#: Paths timed in inference only: oneDNN's has no backward pass, and the training table keeps to the two paths
+#: ``auto`` chooses between when training.
+INFERENCE_ONLY = ("premixed", "onednn")
+INFERENCE_ONLY_SKIP = "timed in inference only"  # by design: not listed under the table
 PHASES = ("infer", "train")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MiB = 2**20
@@ -356,6 +365,12 @@ def measure_config(layers: dict[str, nn.Module | list[nn.Module]], d: int, k: in
             each.train(train)
         m = out[name] = Measurement(d, k, n, rows, phase, name, layers=len(stack),
                                     mode="warm" if len(stack) == 1 else "cold")
+        if train and name in INFERENCE_ONLY:
+            m.skipped = INFERENCE_ONLY_SKIP
+            continue
+        if name == "onednn" and not onednn_available():
+            m.skipped = "this PyTorch has no usable oneDNN linear"
+            continue
         if isinstance(layer, PHMLinear):
             with ctx():
                 m.path = layer.choose_mode(rows)
@@ -436,7 +451,7 @@ def build_layers(d: int, k: int, n: int, device: torch.device, dtype: torch.dtyp
     """Dense baseline, three PHMLinear modes sharing one set of parameters, and the kron layer."""
     auto = PHMLinear(d, k, n, device=device, dtype=dtype)
     layers = {"dense": nn.Linear(d, k, device=device, dtype=dtype)}
-    for mode in ("structured", "materialized"):
+    for mode in ("structured", "premixed", "onednn", "materialized"):
         layers[mode] = PHMLinear(d, k, n, device=device, dtype=dtype, forward_mode=mode,
                                  cache_dense=mode == "materialized")
         layers[mode].load_state_dict(auto.state_dict())
@@ -512,7 +527,7 @@ def build_stack(d: int, k: int, n: int, depth: int, device: torch.device, dtype:
     dense = dense or [nn.Linear(d, k, device=device, dtype=dtype) for _ in range(depth)]
     autos = [PHMLinear(d, k, n, device=device, dtype=dtype) for _ in range(depth)]
     stacks: dict[str, list[nn.Module]] = {"dense": dense}
-    for mode in ("structured", "materialized"):
+    for mode in ("structured", "premixed", "onednn", "materialized"):
         stacks[mode] = []
         for src in autos:
             view = PHMLinear(d, k, n, bias=src.bias is not None, device="meta", forward_mode=mode,
@@ -578,7 +593,7 @@ def print_table(results: dict, cold: bool = False) -> None:
     """Markdown table of ``results[(d, n, rows)][phase][variant]``; the cold table has a ``layers``
     column and no memory columns (a stack's memory per layer is the warm one)."""
     head = ["d=k", "n", "rows"] + (["layers"] if cold else []) + [
-        "dense fwd ms", "str fwd", "cached fwd", "auto fwd", "kron fwd",
+        "dense fwd ms", "str fwd", "pre fwd", "dnn fwd", "cached fwd", "auto fwd", "kron fwd",
         "dense f+b ms", "str f+b", "mat f+b", "auto f+b", "kron f+b", "auto path (inf / train)"]
     head += [] if cold else ["MiB dense", "MiB auto", "MiB kron"]
     path_col = head.index("auto path (inf / train)")
@@ -590,7 +605,7 @@ def print_table(results: dict, cold: bool = False) -> None:
         if cold:
             cells += [str(next(iter((inf or trn).values())).layers)]
         cells += [_fmt_ms(inf.get("dense")) if inf else "-"]
-        cells += [_fmt_ratio(inf.get(v)) for v in ("structured", "materialized", "auto", "kron")]
+        cells += [_fmt_ratio(inf.get(v)) for v in ("structured", "premixed", "onednn", "materialized", "auto", "kron")]
         cells += [_fmt_ms(trn.get("dense")) if trn else "-"]
         cells += [_fmt_ratio(trn.get(v)) for v in ("structured", "materialized", "auto", "kron")]
         paths = [("-" if p not in phases else "skip" if phases[p]["auto"].skipped else phases[p]["auto"].path)
@@ -643,11 +658,18 @@ def print_targets(results: dict, sizes: list[int], ns: list[int], rows_grid: lis
     print_auto_check(results)
 
 
+#: The column that times each path ``auto`` can take (inference's materialised column keeps its ``H``, as
+#: ``cached`` does; in training it forms ``H`` per call, as ``auto``'s materialised path does).
+PATH_COLUMNS = {"structured": "structured", "premixed": "premixed", "onednn": "onednn",
+                "materialized": "materialized", "cached": "materialized"}
+
+
 def print_auto_check(results: dict, where: str = "every grid point") -> None:
     """PASS/MISS of ``auto <= 1.10 x min(str, mat)`` at every point of ``results``, per phase; then
-    whether auto's *choice* is right: the time of the path it takes (the ``str`` or ``mat`` column)
-    within 1.10x of the faster one. The second check is immune to the noise between two timings of
-    the same path (auto and the column of its path run the same code)."""
+    whether auto's *choice* is right: the time of the path it takes (the column of that path) within 1.10x
+    of the fastest other path it could have taken (``str``, ``pre``, ``dnn``; ``mat`` in training, or where
+    auto itself keeps ``H``). The second check is immune to the noise between two timings of the same path
+    (auto and the column of its path run the same code)."""
 
     def ratio(d, n, rows, phase, variant):
         m = results.get((d, n, rows), {}).get(phase, {}).get(variant)
@@ -678,12 +700,22 @@ def print_auto_check(results: dict, where: str = "every grid point") -> None:
         wrong = []
         for (d, n, rows), phases in results.items():
             m = phases.get(phase, {}).get("auto")
-            if m is None or m.skipped or m.path not in ("structured", "materialized", "cached"):
+            if m is None or m.skipped or m.path not in PATH_COLUMNS:
                 continue
-            took = ratio(d, n, rows, phase, "structured" if m.path == "structured" else "materialized")
-            other = ratio(d, n, rows, phase, "materialized" if m.path == "structured" else "structured")
-            if took is not None and other is not None and took > 1.10 * other:
-                wrong.append(f"    MISS  d=k={d}, n={n}, rows={rows}: auto took {m.path}, {took / other:.3f}x the other path")
+            own = PATH_COLUMNS[m.path]
+            # In inference the materialised column keeps its H (cached), which auto has only with cache_dense:
+            # an uncached auto's materialised path forms H per call and is timed by the auto column alone, and
+            # the cached column is no alternative to the paths that never form H.
+            took = ratio(d, n, rows, phase, "auto" if phase == "infer" and m.path == "materialized" else own)
+            rivals = [c for c in ("structured", "premixed", "onednn") if c != own]
+            if phase == "train" or m.path == "cached":
+                rivals.append("materialized")
+            timed = {c: r for c in rivals if c != own and (r := ratio(d, n, rows, phase, c)) is not None}
+            if took is not None and timed:
+                best = min(timed, key=timed.get)
+                if took > 1.10 * timed[best]:
+                    wrong.append(f"    MISS  d=k={d}, n={n}, rows={rows}: auto took {m.path}, "
+                                 f"{took / timed[best]:.3f}x {best}")
         print(f"  {where}, {label}, auto's path within 1.10x of the faster path: {_verdict(not wrong)}  "
               f"{checked - len(wrong)}/{checked} right")
         for line in wrong:
@@ -877,7 +909,7 @@ def main(argv=None) -> int:
         print("\n## warm: one layer called again and again (weights that fit stay in cache between calls)\n")
         print_table(warm)
         for m in records:
-            if m.skipped and m.mode == "warm":
+            if m.skipped and m.mode == "warm" and m.skipped != INFERENCE_ONLY_SKIP:
                 print(f"skip: {m.variant} {m.phase} d=k={m.d} n={m.n} rows={m.rows}: {m.skipped}")
         print_targets(warm, args.sizes, args.ns, args.rows)
     if cold is not None:
@@ -890,7 +922,7 @@ def main(argv=None) -> int:
         print()
         print_table(cold, cold=True)
         for m in records:
-            if m.skipped and m.mode == "cold":
+            if m.skipped and m.mode == "cold" and m.skipped != INFERENCE_ONLY_SKIP:
                 print(f"skip: {m.variant} {m.phase} d=k={m.d} n={m.n} rows={m.rows}: {m.skipped}")
         print("\ntargets (cold)")
         print_auto_check(cold, "every cold point")

@@ -5,7 +5,7 @@ import torch
 
 from hyperplex.algebra import cayley_dickson_rule
 from hyperplex.layers.functional import (
-    materialize_weight, onednn_available, phm_linear, phm_linear_onednn, phm_linear_reference, phm_linear_structured,
+    materialize_weight, onednn_available, onednn_padded_rows, phm_linear, phm_linear_onednn, phm_linear_reference, phm_linear_structured,
     signed_permutation,
 )
 
@@ -141,6 +141,31 @@ def test_onednn_takes_strided_input_and_frozen_factors_under_grad_mode():
     x = torch.randn(20, 7)[:, 1:6].repeat(1, 4)  # (20, 20), built from a strided view
     got = phm_linear_onednn(x.t().contiguous().t(), rule, weight)  # column-major input, no gradient anywhere
     torch.testing.assert_close(got, phm_linear_structured(x, rule, weight), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_onednn_pads_rows_to_a_bounded_set_of_shapes(monkeypatch):
+    import hyperplex.layers.functional as functional
+
+    assert [onednn_padded_rows(r) for r in (1, 16, 17, 18, 33, 100, 1000, 1025)] == [1, 16, 18, 18, 36, 104, 1024, 1152]
+    assert all(r <= onednn_padded_rows(r) <= r * 9 / 8 for r in range(1, 5000))  # at most 1/8 extra rows
+    assert len({onednn_padded_rows(r) for r in range(1, 2049)}) == 16 + 8 * 7  # exact to 16, 8 per octave to 2048
+    torch.manual_seed(3)
+    rule, weight, bias = torch.randn(4, 4, 4), torch.randn(4, 5, 6), torch.randn(20)
+    seen, real = set(), functional._onednn_linear
+    monkeypatch.setattr(functional, "_onednn_linear", lambda x, w: seen.add(tuple(x.shape)) or real(x, w))
+    for rows in range(1, 70):
+        x = torch.randn(rows, 24)
+        got = phm_linear_onednn(x, rule, weight, bias)  # padded rows computed, then dropped
+        torch.testing.assert_close(got, phm_linear_structured(x, rule, weight, bias), rtol=1e-5, atol=1e-5)
+    assert seen == {(onednn_padded_rows(r) * 4, 6) for r in range(1, 70)} and len(seen) == 16 + 8 + 8 + 1  # 65-69 rows: one bucket, 72
+
+
+@needs_onednn
+def test_onednn_takes_empty_batches():
+    rule, weight, bias = torch.randn(2, 2, 2), torch.randn(2, 3, 4), torch.randn(6)
+    assert phm_linear_onednn(torch.randn(0, 8), rule, weight, bias).shape == (0, 6)
+    assert phm_linear_onednn(torch.randn(2, 0, 8), rule, weight).shape == (2, 0, 6)
 
 
 def test_onednn_refuses_what_it_cannot_run_by_name():

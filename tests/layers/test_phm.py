@@ -346,7 +346,7 @@ def test_inference_without_cache_dispatch_never_caches():
         assert narrowing.choose_mode(36) == "structured" and narrowing.choose_mode(37) == "materialized"
         assert square.choose_mode(1) == "premixed" and square.choose_mode(64) == "premixed"
         assert square.choose_mode(65) == "materialized"
-        assert PHMLinear(1024, 1024, 4).choose_mode(16) == "premixed"  # 2^20 elements
+        assert PHMLinear(1024, 1024, 4).choose_mode(16) == "structured"  # 2^20 elements: not pre-mixed
         assert PHMLinear(4096, 4096, 4).choose_mode(64) == "structured"  # above 2^20; 64·4 ≤ 256
         assert PHMLinear(4096, 4096, 4).choose_mode(65) == "materialized"
     assert square.choose_mode(8) == "structured"  # with weight gradients: the training rule
@@ -359,13 +359,25 @@ def test_inference_without_cache_dispatch_never_caches():
 @pytest.mark.skipif(not onednn_available(), reason="this PyTorch has no usable oneDNN linear")
 def test_inference_dispatch_takes_onednn_between_few_and_many_rows(monkeypatch):
     # Pins the oneDNN rule of PHMLinear.choose_mode, fitted on stacks of MiniLM's and larger shapes
-    # (docs/performance.md, "oneDNN"): rows·n from 4 to 2·d, rows·k·d ≥ 2^23, and the pre-mixed path keeps its
-    # rows on weights under 2^20 elements.
+    # (docs/performance.md, "oneDNN"): weights of 2^20 elements and up, rows·n from 4 to 2·d, rows·k·d ≥ 2^23,
+    # and the pre-mixed path keeps its rows.
     monkeypatch.setenv("HYPERPLEX_NATIVE", "0")  # the compiled kernel would take ≤ 4 rows on large layers
     assert (PHMLinear.ONEDNN_MIN_ROWS_N, PHMLinear.ONEDNN_ROWS_PER_INPUT) == (4, 2)
-    assert (PHMLinear.ONEDNN_MIN_WORK, PHMLinear.ONEDNN_PREMIXED_WEIGHT) == (2**23, 2**20)
+    assert (PHMLinear.ONEDNN_MIN_WORK, PHMLinear.ONEDNN_MIN_WEIGHT) == (2**23, 2**20)
     widening, narrowing, square = PHMLinear(384, 1536, 4), PHMLinear(1536, 384, 4), PHMLinear(384, 384, 4)
     with torch.no_grad():
+        # MiniLM's shapes stay off it by default (memory): the rules without oneDNN
+        assert widening.choose_mode(100) == narrowing.choose_mode(100) == square.choose_mode(100) == "materialized"
+        assert narrowing.choose_mode(20) == "structured"
+        assert PHMLinear(1024, 1024, 4).choose_mode(7) == "structured"  # 7 · 2^20 < 2^23; 2^20 is not premixed
+        assert PHMLinear(1024, 1024, 4).choose_mode(8) == "onednn"
+        assert PHMLinear(1024, 1024, 4).choose_mode(512) == "onednn"  # 512·4 = 2·1024
+        assert PHMLinear(1024, 1024, 4).choose_mode(513) == "materialized"
+        big = PHMLinear(4096, 4096, 4)
+        assert big.choose_mode(1) == "onednn" and big.choose_mode(2048) == "onednn"
+        assert big.choose_mode(2049) == "materialized"
+        assert PHMLinear(4096, 4096, 2).choose_mode(1) == "structured"  # rows·n < 4
+        monkeypatch.setattr(PHMLinear, "ONEDNN_MIN_WEIGHT", 0)  # what a user who wants the speed sets
         assert widening.choose_mode(64) == "premixed"  # its own rows
         assert widening.choose_mode(65) == "onednn" and widening.choose_mode(192) == "onednn"  # 192·4 = 2·384
         assert widening.choose_mode(193) == "materialized"
@@ -373,13 +385,6 @@ def test_inference_dispatch_takes_onednn_between_few_and_many_rows(monkeypatch):
         assert narrowing.choose_mode(15) == "onednn" and narrowing.choose_mode(768) == "onednn"  # 768·4 = 2·1536
         assert narrowing.choose_mode(769) == "materialized"
         assert square.choose_mode(64) == "premixed" and square.choose_mode(65) == "onednn"
-        assert square.choose_mode(193) == "materialized"
-        assert PHMLinear(1024, 1024, 4).choose_mode(7) == "premixed"  # 7 · 2^20 < 2^23
-        assert PHMLinear(1024, 1024, 4).choose_mode(8) == "onednn"  # 2^20 is not under ONEDNN_PREMIXED_WEIGHT
-        big = PHMLinear(4096, 4096, 4)
-        assert big.choose_mode(1) == "onednn" and big.choose_mode(2048) == "onednn"
-        assert big.choose_mode(2049) == "materialized"
-        assert PHMLinear(4096, 4096, 2).choose_mode(1) == "structured"  # rows·n < 4
         square.cache_dense = True
         assert square.choose_mode(100) == "cached"  # the cache, when asked for, is never bypassed
     assert square.choose_mode(100) == "materialized"  # weight gradients: the training rule
@@ -391,8 +396,8 @@ def test_inference_dispatch_takes_onednn_between_few_and_many_rows(monkeypatch):
 
 
 @pytest.mark.parametrize("rows, shape, path", [(1, (384, 384), "premixed"), (1, (1536, 384), "structured"),
-                                               (200, (384, 384), "materialized"), (96, (384, 384), "onednn"),
-                                               (40, (1536, 384), "onednn")])
+                                               (200, (384, 384), "materialized"), (16, (1024, 1024), "onednn"),
+                                               (37, (2048, 1024), "onednn")])
 def test_default_inference_holds_no_dense_copy(rows, shape, path):
     if path == "onednn" and not onednn_available():
         pytest.skip("this PyTorch has no usable oneDNN linear")

@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["materialize_weight", "onednn_available", "onednn_reason", "phm_linear", "phm_linear_onednn",
+__all__ = ["ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS", "materialize_weight", "onednn_available",
+           "onednn_padded_rows", "onednn_reason", "phm_linear", "phm_linear_onednn",
            "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured", "premix_inputs", "side_by_side",
            "signed_permutation"]
 
@@ -208,15 +209,24 @@ def _onednn_process_reason() -> str | None:
     return _ONEDNN["reason"]
 
 
-def onednn_reason(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> str | None:
-    """``None`` if :func:`phm_linear_onednn` can run on these tensors, else the reason it cannot."""
-    tensors = [t for t in (x, rule, weight, bias) if t is not None]
+def cpu_inference_reason(*tensors: Tensor | None) -> str | None:
+    """Why an inference-only CPU float32 product (the oneDNN path, the compiled kernel) cannot take these tensors,
+    or ``None``."""
+    tensors = [t for t in tensors if t is not None]
     if any(t.device.type != "cpu" for t in tensors):
         return "it runs on the CPU only"
     if any(t.dtype != torch.float32 for t in tensors):
         return "it runs in float32 only"
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return "it has no backward pass (use it under torch.no_grad() or torch.inference_mode(), or on frozen weights)"
+    return None
+
+
+def onednn_reason(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> str | None:
+    """``None`` if :func:`phm_linear_onednn` can run on these tensors, else the reason it cannot."""
+    reason = cpu_inference_reason(x, rule, weight, bias)
+    if reason is not None:
+        return reason
     if recording_operations():
         return "torch.compile, tracing and ONNX export record PyTorch's public operations, not this one"
     if not torch.backends.mkldnn.enabled:
@@ -230,25 +240,48 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.enabled and _onednn_process_reason() is None
 
 
+#: oneDNN builds (and keeps, in PyTorch's primitive caches of up to 1,024 entries) a kernel for every distinct input
+#: shape, about 0.6 MB each on this project's CPU: a server that met every row count from 1 to 1,000 would hold
+#: hundreds of MB of them. :func:`phm_linear_onednn` therefore pads the row count up to a bucket: exact up to
+#: ``ONEDNN_EXACT_ROWS`` rows, then ``ONEDNN_BUCKETS_PER_OCTAVE`` buckets between each power of two and the next
+#: (at most 1/8 extra rows computed and discarded), so a layer shape meets at most 16 + 8 per octave of shapes.
+ONEDNN_EXACT_ROWS = 16
+ONEDNN_BUCKETS_PER_OCTAVE = 8
+
+
+def onednn_padded_rows(rows: int) -> int:
+    """The row count :func:`phm_linear_onednn` computes for ``rows`` rows (see :data:`ONEDNN_EXACT_ROWS`)."""
+    if rows <= ONEDNN_EXACT_ROWS:
+        return rows
+    step = max(1, (1 << (rows.bit_length() - 1)) // ONEDNN_BUCKETS_PER_OCTAVE)
+    return -(-rows // step) * step
+
+
 def phm_linear_onednn(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x Hᵀ + b`` without forming ``H``, on oneDNN; inference only (CPU, float32, no gradient).
 
     ``P[(b, c), (i, q)] = (X_c Sᵢᵀ)[b, q]``: one oneDNN linear of the ``rows·n`` input blocks against the
     factors viewed as ``(k, d/n)`` (no copy) reads every ``Sᵢ`` once; then ``y[b, a, :] = Σ_{c,i} rule[i, a, c]
     P[b, (c, i), :]``, one batched ``(n, n²) @ (n², k/n)`` matmul per row on a view of ``P``, whose output is already
-    in ``y``'s layout. Exact up to float rounding; raises :class:`RuntimeError` naming what stops it otherwise."""
+    in ``y``'s layout. The row count is padded with zero rows to :func:`onednn_padded_rows` (a bounded set of shapes
+    for oneDNN to build kernels for). Exact up to float rounding; raises :class:`RuntimeError` naming what stops it
+    otherwise."""
     reason = onednn_reason(x, rule, weight, bias)
     if reason is not None:
         raise RuntimeError(f"the oneDNN PHM path cannot run here: {reason}")
     n, k_n, d_n = _sizes(rule, weight)
-    blocks = x.reshape(-1, d_n)  # (rows·n_c, d/n), rows ordered (b, c)
-    rows = blocks.shape[0] // n
+    flat = x.reshape(-1, x.shape[-1])
+    rows = flat.shape[0]
+    padded = onednn_padded_rows(rows)
+    if padded != rows:
+        flat = F.pad(flat, (0, 0, 0, padded - rows))
+    blocks = flat.reshape(padded * n, d_n)  # rows ordered (b, c); a view unless x is strided
     partial = _onednn_linear(blocks, weight.reshape(n * k_n, d_n))  # [(b, c), (i, q)]
     mix = rule.permute(1, 2, 0).reshape(n, n * n)  # [a, (c, i)] = rule[i, a, c]
-    out = torch.matmul(mix, partial.view(rows, n * n, k_n))  # (b, a, q)
+    out = torch.matmul(mix, partial.view(padded, n * n, k_n))[:rows]  # (b, a, q): a view of the first rows
     if bias is not None:
         out += bias.view(n, k_n)
-    return out.view(*x.shape[:-1], n * k_n)
+    return out.reshape(*x.shape[:-1], n * k_n)
 
 
 def phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None, mode: str = "materialized") -> Tensor:

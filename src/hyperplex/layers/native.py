@@ -47,6 +47,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from hyperplex.layers.functional import cpu_inference_reason
+
 __all__ = ["ENV_VAR", "INSTALL_MARKER", "SELF_CHECK_SHAPES", "SELF_CHECK_TOLERANCE", "STREAMED_MIN_FACTORS",
            "STREAMED_ROW_LIMIT", "build_native_kernels", "enable_native_kernels", "install_native_kernels",
            "installed_native_kernel", "native_kernels_enabled", "phm_linear_streamed", "self_check", "streamable",
@@ -301,14 +303,7 @@ def _load_installed() -> bool:
 
 def streamable(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> str | None:
     """``None`` if :func:`phm_linear_streamed` can run on these tensors, else the reason it cannot."""
-    tensors = [t for t in (x, rule, weight, bias) if t is not None]
-    if any(t.device.type != "cpu" for t in tensors):
-        return "it runs on the CPU only"
-    if any(t.dtype != torch.float32 for t in tensors):
-        return "it runs in float32 only"
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return "it has no backward pass (use it under torch.no_grad() or torch.inference_mode(), or on frozen weights)"
-    return None
+    return cpu_inference_reason(x, rule, weight, bias)
 
 
 def build_native_kernels(verbose: bool = False) -> str:

@@ -273,7 +273,7 @@ class PHMLinear(nn.Module):
     #: stack of MiniLM's 36 layer shapes (/proc-cold, one thread): at 12 rows the structured path
     #: was 0.65–0.85× the per-call materialised one for n = 4, 8; at 48 rows and more it was slower.
     WEIGHT_PER_ROW_UNCACHED = 2 ** 14
-    #: In inference without the cache, a weight of at most ``PREMIXED_WEIGHT`` elements (4 MiB in fp32)
+    #: In inference without the cache, a weight of fewer than ``PREMIXED_WEIGHT`` elements (4 MiB in fp32)
     #: with at least as many outputs as inputs (``k ≥ d``) takes the pre-mixed path for up to
     #: ``PREMIXED_ROW_LIMIT`` rows: its one GEMM of reduction length ``d`` beat both the structured path
     #: (``n²`` products of length ``d/n``) and forming ``H`` per call. Measured per layer, warm, one thread,
@@ -282,24 +282,30 @@ class PHMLinear(nn.Module):
     #: 2.50 / 3.93; 1024² (n = 4) 0.86 against 0.97. A narrowing layer (1536×384, ``k < d``) is the other
     #: way round — structured 1.50 / 1.38 / 1.65 against premixed 1.97 / 1.67 / 1.84 — so it keeps the
     #: structured rule. Larger weights keep it too: the side-by-side copy of the ``Sᵢ`` would be read and
-    #: written on every call, tripling the weight traffic that the few-row regime is bound by.
+    #: written on every call, tripling the weight traffic that the few-row regime is bound by. 1024² itself
+    #: (2^20) was in until 2026-11-27: on a stack of such layers (cold, 2 threads) the pre-mixed path took 1.2–2.4×
+    #: the structured one at one row for n = 2–16, and from 8 rows on oneDNN beats both.
     PREMIXED_WEIGHT = 2 ** 20
     PREMIXED_ROW_LIMIT = 64
     #: In inference without the cache (CPU, float32, no gradient), ``auto`` runs the structured product on oneDNN
-    #: (:func:`~hyperplex.layers.functional.phm_linear_onednn`) where ``ONEDNN_MIN_ROWS_N ≤ rows·n ≤
-    #: ONEDNN_ROWS_PER_INPUT · d`` and ``rows · k·d ≥ ONEDNN_MIN_WORK``, except where the pre-mixed path was chosen on a
-    #: weight under ``ONEDNN_PREMIXED_WEIGHT`` elements. oneDNN's call costs some tens of µs more than PyTorch's
+    #: (:func:`~hyperplex.layers.functional.phm_linear_onednn`) on weights of at least ``ONEDNN_MIN_WEIGHT`` elements
+    #: where ``ONEDNN_MIN_ROWS_N ≤ rows·n ≤
+    #: ONEDNN_ROWS_PER_INPUT · d`` and ``rows · k·d ≥ ONEDNN_MIN_WORK``, except where the pre-mixed path was chosen. oneDNN's call costs some tens of µs more than PyTorch's
     #: structured path, so tiny problems (one row on MiniLM's shapes, fewer than 16 rows on 384², 8 on 1024²) stay
     #: on the structured or pre-mixed paths; from there up to ``rows·n = 2d`` it beat the structured, pre-mixed and
     #: per-call materialised paths on stacks of 384², 384×1536, 1536×384, 1024² and 4096² layers (n = 2–16, 1 and
     #: 2 threads), 4096² by 1.3–2.2× over the next best at 4–256 rows, except the pre-mixed path on MiniLM's widening
     #: and square layers (384×1536 at up to 96 rows, 384² at up to 8–16). Beyond ``rows·n = 2d`` forming ``H``
     #: wins: the partial products (``rows·n·k`` numbers) and the mixing (``n²/d`` of the product's work) grow with
-    #: ``n``. Measured 2026-11-27 (docs/performance.md, "oneDNN").
+    #: ``n``. Measured 2026-11-27 (docs/performance.md, "oneDNN"). Smaller weights (MiniLM's) stay off it for memory:
+    #: with oneDNN on MiniLM's layers, its code, kernels and caches took 10–15 MB of a PHM n = 4 MiniLM's 32 MB saving
+    #: (memory in use after encoding, fresh processes) and half of it at peak, for 1.0–1.1× of the teacher's speed at
+    #: batch 32 (0.8–1.1× without); set ``ONEDNN_MIN_WEIGHT = 0`` on the class (or ``forward_mode="onednn"`` on a
+    #: layer) to trade that memory for the speed.
     ONEDNN_MIN_ROWS_N = 4
     ONEDNN_ROWS_PER_INPUT = 2
     ONEDNN_MIN_WORK = 2 ** 23
-    ONEDNN_PREMIXED_WEIGHT = 2 ** 20
+    ONEDNN_MIN_WEIGHT = 2 ** 20
 
     def _streamable(self) -> bool:
         """Whether ``auto`` may hand this call to the compiled kernel or to oneDNN: float32 on the CPU, outside
@@ -323,7 +329,7 @@ class PHMLinear(nn.Module):
             # (or reusing the cached H, which costs nothing to form) beats the structured path's
             # n² mixing.
             weight = self.in_features * self.out_features
-            if (inference and not cacheable and weight <= self.PREMIXED_WEIGHT and rows <= self.PREMIXED_ROW_LIMIT
+            if (inference and not cacheable and weight < self.PREMIXED_WEIGHT and rows <= self.PREMIXED_ROW_LIMIT
                     and self.out_features >= self.in_features):
                 mode = "premixed"
             else:
@@ -345,9 +351,10 @@ class PHMLinear(nn.Module):
                         and weight // self.n >= native.STREAMED_MIN_FACTORS and native.native_kernels_enabled()):
                     mode = "streamed"
                 # ... else oneDNN runs the structured product, where it measured fastest.
-                elif (self.ONEDNN_MIN_ROWS_N <= rows * self.n <= self.ONEDNN_ROWS_PER_INPUT * self.in_features
+                elif (weight >= self.ONEDNN_MIN_WEIGHT
+                      and self.ONEDNN_MIN_ROWS_N <= rows * self.n <= self.ONEDNN_ROWS_PER_INPUT * self.in_features
                       and rows * weight >= self.ONEDNN_MIN_WORK
-                      and not (mode == "premixed" and weight < self.ONEDNN_PREMIXED_WEIGHT) and onednn_available()):
+                      and mode != "premixed" and onednn_available()):
                     mode = "onednn"
         if mode == "materialized" and cacheable:
             return "cached"

@@ -81,7 +81,9 @@ class PHMLinear(nn.Module):
             stored as the buffer ``phm_rule``.
         forward_mode: ``"auto"`` (choose per call by shape and grad mode), ``"structured"``
             (never form ``H``), ``"premixed"`` (never form ``H``: inputs mixed by the rule, then one
-            GEMM against the ``Sᵢ`` side by side), ``"materialized"`` (form ``H``, then one dense
+            GEMM against the ``Sᵢ`` side by side), ``"onednn"`` (inference only, CPU float32: the structured
+            product on PyTorch's oneDNN linear, which ``auto`` takes on weights of 2²⁰ elements and up between a
+            few rows and ``rows·n = 2d``), ``"materialized"`` (form ``H``, then one dense
             matmul) or ``"streamed"`` (inference only: the compiled kernel of :mod:`hyperplex.layers.native`,
             which ``auto`` also takes at few rows once ``hyperplex native`` has installed it or
             :func:`~hyperplex.layers.native.enable_native_kernels` has turned it on). All are exact.
@@ -289,19 +291,18 @@ class PHMLinear(nn.Module):
     PREMIXED_ROW_LIMIT = 64
     #: In inference without the cache (CPU, float32, no gradient), ``auto`` runs the structured product on oneDNN
     #: (:func:`~hyperplex.layers.functional.phm_linear_onednn`) on weights of at least ``ONEDNN_MIN_WEIGHT`` elements
-    #: where ``ONEDNN_MIN_ROWS_N ≤ rows·n ≤
-    #: ONEDNN_ROWS_PER_INPUT · d`` and ``rows · k·d ≥ ONEDNN_MIN_WORK``, except where the pre-mixed path was chosen. oneDNN's call costs some tens of µs more than PyTorch's
-    #: structured path, so tiny problems (one row on MiniLM's shapes, fewer than 16 rows on 384², 8 on 1024²) stay
-    #: on the structured or pre-mixed paths; from there up to ``rows·n = 2d`` it beat the structured, pre-mixed and
-    #: per-call materialised paths on stacks of 384², 384×1536, 1536×384, 1024² and 4096² layers (n = 2–16, 1 and
-    #: 2 threads), 4096² by 1.3–2.2× over the next best at 4–256 rows, except the pre-mixed path on MiniLM's widening
-    #: and square layers (384×1536 at up to 96 rows, 384² at up to 8–16). Beyond ``rows·n = 2d`` forming ``H``
-    #: wins: the partial products (``rows·n·k`` numbers) and the mixing (``n²/d`` of the product's work) grow with
-    #: ``n``. Measured 2026-11-27 (docs/performance.md, "oneDNN"). Smaller weights (MiniLM's) stay off it for memory:
-    #: with oneDNN on MiniLM's layers, its code, kernels and caches took 10–15 MB of a PHM n = 4 MiniLM's 32 MB saving
-    #: (memory in use after encoding, fresh processes) and half of it at peak, for 1.0–1.1× of the teacher's speed at
-    #: batch 32 (0.8–1.1× without); set ``ONEDNN_MIN_WEIGHT = 0`` on the class (or ``forward_mode="onednn"`` on a
-    #: layer) to trade that memory for the speed.
+    #: where ``ONEDNN_MIN_ROWS_N ≤ rows·n ≤ ONEDNN_ROWS_PER_INPUT · d`` and ``rows · k·d ≥ ONEDNN_MIN_WORK``, except
+    #: where the pre-mixed path was chosen. oneDNN's call costs some tens of µs more than PyTorch's structured path,
+    #: so tiny problems (fewer than 8 rows on 1024²) stay on it; from there up to ``rows·n = 2d`` oneDNN beat the
+    #: structured, pre-mixed and per-call materialised paths on stacks of 1024² and 4096² layers (n = 2–16, 1 and 2
+    #: threads; at 4096² by 1.3–2.0× over the next best at 4–256 rows). Beyond ``rows·n = 2d`` forming ``H`` wins:
+    #: the partial products (``rows·n·k`` numbers) and the mixing (``n²/d`` of the product's work) grow with ``n``.
+    #: On MiniLM's smaller shapes oneDNN wins too from about 16 rows (after the pre-mixed path's 64 on its square and
+    #: widening layers), but they stay off it for memory: with oneDNN, its code, kernels and caches took 10–15 MB of
+    #: a PHM n = 4 MiniLM's 32 MB saving (memory in use after encoding, fresh processes) and half of it at peak, for
+    #: 1.0–1.1× of the teacher's speed at batch 32 (0.8–1.1× without). Set ``ONEDNN_MIN_WEIGHT = 0`` on the class (or
+    #: ``forward_mode="onednn"`` on a layer) to trade that memory for the speed. Measured 2026-11-27
+    #: (docs/performance.md, "oneDNN").
     ONEDNN_MIN_ROWS_N = 4
     ONEDNN_ROWS_PER_INPUT = 2
     ONEDNN_MIN_WORK = 2 ** 23

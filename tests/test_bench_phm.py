@@ -50,3 +50,20 @@ def test_the_path_check_weighs_the_paths_auto_could_have_taken(capsys):
     bench.print_auto_check(_point(bench, "train", "structured", auto=1.3, structured=1.3, premixed=None, onednn=None,
                                   materialized=1.0))
     assert "auto took structured, 1.300x materialized" in capsys.readouterr().out
+
+
+def test_the_cold_one_row_targets_are_the_deploy_issues(capsys):
+    bench = load_benchmark("bench_phm")
+    assert bench.COLD_ONE_ROW_TARGETS == {2: 0.60, 4: 0.30, 8: 0.16, 16: 0.12}
+    results = {}
+    for n, r in ((2, 0.55), (4, 0.33), (16, 0.12)):
+        m = bench.Measurement(4096, 4096, n, 1, "infer", "auto", path="onednn")
+        m.ratio = r
+        results[(4096, n, 1)] = {"infer": {"auto": m}}
+    bench.print_cold_targets(results)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["  d=k=4096, 1 row, inference fwd, auto <= 0.60x dense, n=2: PASS  0.550x (onednn)",
+                     "  d=k=4096, 1 row, inference fwd, auto <= 0.30x dense, n=4: MISS  0.330x (onednn)",
+                     "  d=k=4096, 1 row, inference fwd, auto <= 0.12x dense, n=16: PASS  0.120x (onednn)"]
+    bench.print_cold_targets({(1024, 4, 1): {"infer": {}}})
+    assert "not in the cold grid" in capsys.readouterr().out

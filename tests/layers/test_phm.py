@@ -535,3 +535,21 @@ def test_shared_weights_inference_reuses_cache_and_nests():
         x = torch.randn(3, 8)
         torch.testing.assert_close(layer(x), x @ layer.dense_weight().T + layer.bias)
     assert layer._shared_weight is None
+
+
+def test_shared_weights_keeps_the_paths_that_never_form_h():
+    # In inference a large layer's few total rows take a path without H (structured, or oneDNN where it runs):
+    # shared_weights forms no H for them, and forms it once where the per-call choice would be to form it.
+    from hyperplex.layers import shared_weights
+
+    layer = PHMLinear(1024, 1024, 4).eval()
+    with torch.no_grad():
+        assert layer.choose_mode(32) in ("structured", "onednn")
+        with shared_weights(layer, 32):
+            assert layer._shared_weight is None
+        assert layer.choose_mode(1024) == "materialized"
+        with shared_weights(layer, 1024):
+            torch.testing.assert_close(layer._shared_weight, layer.dense_weight())
+    small = PHMLinear(384, 384, 4).eval()  # the pre-mixed path at up to 64 rows: no H either
+    with torch.no_grad(), shared_weights(small, 64):
+        assert small.choose_mode(64) == "premixed" and small._shared_weight is None

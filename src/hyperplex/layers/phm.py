@@ -411,8 +411,9 @@ def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int) -
 
     Inside the context every :class:`PHMLinear` in ``modules`` (one module or several; ``None``
     entries are skipped) with ``n > 1`` whose
-    :meth:`~PHMLinear.choose_mode` for ``rows`` (the total rows over all the calls) is not
-    ``"structured"`` computes with that one ``H``: ``dense_weight()`` (differentiable when weight
+    :meth:`~PHMLinear.choose_mode` for ``rows`` (the total rows over all the calls) forms ``H``
+    (``"materialized"`` or ``"cached"``; not the paths that never form it: structured, pre-mixed, oneDNN,
+    streamed, which each call then takes for its own rows) computes with that one ``H``: ``dense_weight()`` (differentiable when weight
     gradients are needed), or the kept ``H`` of a layer with ``cache_dense``. Without
     ``cache_dense`` the ``H`` lives only as long as the context. Results equal the per-call paths up to
     rounding. Do not change the parameters inside the context (an optimizer step): ``H`` would
@@ -426,7 +427,7 @@ def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int) -
             if m._shared_weight is not None:
                 continue
             mode = m.choose_mode(rows)
-            if mode != "structured":
+            if mode in ("materialized", "cached"):
                 m._shared_weight = m._weight_for(mode)
         yield
     finally:

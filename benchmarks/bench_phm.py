@@ -134,7 +134,9 @@ from torch import Tensor, nn
 from hyperplex.layers.functional import onednn_available
 from hyperplex.layers.phm import PHMLinear
 
-VARIANTS = ("dense", "structured", "premixed", "onednn", "materialized", "auto", "kron")
+#: The fixed-path PHMLinear layers, sharing the parameters of the ``auto`` one.
+MODES = ("structured", "premixed", "onednn", "materialized")
+VARIANTS = ("dense", *MODES, "auto", "kron")
 #: Paths timed in inference only: oneDNN's has no backward pass, and the training table keeps to the two paths
 #: ``auto`` chooses between when training.
 INFERENCE_ONLY = ("premixed", "onednn")
@@ -449,10 +451,11 @@ def measure_config(layers: dict[str, nn.Module | list[nn.Module]], d: int, k: in
 
 
 def build_layers(d: int, k: int, n: int, device: torch.device, dtype: torch.dtype) -> dict[str, nn.Module]:
-    """Dense baseline, three PHMLinear modes sharing one set of parameters, and the kron layer."""
+    """Dense baseline, the PHMLinear layers of :data:`MODES` and ``auto`` sharing one set of parameters, and the
+    kron layer."""
     auto = PHMLinear(d, k, n, device=device, dtype=dtype)
     layers = {"dense": nn.Linear(d, k, device=device, dtype=dtype)}
-    for mode in ("structured", "premixed", "onednn", "materialized"):
+    for mode in MODES:
         layers[mode] = PHMLinear(d, k, n, device=device, dtype=dtype, forward_mode=mode,
                                  cache_dense=mode == "materialized")
         layers[mode].load_state_dict(auto.state_dict())
@@ -522,13 +525,13 @@ def stack_depth(d: int, k: int, ns: list[int], itemsize: int, llc_bytes: int, ar
 
 def build_stack(d: int, k: int, n: int, depth: int, device: torch.device, dtype: torch.dtype,
                 kron: bool, dense: list[nn.Module] | None = None) -> dict[str, list[nn.Module]]:
-    """``depth`` distinct layers per variant. The three ``PHMLinear`` modes of one layer share its
-    parameters (no copies: the stack's memory is one dense stack plus one PHM stack). ``dense``:
+    """``depth`` distinct layers per variant. The ``PHMLinear`` layers of one depth (:data:`MODES` and ``auto``)
+    share its parameters (no copies: the stack's memory is one dense stack plus one PHM stack). ``dense``:
     a dense stack to reuse (it does not depend on ``n``; building 1 GiB of layers takes seconds)."""
     dense = dense or [nn.Linear(d, k, device=device, dtype=dtype) for _ in range(depth)]
     autos = [PHMLinear(d, k, n, device=device, dtype=dtype) for _ in range(depth)]
     stacks: dict[str, list[nn.Module]] = {"dense": dense}
-    for mode in ("structured", "premixed", "onednn", "materialized"):
+    for mode in MODES:
         stacks[mode] = []
         for src in autos:
             view = PHMLinear(d, k, n, bias=src.bias is not None, device="meta", forward_mode=mode,
@@ -606,7 +609,7 @@ def print_table(results: dict, cold: bool = False) -> None:
         if cold:
             cells += [str(next(iter((inf or trn).values())).layers)]
         cells += [_fmt_ms(inf.get("dense")) if inf else "-"]
-        cells += [_fmt_ratio(inf.get(v)) for v in ("structured", "premixed", "onednn", "materialized", "auto", "kron")]
+        cells += [_fmt_ratio(inf.get(v)) for v in (*MODES, "auto", "kron")]
         cells += [_fmt_ms(trn.get("dense")) if trn else "-"]
         cells += [_fmt_ratio(trn.get(v)) for v in ("structured", "materialized", "auto", "kron")]
         paths = [("-" if p not in phases else "skip" if phases[p]["auto"].skipped else phases[p]["auto"].path)
@@ -728,7 +731,7 @@ def print_auto_check(results: dict, where: str = "every grid point") -> None:
             rivals = [c for c in ("structured", "premixed", "onednn") if c != own]
             if phase == "train" or m.path == "cached":
                 rivals.append("materialized")
-            timed = {c: r for c in rivals if c != own and (r := ratio(d, n, rows, phase, c)) is not None}
+            timed = {c: r for c in rivals if (r := ratio(d, n, rows, phase, c)) is not None}
             if took is not None and timed:
                 best = min(timed, key=timed.get)
                 if took > 1.10 * timed[best]:

@@ -6,8 +6,9 @@ import torch
 from hyperplex.algebra import cayley_dickson_rule
 from hyperplex.layers.functional import (
     materialize_weight, onednn_available, onednn_padded_rows, phm_linear, phm_linear_onednn, phm_linear_reference, phm_linear_structured,
-    signed_permutation,
+    signed_permutation, structured_weight_first,
 )
+import hyperplex.layers.functional as functional
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
@@ -40,6 +41,57 @@ def test_structured_handles_any_leading_shape(lead):
     y = phm_linear_structured(x, rule, weight, bias)
     assert y.shape == (*lead, 12)
     torch.testing.assert_close(y, phm_linear_reference(x, rule, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(params=["input_first", "weight_first"])
+def orientation(request, monkeypatch):
+    """Force one of the structured product's two orientations for every shape."""
+    if request.param == "weight_first":
+        monkeypatch.setattr(functional, "WEIGHT_FIRST_MIN_WEIGHT", 0)
+        monkeypatch.setattr(functional, "WEIGHT_FIRST_MAX_ROWS_N", 10**9)
+    else:
+        monkeypatch.setattr(functional, "WEIGHT_FIRST_MIN_WEIGHT", 10**18)
+    return request.param
+
+
+@pytest.mark.parametrize("lead,n,k_n,d_n", [((5,), 2, 3, 4), ((2, 3), 4, 6, 2), ((1,), 4, 2, 6), ((0,), 4, 3, 3),
+                                            ((3,), 8, 1, 2), ((2,), 3, 5, 7)])
+def test_both_structured_orientations_equal_the_kron_sum_with_gradients(orientation, lead, n, k_n, d_n):
+    torch.manual_seed(n * 10 + k_n)
+    rule = torch.randn(n, n, n, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(n, k_n, d_n, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(n * k_n, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(*lead, n * d_n, dtype=torch.float64, requires_grad=True)
+    probe = torch.randn(*lead, n * k_n, dtype=torch.float64)
+    got = phm_linear_structured(x, rule, weight, bias)
+    want = phm_linear_reference(x, rule, weight, bias)
+    torch.testing.assert_close(got, want)
+    grads = torch.autograd.grad((got * probe).sum(), (x, rule, weight, bias))
+    expected = torch.autograd.grad((want * probe).sum(), (x, rule, weight, bias))
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e)
+
+
+def test_structured_orientations_on_strided_input_and_a_float32_rule_with_bfloat16_factors(orientation):
+    torch.manual_seed(1)
+    rule, weight = torch.randn(4, 4, 4), torch.randn(4, 3, 2)
+    x = torch.randn(8, 12)[:, ::2].T  # (6, 8), not contiguous
+    torch.testing.assert_close(phm_linear_structured(x, rule, weight), phm_linear_reference(x, rule, weight),
+                               rtol=1e-5, atol=1e-5)
+    low = phm_linear_structured(x.bfloat16(), rule, weight.bfloat16())
+    assert low.dtype == torch.bfloat16  # the rule follows the product's dtype, as in the weight-first form
+    torch.testing.assert_close(low.float(), phm_linear_reference(x, rule, weight), rtol=0.05, atol=0.1)
+
+
+def test_structured_takes_the_weight_first_form_only_for_few_block_rows_on_large_weights():
+    big, few = functional.WEIGHT_FIRST_MIN_WEIGHT, functional.WEIGHT_FIRST_MAX_ROWS_N
+    assert (big, few) == (2 ** 20, 8)  # the measured boundary (docs/performance.md); change both together
+    assert structured_weight_first(few // 2, 2, 1024, 1024)  # rows·n at the limit, k·d at the limit
+    assert structured_weight_first(1, 8, 4096, 4096)
+    assert not structured_weight_first(few // 2 + 1, 2, 1024, 1024)  # one row more
+    assert not structured_weight_first(2, 8, 4096, 4096)
+    assert not structured_weight_first(1, 2, 1024, 1020)  # k·d one column short
+    assert not structured_weight_first(1, 4, 384, 1536)  # MiniLM's shapes: always input-first
 
 
 def test_phm_linear_modes_and_error():

@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS", "materialize_weight", "onednn_available",
+__all__ = ["ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS", "WEIGHT_FIRST_MAX_ROWS_N", "WEIGHT_FIRST_MIN_WEIGHT", "materialize_weight", "onednn_available",
            "onednn_padded_rows", "onednn_reason", "phm_linear", "phm_linear_onednn",
            "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured", "premix_inputs", "side_by_side",
-           "signed_permutation"]
+           "signed_permutation", "structured_weight_first"]
 
 
 def _sizes(rule: Tensor, weight: Tensor) -> tuple[int, int, int]:
@@ -118,25 +118,50 @@ def _materialize_in_place(rule: Tensor, weight: Tensor, permutation: tuple[Tenso
     return out.view(n * k_n, n * d_n)
 
 
+#: :func:`phm_linear_structured` runs its product weight-first (``S @ Xᵀ``) only on a weight of at least
+#: ``WEIGHT_FIRST_MIN_WEIGHT`` elements (``k·d``) called with ``rows·n ≤ WEIGHT_FIRST_MAX_ROWS_N``, and input-first
+#: (``X @ Sᵀ``, the mixing on a view) everywhere else. Fitted on cold stacks of 1024² and 4096² layers, n = 2–16,
+#: 1–64 rows; see :func:`phm_linear_structured` for the measurements.
+WEIGHT_FIRST_MIN_WEIGHT = 2 ** 20
+WEIGHT_FIRST_MAX_ROWS_N = 8
+
+
+def structured_weight_first(rows: int, n: int, k: int, d: int) -> bool:
+    """Whether :func:`phm_linear_structured` takes its weight-first form for ``rows`` rows through a ``k × d``
+    layer with ``n`` terms (see :data:`WEIGHT_FIRST_MIN_WEIGHT`)."""
+    return k * d >= WEIGHT_FIRST_MIN_WEIGHT and rows * n <= WEIGHT_FIRST_MAX_ROWS_N
+
+
 def phm_linear_structured(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x Hᵀ + b`` without forming ``H``. ``x``: ``(..., d)`` → ``(..., k)``.
 
-    ``Zᵀ[(i, q), (b, c)] = (Sᵢ X_cᵀ)[q, b]`` for all blocks ``c`` and terms ``i`` in one matmul that
-    reads ``weight`` once (viewed as ``(k, d/n)``, no copy); then
-    ``y_a = Σ_{c,i} rule[i, a, c] (X_c Sᵢᵀ)`` mixes the ``n²`` partial products.
+    One matmul of the ``rows·n`` input blocks ``X_c`` against the factors viewed as ``(k, d/n)`` (no copy) reads
+    every ``Sᵢ`` once and gives the ``n²`` partial products ``X_c Sᵢᵀ``; then ``y_a = Σ_{c,i} rule[i, a, c]
+    (X_c Sᵢᵀ)`` mixes them. Two orientations, chosen by :func:`structured_weight_first`:
 
-    The product is written ``S @ Xᵀ`` (weight on the left, input transposed) on purpose: for
-    few rows, BLAS then runs a matrix–vector-like kernel that streams ``S`` once, while the
-    ``X @ Sᵀ`` form packs ``S`` first and was 1.4–3.5× slower here (docs/performance.md).
+    - input-first, ``P = X Sᵀ`` with rows ``(b, c)`` and columns ``(i, q)``: the mixing is one batched
+      ``(n, n²) @ (n², k/n)`` matmul per row on a view of ``P`` whose output is already ``y``'s layout;
+    - weight-first, ``Pᵀ = S Xᵀ``: for a few block rows on a large weight, BLAS then runs a matrix–vector-like
+      kernel that streams ``S`` once, where the input-first form packs ``S`` first; the mixing needs a permute copy.
+
+    Measured on this project's CPU (2026-11-27, one thread; time of input-first / weight-first): on stacks of 1024²
+    and 4096² layers overflowing the cache, 0.57–1.04 from 8 rows on (inference and training), but up to 2.4 at
+    one or two block rows (1024², n = 2, one row); one 384² layer in a loop, 0.34–0.72 at every row count from 1 to
+    256 (docs/performance.md, "The structured product input-first"). Both are exact up to float rounding.
     """
     n, k_n, d_n = _sizes(rule, weight)
     lead = x.shape[:-1]
     blocks = x.reshape(-1, d_n)  # (B·n_c, d/n), rows ordered (b, c)
     rows = blocks.shape[0] // n
-    partial_t = weight.reshape(n * k_n, d_n) @ blocks.T  # (n_i·k/n, B·n_c)
-    partial = partial_t.view(n, k_n, rows, n).permute(2, 1, 3, 0).reshape(rows * k_n, n * n)  # [(b, q), (c, i)]
-    mix = rule.permute(2, 0, 1).reshape(n * n, n).to(partial.dtype)  # [(c, i), a] = rule[i, a, c]
-    out = (partial @ mix).view(rows, k_n, n).transpose(1, 2).reshape(*lead, n * k_n)  # (B, a, q) → (..., k)
+    if structured_weight_first(rows, n, n * k_n, n * d_n):
+        partial_t = weight.reshape(n * k_n, d_n) @ blocks.T  # (n_i·k/n, B·n_c)
+        partial = partial_t.view(n, k_n, rows, n).permute(2, 1, 3, 0).reshape(rows * k_n, n * n)  # [(b, q), (c, i)]
+        mix = rule.permute(2, 0, 1).reshape(n * n, n).to(partial.dtype)  # [(c, i), a] = rule[i, a, c]
+        out = (partial @ mix).view(rows, k_n, n).transpose(1, 2).reshape(*lead, n * k_n)  # (B, a, q) → (..., k)
+    else:
+        partial = F.linear(blocks, weight.reshape(n * k_n, d_n))  # [(b, c), (i, q)]
+        mix = rule.permute(1, 2, 0).reshape(n, n * n).to(partial.dtype)  # [a, (c, i)] = rule[i, a, c]
+        out = torch.matmul(mix, partial.view(rows, n * n, k_n)).reshape(*lead, n * k_n)  # (B, a, q) → (..., k)
     if bias is not None:
         out = out + bias.to(out.dtype)
     return out
@@ -162,9 +187,10 @@ def premix_inputs(x: Tensor, rule: Tensor) -> Tensor:
     n = rule.shape[0]
     d_n = x.shape[-1] // n
     blocks = x.reshape(-1, n, d_n)  # (B, c, j)
-    mix = rule.permute(2, 1, 0).reshape(n, n * n).to(x.dtype)  # [c, (a, i)] = rule[i, a, c]
-    z = torch.matmul(blocks.transpose(1, 2), mix)  # (B, j, (a, i))
-    return z.reshape(-1, d_n, n, n).permute(0, 2, 3, 1).reshape(-1, n * d_n)  # (B·a, (i, j))
+    mix = rule.permute(1, 0, 2).reshape(n * n, n).to(x.dtype)  # [(a, i), c] = rule[i, a, c]
+    # The rule on the left: the batched product's output (B, (a, i), j) is already z's layout, so no permute copy
+    # (the mix-on-the-right form and its copy took 2-3x as long at MiniLM's shapes, 12-48 rows).
+    return torch.matmul(mix, blocks).reshape(-1, n * d_n)  # (B·a, (i, j))
 
 
 def side_by_side(weight: Tensor) -> Tensor:

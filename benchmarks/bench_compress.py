@@ -246,11 +246,13 @@ def _resident_trimmed() -> dict:
 
 
 def _held_bytes(model) -> int:
-    """Parameters + buffers + packed int8 weights (hyperplex.convert.quantize.model_bytes) + cached H."""
+    """Parameters + buffers + packed int8 weights (hyperplex.convert.quantize.model_bytes) + cached H + the
+    thread's reused buffer for the H formed per call (hyperplex.layers.functional.formation_buffer)."""
     from hyperplex.convert.quantize import model_bytes
     from hyperplex.layers import cached_bytes
+    from hyperplex.layers.functional import formation_buffer_bytes
 
-    return model_bytes(model) + cached_bytes(model)
+    return model_bytes(model) + cached_bytes(model) + formation_buffer_bytes()
 
 
 def worker(spec: dict) -> None:

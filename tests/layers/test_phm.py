@@ -3,6 +3,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hyperplex import PHMLinear, phm_parameter_count
@@ -553,3 +554,101 @@ def test_shared_weights_keeps_the_paths_that_never_form_h():
     small = PHMLinear(384, 384, 4).eval()  # the pre-mixed path at up to 64 rows: no H either
     with torch.no_grad(), shared_weights(small, 64):
         assert small.choose_mode(64) == "premixed" and small._shared_weight is None
+
+
+# ---------------------------------------------------------------- the reused buffer for H formed per call
+@pytest.fixture
+def fresh_buffers():
+    from hyperplex.layers.functional import release_formation_buffers
+
+    release_formation_buffers()
+    yield
+    release_formation_buffers()
+
+
+def _materialized_layer(d, k, n=4, seed=0):
+    torch.manual_seed(seed)
+    layer = PHMLinear(d, k, n, forward_mode="materialized").eval()
+    return layer
+
+
+def test_per_call_h_is_formed_into_one_reused_buffer_and_outputs_are_unchanged(fresh_buffers):
+    from hyperplex.layers.functional import formation_buffer_bytes
+
+    small, large = _materialized_layer(32, 16, seed=1), _materialized_layer(48, 64, seed=2)
+    x_small, x_large = torch.randn(5, 32), torch.randn(7, 48)
+    with torch.no_grad():  # H formed into a fresh tensor, as before the buffer: the same operations, so equal bits
+        want_small = F.linear(x_small, small.dense_weight(), small.bias)
+        want_large = F.linear(x_large, large.dense_weight(), large.bias)
+    with torch.inference_mode():
+        got_small = small(x_small)
+        assert formation_buffer_bytes() == 32 * 16 * 4
+        got_large = large(x_large)  # grows to the larger H
+        assert formation_buffer_bytes() == 48 * 64 * 4
+        again_small = small(x_small)  # a view of the larger buffer: no new allocation
+        assert formation_buffer_bytes() == 48 * 64 * 4
+    with torch.no_grad():  # the buffer, made outside inference mode, is writable here too
+        again_large = large(x_large)
+    for got, want in ((got_small, want_small), (got_large, want_large), (again_small, want_small),
+                      (again_large, want_large)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert small.cached_bytes == 0 and large.cached_bytes == 0  # no layer keeps an H of its own
+
+
+def test_buffer_is_not_used_where_autograd_records(fresh_buffers):
+    from hyperplex.layers.functional import formation_buffer_bytes
+
+    first, second = _materialized_layer(16, 16, seed=3), _materialized_layer(16, 16, seed=4)
+    for layer in (first, second):
+        layer.requires_grad_(False)  # frozen layers, a gradient for the input only (as adapters train)
+    x = torch.randn(6, 16, requires_grad=True)
+    y = second(first(x))  # F.linear saves each H for the input's gradient: a shared buffer would be overwritten
+    (g,) = torch.autograd.grad(y.sum(), x)
+    h1, h2 = first.dense_weight(), second.dense_weight()
+    torch.testing.assert_close(g, (torch.ones(6, 16) @ h2 @ h1))
+    assert formation_buffer_bytes() == 0
+
+
+def test_buffer_respects_its_byte_cap_and_threads_do_not_share(fresh_buffers, monkeypatch):
+    import threading
+
+    from hyperplex.layers import functional
+    from hyperplex.layers.functional import formation_buffer, formation_buffer_bytes, release_formation_buffers
+
+    monkeypatch.setattr(functional, "FORMATION_BUFFER_MAX_BYTES", 16 * 16 * 4)
+    assert formation_buffer(16 * 16, torch.float32, "cpu") is not None
+    assert formation_buffer(16 * 16 + 1, torch.float32, "cpu") is None  # one number over the cap
+    assert formation_buffer(16 * 16, torch.float32, "meta") is None  # the CPU only
+    mine = formation_buffer(64, torch.float32, "cpu").data_ptr()
+    theirs = []
+    thread = threading.Thread(target=lambda: theirs.append(formation_buffer(64, torch.float32, "cpu").data_ptr()))
+    thread.start()
+    thread.join()
+    assert theirs[0] != mine
+    assert formation_buffer(8, torch.float64, "cpu").dtype == torch.float64  # one buffer per dtype
+    assert formation_buffer_bytes() == 16 * 16 * 4 + 8 * 8
+    assert release_formation_buffers() == 16 * 16 * 4 + 8 * 8 and formation_buffer_bytes() == 0
+    monkeypatch.setattr(functional, "FORMATION_BUFFER_MAX_BYTES", 0)  # off
+    layer = _materialized_layer(16, 16)
+    with torch.no_grad():
+        layer(torch.randn(3, 16))
+    assert formation_buffer_bytes() == 0
+
+
+def test_materialize_weight_into_a_buffer_checks_what_it_is_given():
+    from hyperplex.layers.functional import materialize_weight
+
+    torch.manual_seed(0)
+    rule, weight = torch.randn(4, 4, 4), torch.randn(4, 3, 2)
+    out = torch.full((12, 8), float("nan"))
+    with torch.no_grad():
+        got = materialize_weight(rule, weight, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, sum(torch.kron(rule[i], weight[i]) for i in range(4)))
+    with pytest.raises(ValueError, match="no gradient to record"):
+        materialize_weight(rule, weight.requires_grad_(True), out=out)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="contiguous 12x8"):
+            materialize_weight(rule, weight, out=torch.empty(8, 12))
+        with pytest.raises(ValueError, match="contiguous 12x8"):
+            materialize_weight(rule, weight, out=torch.empty(8, 12).T)

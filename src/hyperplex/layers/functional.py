@@ -28,16 +28,17 @@ Three ways to compute ``y = x Hᵀ + b``:
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS", "WEIGHT_FIRST_MAX_ROWS_N", "WEIGHT_FIRST_MIN_WEIGHT", "materialize_weight", "onednn_available",
+__all__ = ["FORMATION_BUFFER_MAX_BYTES", "ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS", "WEIGHT_FIRST_MAX_ROWS_N", "WEIGHT_FIRST_MIN_WEIGHT", "formation_buffer", "formation_buffer_bytes", "materialize_weight", "onednn_available",
            "onednn_padded_rows", "onednn_reason", "phm_linear", "phm_linear_onednn",
            "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured", "premix_inputs", "side_by_side",
-           "signed_permutation", "structured_weight_first"]
+           "release_formation_buffers", "signed_permutation", "structured_weight_first"]
 
 
 def _sizes(rule: Tensor, weight: Tensor) -> tuple[int, int, int]:
@@ -60,14 +61,25 @@ def signed_permutation(rule: Tensor) -> tuple[Tensor, Tensor] | None:
     return index, sign
 
 
-def materialize_weight(rule: Tensor, weight: Tensor, permutation: tuple[Tensor, Tensor] | None = None) -> Tensor:
+def materialize_weight(rule: Tensor, weight: Tensor, permutation: tuple[Tensor, Tensor] | None = None,
+                       out: Tensor | None = None) -> Tensor:
     """Form ``H = Σᵢ rule[i] ⊗ weight[i]`` as a ``(k, d)`` matrix, differentiably.
 
     One ``(n², n) @ (n, k·d/n²)`` matmul produces the ``n²`` blocks, one permute lays them
     out; the largest intermediate has ``k·d`` entries. If ``permutation`` (from
     :func:`signed_permutation`) is given, the blocks are gathered instead of multiplied.
+    ``out``: a ``(k, d)`` contiguous tensor of the factors' dtype and device to write ``H`` into (only where no
+    gradient is recorded and nothing records operations, ``n > 1``); returned.
     """
     n, k_n, d_n = _sizes(rule, weight)
+    if out is not None:
+        if n == 1 or not _form_in_place(rule, weight):
+            raise ValueError("materialize_weight(out=...) needs n > 1, no gradient to record and no tracing")
+        if (out.shape != (n * k_n, n * d_n) or not out.is_contiguous() or out.dtype != weight.dtype
+                or out.device != weight.device):
+            raise ValueError(f"out must be a contiguous {n * k_n}x{n * d_n} {weight.dtype} tensor on {weight.device}, "
+                             f"got {tuple(out.shape)} {out.dtype} on {out.device}")
+        return _materialize_in_place(rule, weight, permutation, out.view(n, k_n, n, d_n))
     if n == 1:
         return weight.reshape(k_n, d_n) * rule.reshape(())
     if _form_in_place(rule, weight):
@@ -95,7 +107,8 @@ def _form_in_place(rule: Tensor, weight: Tensor) -> bool:
             and not recording_operations())
 
 
-def _materialize_in_place(rule: Tensor, weight: Tensor, permutation: tuple[Tensor, Tensor] | None) -> Tensor:
+def _materialize_in_place(rule: Tensor, weight: Tensor, permutation: tuple[Tensor, Tensor] | None,
+                          out: Tensor | None = None) -> Tensor:
     """``H`` written straight into one ``(k, d)`` buffer, with no intermediate of its size: for each block row
     ``a``, one batched product over the ``k/n`` rows ``q`` of the factors, ``H[a, q, c, :] = Σᵢ rule[i, a, c]
     Sᵢ[q, :]``, whose output ``(q, c, j)`` is exactly block row ``a`` of ``H``. The one-matmul form computes the
@@ -105,7 +118,8 @@ def _materialize_in_place(rule: Tensor, weight: Tensor, permutation: tuple[Tenso
     way (docs/performance.md). Values equal the one-matmul form's up to float rounding."""
     n, k_n, d_n = _sizes(rule, weight)
     dtype = weight.dtype  # as the one-matmul form: the rule is cast to the factors' dtype
-    out = torch.empty(n, k_n, n, d_n, dtype=dtype, device=weight.device)  # (a, q, c, j)
+    if out is None:
+        out = torch.empty(n, k_n, n, d_n, dtype=dtype, device=weight.device)  # (a, q, c, j)
     if permutation is not None:  # a gather: each block is ±one Sᵢ (no products with the rule's zeros)
         index, sign = permutation
         for a in range(n):
@@ -116,6 +130,47 @@ def _materialize_in_place(rule: Tensor, weight: Tensor, permutation: tuple[Tenso
             mix = rule[:, a, :].T.to(dtype).expand(k_n, n, n)  # (q, c, i): the same rule block for every q
             torch.bmm(mix, factors, out=out[a])
     return out.view(n * k_n, n * d_n)
+
+
+#: The largest ``H`` (in bytes) that :func:`formation_buffer` keeps a reused buffer for; ``0`` switches the buffer off.
+FORMATION_BUFFER_MAX_BYTES = 2 ** 23
+_FORMATION = threading.local()
+
+
+def formation_buffer(numel: int, dtype: torch.dtype, device: torch.device | str) -> Tensor | None:
+    """A reused CPU buffer of ``numel`` elements for an ``H`` formed for one call, or ``None`` (not the CPU, or more
+    than :data:`FORMATION_BUFFER_MAX_BYTES`).
+
+    Without it every call that forms ``H`` allocates ``k·d`` fresh numbers and frees them; glibc hands blocks of this
+    size back to the system and takes them again, so each call page-faults its ``H`` in anew. Encoding 64 sentences at
+    batch 32 with a PHM n = 4 MiniLM, that was 8,000–13,000 page faults more than its teacher and about a tenth of the
+    time (docs/performance.md, "Page faults"). The buffer is per thread (two threads never share one) and per dtype,
+    grows to the largest ``H`` its thread has formed, and is kept until :func:`release_formation_buffers`. It holds
+    whatever ``H`` was formed last, so only a caller that uses ``H`` at once, records no gradient and keeps no
+    reference to it may take it (``PHMLinear.forward`` under ``torch.no_grad()`` or ``torch.inference_mode()``)."""
+    device = torch.device(device)
+    size = numel * torch.empty((), dtype=dtype).element_size()
+    if device.type != "cpu" or size > FORMATION_BUFFER_MAX_BYTES:
+        return None
+    buffers = _FORMATION.__dict__.setdefault("buffers", {})
+    buffer = buffers.get(dtype)
+    if buffer is None or buffer.numel() < numel:
+        buffers.pop(dtype, None)  # free the smaller one first
+        with torch.inference_mode(False):  # a normal tensor, writable in and out of inference mode
+            buffer = buffers[dtype] = torch.empty(numel, dtype=dtype)
+    return buffer[:numel]
+
+
+def formation_buffer_bytes() -> int:
+    """Bytes held by this thread's :func:`formation_buffer` buffers."""
+    return sum(b.numel() * b.element_size() for b in getattr(_FORMATION, "buffers", {}).values())
+
+
+def release_formation_buffers() -> int:
+    """Free this thread's :func:`formation_buffer` buffers; returns the bytes freed."""
+    freed = formation_buffer_bytes()
+    getattr(_FORMATION, "buffers", {}).clear()
+    return freed
 
 
 #: :func:`phm_linear_structured` runs its product weight-first (``S @ Xᵀ``) only on a weight of at least

@@ -18,8 +18,8 @@ from torch import Tensor, nn
 from hyperplex.algebra import ALGEBRAS, algebra_rule
 from hyperplex.layers import native
 from hyperplex.layers.functional import (
-    materialize_weight, onednn_available, phm_linear_onednn, phm_linear_premixed, phm_linear_structured,
-    recording_operations, signed_permutation,
+    formation_buffer, materialize_weight, onednn_available, phm_linear_onednn, phm_linear_premixed,
+    phm_linear_structured, recording_operations, signed_permutation,
 )
 
 __all__ = ["PHMLinear", "phm_parameter_count", "shared_weights", "FORWARD_MODES", "cache_dense_weights",
@@ -377,6 +377,14 @@ class PHMLinear(nn.Module):
             return native.phm_linear_streamed(input, self.phm_rule, self.phm_weight, self.bias)
         if mode == "onednn":
             return phm_linear_onednn(input, self.phm_rule, self.phm_weight, self.bias)
+        if mode == "materialized" and not torch.is_grad_enabled() and not recording_operations():
+            # H for this call only, used at once and saved by nothing: formed into the thread's reused buffer
+            # (no fresh k·d allocation to page-fault in on every call; functional.formation_buffer)
+            buffer = formation_buffer(self.out_features * self.in_features, self.phm_weight.dtype, self.phm_weight.device)
+            if buffer is not None:
+                weight = materialize_weight(self.phm_rule, self.phm_weight, self._permutation(),
+                                            out=buffer.view(self.out_features, self.in_features))
+                return F.linear(input, weight, self.bias)
         return F.linear(input, self._weight_for(mode), self.bias)
 
     def _weight_for(self, mode: str) -> Tensor:

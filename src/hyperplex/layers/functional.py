@@ -149,7 +149,7 @@ def formation_buffer(numel: int, dtype: torch.dtype, device: torch.device | str)
     whatever ``H`` was formed last, so only a caller that uses ``H`` at once, records no gradient and keeps no
     reference to it may take it (``PHMLinear.forward`` under ``torch.no_grad()`` or ``torch.inference_mode()``)."""
     device = torch.device(device)
-    size = numel * torch.empty((), dtype=dtype).element_size()
+    size = numel * dtype.itemsize
     if device.type != "cpu" or size > FORMATION_BUFFER_MAX_BYTES:
         return None
     buffers = _FORMATION.__dict__.setdefault("buffers", {})

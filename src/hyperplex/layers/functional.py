@@ -35,8 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["FORMATION_BUFFER_MAX_BYTES", "ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS", "WEIGHT_FIRST_MAX_ROWS_N", "WEIGHT_FIRST_MIN_WEIGHT", "formation_buffer", "formation_buffer_bytes", "materialize_weight", "onednn_available",
-           "onednn_padded_rows", "onednn_reason", "phm_linear", "phm_linear_onednn",
+__all__ = ["FORMATION_BUFFER_MAX_BYTES", "ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS", "WEIGHT_FIRST_MAX_ROWS_N",
+           "WEIGHT_FIRST_MIN_WEIGHT", "formation_buffer", "formation_buffer_bytes", "materialize_weight",
+           "onednn_available", "onednn_padded_rows", "onednn_reason", "phm_linear", "phm_linear_onednn",
            "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured", "premix_inputs", "side_by_side",
            "release_formation_buffers", "signed_permutation", "structured_weight_first"]
 
@@ -143,8 +144,9 @@ def formation_buffer(numel: int, dtype: torch.dtype, device: torch.device | str)
 
     Without it every call that forms ``H`` allocates ``k·d`` fresh numbers and frees them; glibc hands blocks of this
     size back to the system and takes them again, so each call page-faults its ``H`` in anew. Encoding 64 sentences at
-    batch 32 with a PHM n = 4 MiniLM, that was 8,000–13,000 page faults more than its teacher and about a tenth of the
-    time (docs/performance.md, "Page faults"). The buffer is per thread (two threads never share one) and per dtype,
+    batch 32 with a PHM n = 4 MiniLM, that was 7,500–13,000 page faults more than its teacher; with the buffer about
+    as many as the teacher, and batch 32 went from 0.87× to 0.91× of the teacher's speed in one same-process A/B and
+    from 0.90× to 1.03× in another (docs/performance.md, "Page faults"). The buffer is per thread (two threads never share one) and per dtype,
     grows to the largest ``H`` its thread has formed, and is kept until :func:`release_formation_buffers`. It holds
     whatever ``H`` was formed last, so only a caller that uses ``H`` at once, records no gradient and keeps no
     reference to it may take it (``PHMLinear.forward`` under ``torch.no_grad()`` or ``torch.inference_mode()``)."""

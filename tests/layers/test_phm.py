@@ -610,7 +610,9 @@ def test_buffer_is_not_used_where_autograd_records(fresh_buffers):
 
 
 def test_buffer_respects_its_byte_cap_and_threads_do_not_share(fresh_buffers, monkeypatch):
+    import gc
     import threading
+    import weakref
 
     from hyperplex.layers import functional
     from hyperplex.layers.functional import formation_buffer, formation_buffer_bytes, release_formation_buffers
@@ -620,11 +622,18 @@ def test_buffer_respects_its_byte_cap_and_threads_do_not_share(fresh_buffers, mo
     assert formation_buffer(16 * 16 + 1, torch.float32, "cpu") is None  # one number over the cap
     assert formation_buffer(16 * 16, torch.float32, "meta") is None  # the CPU only
     mine = formation_buffer(64, torch.float32, "cpu").data_ptr()
-    theirs = []
-    thread = threading.Thread(target=lambda: theirs.append(formation_buffer(64, torch.float32, "cpu").data_ptr()))
+    theirs, held = [], []
+
+    def other_thread():
+        theirs.append(formation_buffer(64, torch.float32, "cpu").data_ptr())
+        held.append(weakref.ref(functional._FORMATION.buffers[torch.float32]))
+
+    thread = threading.Thread(target=other_thread)
     thread.start()
     thread.join()
+    gc.collect()
     assert theirs[0] != mine
+    assert held[0]() is None  # a thread's buffer goes with the thread
     assert formation_buffer(8, torch.float64, "cpu").dtype == torch.float64  # one buffer per dtype
     assert formation_buffer_bytes() == 16 * 16 * 4 + 8 * 8
     assert release_formation_buffers() == 16 * 16 * 4 + 8 * 8 and formation_buffer_bytes() == 0

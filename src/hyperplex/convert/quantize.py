@@ -31,9 +31,8 @@ import torch
 from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as _TorchDynamicLinear
 
-from hyperplex.layers.functional import premix_inputs, side_by_side
+from hyperplex.layers.functional import mix_partial_products, phm_linear_structured, premix_inputs, side_by_side
 from hyperplex.convert.serialize import QUANTIZED_SPEC_NAME, deduplicate_tensors, retie_aliases
-from hyperplex.layers.functional import phm_linear_structured
 from hyperplex.layers.lowrank import LowRankLinear
 from hyperplex.layers.phm import PHMLinear
 
@@ -285,9 +284,7 @@ class QuantizedPHMLinear(nn.Module):
         blocks = input.reshape(-1, d_n).float()  # (B·n_c, d/n), rows ordered (b, c)
         rows = blocks.shape[0] // n
         partial = self.blocks(blocks)  # (B·n_c, n_i·k/n): X_c Sᵢᵀ for every c and i
-        partial = partial.view(rows, n, n, k_n).permute(0, 3, 1, 2).reshape(rows * k_n, n * n)  # [(b, q), (c, i)]
-        mix = self.phm_rule.permute(2, 0, 1).reshape(n * n, n)  # [(c, i), a] = rule[i, a, c]
-        out = (partial @ mix).view(rows, k_n, n).transpose(1, 2).reshape(*lead, n * k_n)  # (B, a, q) → (..., k)
+        out = mix_partial_products(partial, self.phm_rule, rows).reshape(*lead, n * k_n)  # (B, a, q) → (..., k)
         if self.bias is not None:
             out = out + self.bias
         return out.to(input.dtype)

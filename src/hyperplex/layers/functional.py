@@ -37,8 +37,8 @@ from torch import Tensor
 
 __all__ = ["FORMATION_BUFFER_MAX_BYTES", "ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS", "WEIGHT_FIRST_MAX_ROWS_N",
            "WEIGHT_FIRST_MIN_WEIGHT", "formation_buffer", "formation_buffer_bytes", "materialize_weight",
-           "onednn_available", "onednn_padded_rows", "onednn_reason", "phm_linear", "phm_linear_onednn",
-           "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured", "premix_inputs", "side_by_side",
+           "mix_partial_products", "onednn_available", "onednn_padded_rows", "onednn_reason", "phm_linear",
+           "phm_linear_onednn", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured", "premix_inputs", "side_by_side",
            "release_formation_buffers", "signed_permutation", "structured_weight_first"]
 
 
@@ -217,11 +217,19 @@ def phm_linear_structured(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor 
         out = (partial @ mix).view(rows, k_n, n).transpose(1, 2).reshape(*lead, n * k_n)  # (B, a, q) → (..., k)
     else:
         partial = F.linear(blocks, weight.reshape(n * k_n, d_n))  # [(b, c), (i, q)]
-        mix = rule.permute(1, 2, 0).reshape(n, n * n).to(partial.dtype)  # [a, (c, i)] = rule[i, a, c]
-        out = torch.matmul(mix, partial.view(rows, n * n, k_n)).reshape(*lead, n * k_n)  # (B, a, q) → (..., k)
+        out = mix_partial_products(partial, rule, rows).reshape(*lead, n * k_n)  # (B, a, q) → (..., k)
     if bias is not None:
         out = out + bias.to(out.dtype)
     return out
+
+
+def mix_partial_products(partial: Tensor, rule: Tensor, rows: int) -> Tensor:
+    """``y`` as ``(rows, n, k/n)`` from the partial products ``P[(b, c), (i, q)] = (X_c Sᵢᵀ)[b, q]`` (``partial``:
+    ``(rows·n, k)``, contiguous): ``y[b, a, :] = Σ_{c,i} rule[i, a, c] P[b, (c, i), :]``, one batched
+    ``(n, n²) @ (n², k/n)`` matmul on a view of ``P`` whose output is already ``y``'s layout (no permute copy)."""
+    n = rule.shape[0]
+    mix = rule.permute(1, 2, 0).reshape(n, n * n).to(partial.dtype)  # [a, (c, i)] = rule[i, a, c]
+    return torch.matmul(mix, partial.view(rows, n * n, partial.shape[-1] // n))
 
 
 def phm_linear_premixed(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -360,8 +368,7 @@ def phm_linear_onednn(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | No
         flat = F.pad(flat, (0, 0, 0, padded - rows))
     blocks = flat.reshape(padded * n, d_n)  # rows ordered (b, c); a view unless x is strided
     partial = _onednn_linear(blocks, weight.reshape(n * k_n, d_n))  # [(b, c), (i, q)]
-    mix = rule.permute(1, 2, 0).reshape(n, n * n)  # [a, (c, i)] = rule[i, a, c]
-    out = torch.matmul(mix, partial.view(padded, n * n, k_n))[:rows]  # (b, a, q): a view of the first rows
+    out = mix_partial_products(partial, rule, padded)[:rows]  # (b, a, q): a view of the first rows
     if bias is not None:
         out += bias.view(n, k_n)
     return out.reshape(*x.shape[:-1], n * k_n)

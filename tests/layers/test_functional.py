@@ -5,7 +5,8 @@ import torch
 
 from hyperplex.algebra import cayley_dickson_rule
 from hyperplex.layers.functional import (
-    materialize_weight, onednn_available, onednn_padded_rows, phm_linear, phm_linear_onednn, phm_linear_reference, phm_linear_structured,
+    materialize_weight, onednn_available, onednn_padded_rows, phm_linear, phm_linear_blocked, phm_linear_onednn,
+    phm_linear_reference, phm_linear_structured,
     signed_permutation, structured_weight_first,
 )
 import hyperplex.layers.functional as functional
@@ -244,3 +245,54 @@ def test_onednn_self_check_failure_turns_it_off_once_with_a_warning(monkeypatch)
         assert not functional.onednn_available()
     assert not functional.onednn_available()  # decided once per process: no second warning, no second check
     assert "self-check" in functional.onednn_reason(torch.randn(2, 8), torch.randn(2, 2, 2), torch.randn(2, 3, 4))
+
+
+# ---------------------------------------------------------------- H formed one block column at a time
+@pytest.mark.parametrize("lead", [(5,), (2, 3), (0,)])
+@pytest.mark.parametrize("n, k_n, d_n", [(2, 6, 4), (3, 2, 5), (4, 3, 8), (4, 8, 3), (8, 2, 2)])
+def test_blocked_equals_the_kron_sum(n, k_n, d_n, lead):
+    torch.manual_seed(n * 100 + k_n * 10 + d_n)
+    rule, weight = torch.randn(n, n, n, dtype=torch.float64), torch.randn(n, k_n, d_n, dtype=torch.float64)
+    bias, x = torch.randn(n * k_n, dtype=torch.float64), torch.randn(*lead, n * d_n, dtype=torch.float64)
+    want = phm_linear_reference(x, rule, weight, bias)
+    with torch.no_grad():
+        got = phm_linear_blocked(x, rule, weight, bias)
+        no_bias = phm_linear_blocked(x, rule, weight)
+    assert got.shape == (*lead, n * k_n)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(no_bias, phm_linear_reference(x, rule, weight))
+
+
+def test_blocked_writes_each_block_column_of_h_into_the_buffer_it_is_given():
+    torch.manual_seed(0)
+    n, k_n, d_n = 4, 3, 5
+    rule, weight, x = torch.randn(n, n, n), torch.randn(n, k_n, d_n), torch.randn(7, n * d_n)
+    buffer = torch.full((n * k_n * d_n + 9,), float("nan"))  # larger than needed: its start is used
+    with torch.inference_mode():
+        got = phm_linear_blocked(x, rule, weight, buffer=buffer)
+    H = materialize_weight(rule, weight)
+    torch.testing.assert_close(got, x @ H.T)
+    # after the call the buffer holds the last block column of H, laid out (k, d/n)
+    torch.testing.assert_close(buffer[:n * k_n * d_n].view(n * k_n, d_n), H[:, (n - 1) * d_n:])
+    assert torch.isnan(buffer[n * k_n * d_n:]).all()
+
+
+def test_blocked_refuses_gradients_tracing_and_bad_buffers_by_name():
+    torch.manual_seed(0)
+    rule, weight, x = torch.randn(2, 2, 2), torch.randn(2, 3, 4), torch.randn(5, 8)
+    with pytest.raises(ValueError, match="no gradient is recorded"):
+        phm_linear_blocked(x, rule, weight.clone().requires_grad_(True))
+    with pytest.raises(ValueError, match="no gradient is recorded"):
+        phm_linear_blocked(x.clone().requires_grad_(True), rule, weight)
+    with torch.no_grad():  # frozen under no_grad: fine
+        phm_linear_blocked(x, rule, weight.clone().requires_grad_(True))
+        with pytest.raises(ValueError, match="nothing is traced"):
+            torch.jit.trace(lambda t: phm_linear_blocked(t, rule, weight), (x,))
+        with pytest.raises(ValueError, match="at least 24 elements"):
+            phm_linear_blocked(x, rule, weight, buffer=torch.empty(23))
+        with pytest.raises(ValueError, match="contiguous torch.float32"):
+            phm_linear_blocked(x, rule, weight, buffer=torch.empty(24, dtype=torch.float64))
+        with pytest.raises(ValueError, match="contiguous"):
+            phm_linear_blocked(x, rule, weight, buffer=torch.empty(8, 6).T)  # 48 elements, strided
+        with pytest.raises(ValueError, match="last dimension 8"):
+            phm_linear_blocked(torch.randn(5, 6), rule, weight)

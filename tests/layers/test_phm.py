@@ -595,6 +595,24 @@ def test_per_call_h_is_formed_into_one_reused_buffer_and_outputs_are_unchanged(f
     assert small.cached_bytes == 0 and large.cached_bytes == 0  # no layer keeps an H of its own
 
 
+def test_wide_block_columns_form_h_one_block_column_at_a_time(fresh_buffers, monkeypatch):
+    from hyperplex.layers import functional
+    from hyperplex.layers.functional import formation_buffer_bytes
+
+    layer = _materialized_layer(32, 24, n=4, seed=5)  # d/n = 8
+    x = torch.randn(2, 9, 32)
+    want = layer(x)  # grad mode: H formed whole, differentiably
+    monkeypatch.setattr(functional, "BLOCKED_MIN_COLUMNS", 8)
+    with torch.inference_mode():
+        got = layer(x)
+    torch.testing.assert_close(got, want)
+    assert formation_buffer_bytes() == 24 * 8 * 4  # one k x d/n block column, not the k x d H
+    monkeypatch.setattr(functional, "BLOCKED_MIN_COLUMNS", 9)  # narrower than that: H formed whole
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), want)
+    assert formation_buffer_bytes() == 24 * 32 * 4
+
+
 def test_buffer_is_not_used_where_autograd_records(fresh_buffers):
     from hyperplex.layers.functional import formation_buffer_bytes
 

@@ -2,8 +2,8 @@
 
 from hyperplex.layers.diffusion import DiffusionPHMLinear
 from hyperplex.layers.functional import (
-    formation_buffer_bytes, materialize_weight, phm_linear, phm_linear_premixed, phm_linear_reference,
-    phm_linear_structured, release_formation_buffers,
+    formation_buffer_bytes, materialize_weight, phm_linear, phm_linear_blocked, phm_linear_premixed,
+    phm_linear_reference, phm_linear_structured, release_formation_buffers,
 )
 from hyperplex.layers.lowrank import LowRankLinear, lowrank_parameter_count, matching_rank
 from hyperplex.layers.conversion import kronecker_decompose
@@ -14,6 +14,6 @@ from hyperplex.layers.phm import (
 __all__ = [
     "PHMLinear", "DiffusionPHMLinear", "LowRankLinear", "FORWARD_MODES",
     "shared_weights", "cache_dense_weights", "cached_bytes", "release_dense_caches", "phm_parameter_count", "lowrank_parameter_count", "matching_rank", "kronecker_decompose",
-    "materialize_weight", "phm_linear", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured",
+    "materialize_weight", "phm_linear", "phm_linear_blocked", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured",
     "formation_buffer_bytes", "release_formation_buffers",
 ]

@@ -20,6 +20,9 @@ Three ways to compute ``y = x Hᵀ + b``:
   first, then one GEMM with the full reduction length ``d`` against the ``Sᵢ`` side by side (a
   ``k·d/n`` copy per call). One well-shaped GEMM instead of ``n²`` small products and a mixing
   pass: faster for tens of rows on small weights, where the copy is cheap.
+- :func:`phm_linear_blocked` — forms ``H`` one block column at a time (``k × d/n``, one plain GEMM each, no
+  permute) and accumulates ``x_c H_cᵀ``: inference only. ``H`` is never held whole, and on MiniLM's shapes at
+  hundreds of rows it ran 5–10% faster than forming all of ``H`` first (docs/performance.md).
 - :func:`phm_linear_onednn` — the structured product for inference on the CPU, its one large product run by
   PyTorch's oneDNN linear (``torch.ops.mkldnn._linear_pointwise``) instead of MKL's GEMM, and laid out so that the
   mixing by the rule is a batched matmul on a view (no copy). On this project's AMD CPU it reads the factors about
@@ -35,10 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["FORMATION_BUFFER_MAX_BYTES", "ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS", "WEIGHT_FIRST_MAX_ROWS_N",
+__all__ = ["BLOCKED_MIN_COLUMNS", "FORMATION_BUFFER_MAX_BYTES", "ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS",
+           "WEIGHT_FIRST_MAX_ROWS_N",
            "WEIGHT_FIRST_MIN_WEIGHT", "formation_buffer", "formation_buffer_bytes", "materialize_weight",
            "mix_partial_products", "onednn_available", "onednn_padded_rows", "onednn_reason", "phm_linear",
-           "phm_linear_onednn", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured", "premix_inputs", "side_by_side",
+           "phm_linear_blocked", "phm_linear_onednn", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured", "premix_inputs", "side_by_side",
            "release_formation_buffers", "signed_permutation", "structured_weight_first"]
 
 
@@ -173,6 +177,59 @@ def release_formation_buffers() -> int:
     freed = formation_buffer_bytes()
     getattr(_FORMATION, "buffers", {}).clear()
     return freed
+
+
+#: :func:`phm_linear_blocked` is the faster way to form ``H`` for a call only where its block columns are at least this
+#: wide (``d/n``): each of its ``n`` GEMMs has reduction length ``d/n``, and the output is read and written ``n`` times.
+#: Measured on MiniLM's shapes and 1024² / 4096², one thread (2026-11-27, docs/performance.md): with ``d/n ≥ 96`` it
+#: ran level with or faster than forming all of ``H`` (0.97–1.04× dense against 1.02–1.12× at 640–1,280 rows); at
+#: ``d/n`` = 48–64 it lost on widening layers with many rows (384 → 1536, n = 8, 1,280 rows: 1.18× against 1.06×;
+#: 1024², n = 16, 2,048 rows: 1.09× against 1.02×).
+BLOCKED_MIN_COLUMNS = 96
+
+
+def phm_linear_blocked(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None,
+                       buffer: Tensor | None = None) -> Tensor:
+    """``x Hᵀ + b`` forming ``H`` one block column at a time; inference only (no gradient recorded, no tracing).
+
+    Block column ``c`` of ``H``, ``H_c = H[:, c·d/n : (c+1)·d/n]`` (``k × d/n``), has row ``(a, q)`` equal to
+    ``Σᵢ rule[i, a, c] Sᵢ[q, :]``: one ``(n, n) @ (n, k·d/n²)`` GEMM writes it contiguous, with no permute (forming
+    all of ``H`` needs one, or a batched product of ``n × n`` matrices). Then ``y += x_c H_cᵀ`` (``addmm``; the bias
+    enters with the first block). So ``H`` is never held whole: ``k·d/n`` numbers at a time, in ``buffer`` if one is
+    given (a contiguous tensor of at least ``k·d/n`` elements of the factors' dtype and device, e.g. from
+    :func:`formation_buffer`), else in one tensor for the call. The same sums as ``F.linear(x, H, b)`` in another
+    order (equal up to float rounding). Raises :class:`ValueError` where a gradient would be recorded or operations
+    are being recorded (the block is overwritten from one column to the next)."""
+    n, k_n, d_n = _sizes(rule, weight)
+    k, d = n * k_n, n * d_n
+    if ((torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, rule, weight, bias)))
+            or recording_operations()):
+        raise ValueError("phm_linear_blocked runs where no gradient is recorded and nothing is traced "
+                         "(torch.no_grad() or torch.inference_mode(), outside torch.compile, tracing and ONNX export)")
+    if x.shape[-1] != d:
+        raise ValueError(f"expected input with last dimension {d}, got shape {tuple(x.shape)}")
+    if buffer is None:
+        block = torch.empty(k, d_n, dtype=weight.dtype, device=weight.device)
+    elif (not buffer.is_contiguous() or buffer.numel() < k * d_n or buffer.dtype != weight.dtype
+          or buffer.device != weight.device):
+        raise ValueError(f"buffer must be a contiguous {weight.dtype} tensor on {weight.device} of at least "
+                         f"{k * d_n} elements, got {tuple(buffer.shape)} {buffer.dtype} on {buffer.device}")
+    else:
+        block = buffer.reshape(-1)[:k * d_n].view(k, d_n)
+    flat = x.reshape(-1, d)
+    factors = weight.reshape(n, k_n * d_n)  # [i, (q, j)]
+    mix = rule.to(weight.dtype)
+    out = None
+    for c in range(n):
+        torch.mm(mix[:, :, c].T, factors, out=block.view(n, k_n * d_n))  # [a, (q, j)] = H_c
+        part = flat[:, c * d_n:(c + 1) * d_n]
+        if out is not None:
+            out.addmm_(part, block.T)
+        elif bias is not None:
+            out = torch.addmm(bias.to(block.dtype), part, block.T)
+        else:
+            out = part @ block.T
+    return out.view(*x.shape[:-1], k)
 
 
 #: :func:`phm_linear_structured` runs its product weight-first (``S @ Xᵀ``) only on a weight of at least

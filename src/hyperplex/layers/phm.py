@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.algebra import ALGEBRAS, algebra_rule
-from hyperplex.layers import native
+from hyperplex.layers import functional, native
 from hyperplex.layers.functional import (
-    formation_buffer, materialize_weight, onednn_available, phm_linear_onednn, phm_linear_premixed,
-    phm_linear_structured, recording_operations, signed_permutation,
+    formation_buffer, materialize_weight, onednn_available, phm_linear_blocked, phm_linear_onednn,
+    phm_linear_premixed, phm_linear_structured, recording_operations, signed_permutation,
 )
 
 __all__ = ["PHMLinear", "phm_parameter_count", "shared_weights", "FORWARD_MODES", "cache_dense_weights",
@@ -379,7 +379,12 @@ class PHMLinear(nn.Module):
             return phm_linear_onednn(input, self.phm_rule, self.phm_weight, self.bias)
         if mode == "materialized" and not torch.is_grad_enabled() and not recording_operations():
             # H for this call only, used at once and saved by nothing: formed into the thread's reused buffer
-            # (no fresh k·d allocation to page-fault in on every call; functional.formation_buffer)
+            # (no fresh allocation to page-fault in on every call; functional.formation_buffer) — one block column
+            # (k × d/n) at a time where those are wide enough (functional.BLOCKED_MIN_COLUMNS), else whole
+            if self.in_features // self.n >= functional.BLOCKED_MIN_COLUMNS:
+                buffer = formation_buffer(self.out_features * self.in_features // self.n, self.phm_weight.dtype,
+                                          self.phm_weight.device)
+                return phm_linear_blocked(input, self.phm_rule, self.phm_weight, self.bias, buffer=buffer)
             buffer = formation_buffer(self.out_features * self.in_features, self.phm_weight.dtype, self.phm_weight.device)
             if buffer is not None:
                 weight = materialize_weight(self.phm_rule, self.phm_weight, self._permutation(),

@@ -296,3 +296,15 @@ def test_blocked_refuses_gradients_tracing_and_bad_buffers_by_name():
             phm_linear_blocked(x, rule, weight, buffer=torch.empty(8, 6).T)  # 48 elements, strided
         with pytest.raises(ValueError, match="last dimension 8"):
             phm_linear_blocked(torch.randn(5, 6), rule, weight)
+
+
+def test_the_blocked_form_is_taken_on_small_layers_with_wide_block_columns_only():
+    from hyperplex.layers.functional import BLOCKED_MAX_WEIGHT, BLOCKED_MIN_COLUMNS, takes_blocked
+
+    assert BLOCKED_MIN_COLUMNS == 96 and BLOCKED_MAX_WEIGHT == 2 ** 20
+    assert takes_blocked(1536, 384, 4) and takes_blocked(384, 1536, 4) and takes_blocked(384, 384, 2)  # MiniLM
+    assert not takes_blocked(1536, 384, 8)  # d/n = 48
+    assert takes_blocked(384, 1536, 16)  # d/n = 96: the boundary is in
+    assert not takes_blocked(1024, 1024, 4)  # 2^20 weights: the boundary is out
+    assert takes_blocked(1020, 1024, 4)  # just under 2^20
+    assert not takes_blocked(384, 384, 1)

@@ -21,8 +21,8 @@ Three ways to compute ``y = x Hᵀ + b``:
   ``k·d/n`` copy per call). One well-shaped GEMM instead of ``n²`` small products and a mixing
   pass: faster for tens of rows on small weights, where the copy is cheap.
 - :func:`phm_linear_blocked` — forms ``H`` one block column at a time (``k × d/n``, one plain GEMM each, no
-  permute) and accumulates ``x_c H_cᵀ``: inference only. ``H`` is never held whole, and on MiniLM's shapes at
-  hundreds of rows it ran 5–10% faster than forming all of ``H`` first (docs/performance.md).
+  permute) and accumulates ``x_c H_cᵀ``: inference only. ``H`` is never held whole, and on MiniLM's widening layer
+  at hundreds of rows it ran 5–8% faster than forming all of ``H`` first (docs/performance.md).
 - :func:`phm_linear_onednn` — the structured product for inference on the CPU, its one large product run by
   PyTorch's oneDNN linear (``torch.ops.mkldnn._linear_pointwise``) instead of MKL's GEMM, and laid out so that the
   mixing by the rule is a batched matmul on a view (no copy). On this project's AMD CPU it reads the factors about
@@ -38,12 +38,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["BLOCKED_MIN_COLUMNS", "FORMATION_BUFFER_MAX_BYTES", "ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS",
+__all__ = ["BLOCKED_MAX_WEIGHT", "BLOCKED_MIN_COLUMNS", "FORMATION_BUFFER_MAX_BYTES", "ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS",
            "WEIGHT_FIRST_MAX_ROWS_N",
            "WEIGHT_FIRST_MIN_WEIGHT", "formation_buffer", "formation_buffer_bytes", "materialize_weight",
            "mix_partial_products", "onednn_available", "onednn_padded_rows", "onednn_reason", "phm_linear",
            "phm_linear_blocked", "phm_linear_onednn", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured", "premix_inputs", "side_by_side",
-           "release_formation_buffers", "signed_permutation", "structured_weight_first"]
+           "release_formation_buffers", "signed_permutation", "structured_weight_first", "takes_blocked"]
 
 
 def _sizes(rule: Tensor, weight: Tensor) -> tuple[int, int, int]:
@@ -179,13 +179,23 @@ def release_formation_buffers() -> int:
     return freed
 
 
-#: :func:`phm_linear_blocked` is the faster way to form ``H`` for a call only where its block columns are at least this
-#: wide (``d/n``): each of its ``n`` GEMMs has reduction length ``d/n``, and the output is read and written ``n`` times.
-#: Measured on MiniLM's shapes and 1024² / 4096², one thread (2026-11-27, docs/performance.md): with ``d/n ≥ 96`` it
-#: ran level with or faster than forming all of ``H`` (0.97–1.04× dense against 1.02–1.12× at 640–1,280 rows); at
-#: ``d/n`` = 48–64 it lost on widening layers with many rows (384 → 1536, n = 8, 1,280 rows: 1.18× against 1.06×;
-#: 1024², n = 16, 2,048 rows: 1.09× against 1.02×).
+#: ``PHMLinear`` forms a per-call ``H`` with :func:`phm_linear_blocked` (see :func:`takes_blocked`) on weights of fewer
+#: than ``BLOCKED_MAX_WEIGHT`` elements whose block columns are at least ``BLOCKED_MIN_COLUMNS`` wide (``d/n``): each
+#: of its ``n`` GEMMs has reduction length ``d/n``, and the output is read and written ``n`` times. Measured with
+#: ``benchmarks/bench_formation.py`` (one thread, 2026-11-27, docs/performance.md): on MiniLM's shapes with
+#: ``d/n ≥ 96`` it ran at 0.99–1.00× dense against 1.05–1.08× for the whole ``H`` on the widening 384 → 1536 layer
+#: (n = 4) and level or a little faster on the others, except the narrowing 1536 → 384 at 1,280 rows (1.04–1.06×
+#: against 1.03×); a PHM n = 4 MiniLM at batch 32 went from 0.93× to 0.97× of its teacher. On 1024² (n = 4, 8) and
+#: 4096² (n = 4, 16) at 1,024–4,096 rows it was level or slower (up to 1.13× against 1.04×), and with ``d/n`` = 48–64
+#: it lost on widening layers (384 → 1536, n = 8, 1,280 rows: 1.09× against 1.05×).
 BLOCKED_MIN_COLUMNS = 96
+BLOCKED_MAX_WEIGHT = 2 ** 20
+
+
+def takes_blocked(k: int, d: int, n: int) -> bool:
+    """Whether ``PHMLinear`` forms a per-call ``H`` of a ``k × d`` layer with ``n`` terms one block column at a
+    time (:func:`phm_linear_blocked`) rather than whole (see :data:`BLOCKED_MIN_COLUMNS`)."""
+    return n > 1 and d // n >= BLOCKED_MIN_COLUMNS and k * d < BLOCKED_MAX_WEIGHT
 
 
 def phm_linear_blocked(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None,

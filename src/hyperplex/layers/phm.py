@@ -380,8 +380,8 @@ class PHMLinear(nn.Module):
         if mode == "materialized" and not torch.is_grad_enabled() and not recording_operations():
             # H for this call only, used at once and saved by nothing: formed into the thread's reused buffer
             # (no fresh allocation to page-fault in on every call; functional.formation_buffer) — one block column
-            # (k × d/n) at a time where those are wide enough (functional.BLOCKED_MIN_COLUMNS), else whole
-            if self.in_features // self.n >= functional.BLOCKED_MIN_COLUMNS:
+            # (k × d/n) at a time on small layers whose block columns are wide enough (functional.takes_blocked)
+            if functional.takes_blocked(self.out_features, self.in_features, self.n):
                 buffer = formation_buffer(self.out_features * self.in_features // self.n, self.phm_weight.dtype,
                                           self.phm_weight.device)
                 return phm_linear_blocked(input, self.phm_rule, self.phm_weight, self.bias, buffer=buffer)

@@ -1,0 +1,125 @@
+"""Forming ``H`` for one inference call: all of it, or one block column at a time (``phm_linear_blocked``).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_formation.py --threads 1      # MiniLM's shapes, n = 2, 4, 8
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_formation.py --threads 1 --shapes 1024x1024 \\
+        --ns 8 16 --rows 2048 --layers 4 --rounds 9
+
+Where ``PHMLinear`` forms ``H`` per call in inference (many rows, no cache), it can form all of ``H`` and run one
+GEMM, or form one ``k × d/n`` block column at a time and accumulate ``x_c H_cᵀ``
+(:func:`hyperplex.layers.functional.phm_linear_blocked`); it takes the second on small layers with wide block columns
+(:func:`~hyperplex.layers.functional.takes_blocked`).
+For each shape ``D×K`` (in × out features), ``n`` and row count this times, per layer of a stack of ``--layers``
+distinct layers on the same input:
+
+- ``dense``: ``nn.Linear``;
+- ``whole``: ``H`` formed whole into a reused buffer (``materialize_weight(out=)``), then ``F.linear``;
+- ``blocked``: ``phm_linear_blocked`` with a reused buffer of one block column.
+
+Rounds are interleaved with the order rotating; a ratio is the median over rounds of the form's time / the dense
+stack's time in the same round (below 1 = faster than dense). Both PHM forms are checked against each other before
+timing. The last column is the form ``PHMLinear`` takes for that shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from hyperplex.layers import PHMLinear
+from hyperplex.layers import functional
+from hyperplex.layers.functional import materialize_weight, phm_linear_blocked
+
+MINILM_SHAPES = ["384x384", "384x1536", "1536x384"]
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"384x1536"`` → ``(384, 1536)`` (in, out features)."""
+    try:
+        d, k = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected IN x OUT features such as 384x1536, got {text!r}") from None
+    if d < 1 or k < 1:
+        raise argparse.ArgumentTypeError(f"features must be positive, got {text!r}")
+    return d, k
+
+
+def forms(layers: list[PHMLinear]) -> dict:
+    """The two ways to run a stack of PHM layers with ``H`` formed per call, each with its reused buffer."""
+    first = layers[0]
+    k, d, n = first.out_features, first.in_features, first.n
+    whole = torch.empty(k, d)
+    block = torch.empty(k * d // n)
+
+    def run_whole(x):
+        return [F.linear(x, materialize_weight(l.phm_rule, l.phm_weight, out=whole), l.bias) for l in layers]
+
+    def run_blocked(x):
+        return [phm_linear_blocked(x, l.phm_rule, l.phm_weight, l.bias, buffer=block) for l in layers]
+
+    return {"whole": run_whole, "blocked": run_blocked}
+
+
+def measure(d: int, k: int, n: int, rows: int, layers: int, rounds: int) -> dict:
+    """Per-layer dense time (ms) and each form's ratio to it for one shape, ``n`` and row count."""
+    torch.manual_seed(0)
+    dense = [torch.nn.Linear(d, k) for _ in range(layers)]
+    phm = [PHMLinear(d, k, n=n).eval() for _ in range(layers)]
+    x = torch.randn(rows, d)
+    with torch.inference_mode():
+        runs = {"dense": lambda t: [layer(t) for layer in dense], **forms(phm)}
+        whole, blocked = runs["whole"](x)[-1].clone(), runs["blocked"](x)[-1]
+        torch.testing.assert_close(blocked, whole, rtol=1e-4, atol=1e-4)  # the same sums in another order
+        times = {name: [] for name in runs}
+        for r in range(rounds):
+            names = list(runs)[r % 3:] + list(runs)[:r % 3]
+            for name in names:
+                start = time.perf_counter()
+                runs[name](x)
+                times[name].append(time.perf_counter() - start)
+    result = {"dense_ms": statistics.median(times["dense"]) * 1e3 / layers}
+    for name in ("whole", "blocked"):
+        result[name] = statistics.median(t / base for t, base in zip(times[name], times["dense"]))
+    result["takes"] = "blocked" if functional.takes_blocked(k, d, n) else "whole"
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", type=parse_shape, nargs="+", default=[parse_shape(s) for s in MINILM_SHAPES],
+                        metavar="DxK", help=f"in x out features (default MiniLM's: {' '.join(MINILM_SHAPES)})")
+    parser.add_argument("--ns", type=int, nargs="+", default=[2, 4, 8], help="PHM n (default 2 4 8)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[160, 640, 1280],
+                        help="input rows (default 160 640 1280: MiniLM at batch 8 to 64)")
+    parser.add_argument("--layers", type=int, default=6, help="distinct layers per stack (default 6)")
+    parser.add_argument("--rounds", type=int, default=21, help="interleaved rounds (default 21)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if min(args.ns + args.rows + [args.layers, args.rounds]) < 1:
+        parser.error("--ns, --rows, --layers and --rounds must be positive")
+    for d, k in args.shapes:
+        for n in args.ns:
+            if n < 2 or d % n or k % n:
+                parser.error(f"n = {n} must be at least 2 and divide both features of {d}x{k}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"# bench_formation — torch {torch.__version__}, {torch.get_num_threads()} thread(s); BLOCKED_MIN_COLUMNS = "
+          f"{functional.BLOCKED_MIN_COLUMNS}, BLOCKED_MAX_WEIGHT = {functional.BLOCKED_MAX_WEIGHT}; {args.layers} layers, "
+          f"{args.rounds} rounds; ratios = time / dense (both forms with a reused buffer)")
+    print("| D×K | n | d/n | rows | dense ms/layer | whole × | blocked × | PHMLinear takes |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    results = {}
+    for d, k in args.shapes:
+        for n in args.ns:
+            for rows in args.rows:
+                r = results[(d, k, n, rows)] = measure(d, k, n, rows, args.layers, args.rounds)
+                print(f"| {d}×{k} | {n} | {d // n} | {rows} | {r['dense_ms']:.2f} | {r['whole']:.3f} | "
+                      f"{r['blocked']:.3f} | {r['takes']} |", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()

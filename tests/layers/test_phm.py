@@ -334,23 +334,27 @@ def test_auto_dispatch_by_rows_weight_size_and_grad_mode():
 
 
 def test_inference_without_cache_dispatch_never_caches():
-    # The default: no dense copy is kept. Without oneDNN, inference then takes the pre-mixed path on widening
-    # or square weights (k ≥ d) of at most 2^20 elements for up to 64 rows; otherwise the structured path while
-    # rows ≤ k·d / 2^14 and rows·n ≤ 256, and forms H for the call beyond.
-    assert (PHMLinear.PREMIXED_WEIGHT, PHMLinear.PREMIXED_ROW_LIMIT) == (2**20, 64)
-    widening = PHMLinear(384, 1536, 4)  # k ≥ d, 589,824 ≤ 2^20 → pre-mixed up to 64 rows
-    narrowing = PHMLinear(1536, 384, 4)  # k < d → structured up to k·d / 2^14 = 36 rows
-    square = PHMLinear(384, 384, 4)  # 147,456 ≤ 2^20 → pre-mixed up to 64 rows
+    # The default: no dense copy is kept. Without oneDNN, inference then takes, on weights of fewer than 2^20
+    # elements for up to 128 rows, the pre-mixed path if the layer widens (k > d) and the structured path otherwise;
+    # on larger weights the structured path while rows ≤ k·d / 2^14 and rows·n ≤ 256; and forms H for the call beyond.
+    assert (PHMLinear.SMALL_WEIGHT, PHMLinear.SMALL_WEIGHT_ROW_LIMIT) == (2**20, 128)
+    widening = PHMLinear(384, 1536, 4)  # k > d, 589,824 < 2^20 → pre-mixed up to 128 rows
+    narrowing = PHMLinear(1536, 384, 4)  # k < d → structured up to 128 rows
+    square = PHMLinear(384, 384, 4)  # k = d → structured up to 128 rows
     with torch.no_grad(), torch.backends.mkldnn.flags(enabled=False):
-        assert widening.choose_mode(1) == "premixed" and widening.choose_mode(64) == "premixed"
-        assert widening.choose_mode(65) == "materialized"
-        assert narrowing.choose_mode(36) == "structured" and narrowing.choose_mode(37) == "materialized"
-        assert square.choose_mode(1) == "premixed" and square.choose_mode(64) == "premixed"
-        assert square.choose_mode(65) == "materialized"
-        assert PHMLinear(1024, 1024, 4).choose_mode(16) == "structured"  # 2^20 elements: not pre-mixed
+        assert widening.choose_mode(1) == "premixed" and widening.choose_mode(128) == "premixed"
+        assert widening.choose_mode(129) == "materialized"
+        assert narrowing.choose_mode(1) == "structured" and narrowing.choose_mode(128) == "structured"
+        assert narrowing.choose_mode(129) == "materialized"
+        assert square.choose_mode(1) == "structured" and square.choose_mode(128) == "structured"
+        assert square.choose_mode(129) == "materialized"
+        assert PHMLinear(1024, 1020, 4).choose_mode(128) == "structured"  # just under 2^20 elements, narrowing
+        assert PHMLinear(1024, 1024, 4).choose_mode(16) == "structured"  # 2^20 elements: the general rule ...
+        assert PHMLinear(1024, 1024, 4).choose_mode(65) == "materialized"  # ... 65 > 2^20 / 2^14
         assert PHMLinear(4096, 4096, 4).choose_mode(64) == "structured"  # above 2^20; 64·4 ≤ 256
         assert PHMLinear(4096, 4096, 4).choose_mode(65) == "materialized"
     assert square.choose_mode(8) == "structured"  # with weight gradients: the training rule
+    assert square.choose_mode(100) == "materialized"
     # with the cache, the 384² weight is cache-resident and the cached H wins at any rows
     square.cache_dense = True
     with torch.no_grad():
@@ -368,7 +372,8 @@ def test_inference_dispatch_takes_onednn_between_few_and_many_rows(monkeypatch):
     widening, narrowing, square = PHMLinear(384, 1536, 4), PHMLinear(1536, 384, 4), PHMLinear(384, 384, 4)
     with torch.no_grad():
         # MiniLM's shapes stay off it by default (memory): the rules without oneDNN
-        assert widening.choose_mode(100) == narrowing.choose_mode(100) == square.choose_mode(100) == "materialized"
+        assert widening.choose_mode(100) == "premixed" and narrowing.choose_mode(100) == square.choose_mode(100) == "structured"
+        assert widening.choose_mode(129) == narrowing.choose_mode(129) == square.choose_mode(129) == "materialized"
         assert narrowing.choose_mode(20) == "structured"
         assert PHMLinear(1024, 1024, 4).choose_mode(7) == "structured"  # 7 · 2^20 < 2^23; 2^20 is not premixed
         assert PHMLinear(1024, 1024, 4).choose_mode(8) == "onednn"
@@ -379,13 +384,14 @@ def test_inference_dispatch_takes_onednn_between_few_and_many_rows(monkeypatch):
         assert big.choose_mode(2049) == "materialized"
         assert PHMLinear(4096, 4096, 2).choose_mode(1) == "structured"  # rows·n < 4
         monkeypatch.setattr(PHMLinear, "ONEDNN_MIN_WEIGHT", 0)  # what a user who wants the speed sets
-        assert widening.choose_mode(64) == "premixed"  # its own rows
-        assert widening.choose_mode(65) == "onednn" and widening.choose_mode(192) == "onednn"  # 192·4 = 2·384
+        assert widening.choose_mode(128) == "premixed"  # its own rows
+        assert widening.choose_mode(129) == "onednn" and widening.choose_mode(192) == "onednn"  # 192·4 = 2·384
         assert widening.choose_mode(193) == "materialized"
         assert narrowing.choose_mode(14) == "structured"  # 14 · 589,824 < 2^23
         assert narrowing.choose_mode(15) == "onednn" and narrowing.choose_mode(768) == "onednn"  # 768·4 = 2·1536
         assert narrowing.choose_mode(769) == "materialized"
-        assert square.choose_mode(64) == "premixed" and square.choose_mode(65) == "onednn"
+        assert square.choose_mode(56) == "structured"  # 56 · 147,456 < 2^23: too little work for oneDNN
+        assert square.choose_mode(57) == "onednn"  # the structured product, on oneDNN
         square.cache_dense = True
         assert square.choose_mode(100) == "cached"  # the cache, when asked for, is never bypassed
     assert square.choose_mode(100) == "materialized"  # weight gradients: the training rule
@@ -396,7 +402,8 @@ def test_inference_dispatch_takes_onednn_between_few_and_many_rows(monkeypatch):
             assert narrowing.choose_mode(20) == "structured"  # oneDNN switched off by the user
 
 
-@pytest.mark.parametrize("rows, shape, path", [(1, (384, 384), "premixed"), (1, (1536, 384), "structured"),
+@pytest.mark.parametrize("rows, shape, path", [(1, (384, 1536), "premixed"), (1, (384, 384), "structured"),
+                                               (1, (1536, 384), "structured"),
                                                (200, (384, 384), "materialized"), (16, (1024, 1024), "onednn"),
                                                (37, (2048, 1024), "onednn")])
 def test_default_inference_holds_no_dense_copy(rows, shape, path):
@@ -551,9 +558,9 @@ def test_shared_weights_keeps_the_paths_that_never_form_h():
         assert layer.choose_mode(1024) == "materialized"
         with shared_weights(layer, 1024):
             torch.testing.assert_close(layer._shared_weight, layer.dense_weight())
-    small = PHMLinear(384, 384, 4).eval()  # the pre-mixed path at up to 64 rows: no H either
-    with torch.no_grad(), shared_weights(small, 64):
-        assert small.choose_mode(64) == "premixed" and small._shared_weight is None
+    small = PHMLinear(384, 1536, 4).eval()  # the pre-mixed path at up to 128 rows: no H either
+    with torch.no_grad(), shared_weights(small, 128):
+        assert small.choose_mode(128) == "premixed" and small._shared_weight is None
 
 
 # ---------------------------------------------------------------- the reused buffer for H formed per call

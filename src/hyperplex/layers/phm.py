@@ -275,20 +275,21 @@ class PHMLinear(nn.Module):
     #: stack of MiniLM's 36 layer shapes (/proc-cold, one thread): at 12 rows the structured path
     #: was 0.65–0.85× the per-call materialised one for n = 4, 8; at 48 rows and more it was slower.
     WEIGHT_PER_ROW_UNCACHED = 2 ** 14
-    #: In inference without the cache, a weight of fewer than ``PREMIXED_WEIGHT`` elements (4 MiB in fp32)
-    #: with at least as many outputs as inputs (``k ≥ d``) takes the pre-mixed path for up to
-    #: ``PREMIXED_ROW_LIMIT`` rows: its one GEMM of reduction length ``d`` beat both the structured path
-    #: (``n²`` products of length ``d/n``) and forming ``H`` per call. Measured per layer, warm, one thread,
-    #: quiet machine (2026-11-25), time × dense at 16 rows for n = 2 / 4 / 8: 384×1536 (d × k) premixed
-    #: 1.45 / 1.10 / 1.32 against structured 3.17 / 2.03 / 3.90; 384² 2.54 / 1.79 / 2.76 against 3.32 /
-    #: 2.50 / 3.93; 1024² (n = 4) 0.86 against 0.97. A narrowing layer (1536×384, ``k < d``) is the other
-    #: way round — structured 1.50 / 1.38 / 1.65 against premixed 1.97 / 1.67 / 1.84 — so it keeps the
-    #: structured rule. Larger weights keep it too: the side-by-side copy of the ``Sᵢ`` would be read and
-    #: written on every call, tripling the weight traffic that the few-row regime is bound by. 1024² itself
-    #: (2^20) was in until 2026-11-27: on a stack of such layers (cold, 2 threads) the pre-mixed path took 1.2–2.4×
-    #: the structured one at one row for n = 2–16, and from 8 rows on oneDNN beats both.
-    PREMIXED_WEIGHT = 2 ** 20
-    PREMIXED_ROW_LIMIT = 64
+    #: In inference without the cache, a weight of fewer than ``SMALL_WEIGHT`` elements (4 MiB in fp32) takes, for up
+    #: to ``SMALL_WEIGHT_ROW_LIMIT`` rows, the pre-mixed path if it widens (``k > d``: one GEMM of reduction length
+    #: ``d`` against the ``Sᵢ`` side by side) and the structured path otherwise (square or narrowing). Measured with
+    #: ``benchmarks/bench_paths.py`` on MiniLM's shapes (2026-11-27, one thread, 6-layer stacks, n = 2 / 4 / 8, time ×
+    #: dense), after the structured product went input-first and the per-call ``H`` got its block columns:
+    #: 384 → 1536 pre-mixed 0.57–0.68 at 16 rows, 0.91–0.94 at 96 and 0.95–1.01 at 128 (forming ``H`` 1.03–1.16
+    #: there); 384² structured 0.72–0.86 at 16 rows against pre-mixed 0.84–0.89, and 1.08–1.23 at 128 against forming
+    #: ``H`` 1.16–1.36; 1536 → 384 structured 0.69–0.90 at 16 rows and 1.02–1.10 at 128 (forming ``H`` 1.12–1.19). At
+    #: 192 rows the best and the next path were within 0.01–0.10 of each other, and from 256 rows (n = 4) forming ``H``
+    #: won on all three shapes. Before that day this rule was the pre-mixed path for
+    #: ``k ≥ d`` up to 64 rows, and the structured path only to ``k·d / 2^14`` rows (36 on 1536 → 384). Larger weights
+    #: keep the general rules: the side-by-side copy of the ``Sᵢ`` would be read and written on every call, and from
+    #: 2^20 on oneDNN runs the structured product faster.
+    SMALL_WEIGHT = 2 ** 20
+    SMALL_WEIGHT_ROW_LIMIT = 128
     #: In inference without the cache (CPU, float32, no gradient), ``auto`` runs the structured product on oneDNN
     #: (:func:`~hyperplex.layers.functional.phm_linear_onednn`) on weights of at least ``ONEDNN_MIN_WEIGHT`` elements
     #: where ``ONEDNN_MIN_ROWS_N ≤ rows·n ≤ ONEDNN_ROWS_PER_INPUT · d`` and ``rows · k·d ≥ ONEDNN_MIN_WORK``, except
@@ -297,8 +298,8 @@ class PHMLinear(nn.Module):
     #: structured, pre-mixed and per-call materialised paths on stacks of 1024² and 4096² layers (n = 2–16, 1 and 2
     #: threads; at 4096² by 1.3–2.0× over the next best at 4–256 rows). Beyond ``rows·n = 2d`` forming ``H`` wins:
     #: the partial products (``rows·n·k`` numbers) and the mixing (``n²/d`` of the product's work) grow with ``n``.
-    #: On MiniLM's smaller shapes oneDNN wins too from about 16 rows (after the pre-mixed path's 64 on its square and
-    #: widening layers), but they stay off it for memory: with oneDNN, its code, kernels and caches took 10–15 MB of
+    #: On MiniLM's smaller shapes oneDNN won too from about 16 rows (measured before the rule for small weights above
+    #: took its present form), but they stay off it for memory: with oneDNN, its code, kernels and caches took 10–15 MB of
     #: a PHM n = 4 MiniLM's 32 MB saving (memory in use after encoding, fresh processes) and half of it at peak, for
     #: 1.0–1.1× of the teacher's speed at batch 32 (0.8–1.1× without). Set ``ONEDNN_MIN_WEIGHT = 0`` on the class (or
     #: ``forward_mode="onednn"`` on a layer) to trade that memory for the speed. Measured 2026-11-27
@@ -330,9 +331,8 @@ class PHMLinear(nn.Module):
             # (or reusing the cached H, which costs nothing to form) beats the structured path's
             # n² mixing.
             weight = self.in_features * self.out_features
-            if (inference and not cacheable and weight < self.PREMIXED_WEIGHT and rows <= self.PREMIXED_ROW_LIMIT
-                    and self.out_features >= self.in_features):
-                mode = "premixed"
+            if inference and not cacheable and weight < self.SMALL_WEIGHT and rows <= self.SMALL_WEIGHT_ROW_LIMIT:
+                mode = "premixed" if self.out_features > self.in_features else "structured"
             else:
                 if cacheable:
                     limit, per_row = self.STRUCTURED_ROW_LIMIT_INFERENCE, self.WEIGHT_PER_ROW_INFERENCE

@@ -1,0 +1,95 @@
+"""Every inference path of ``PHMLinear`` on one shape, forced, against ``nn.Linear``: which one ``auto`` should take.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_paths.py --threads 1 --ns 2 4 8 \\
+        --rows 16 48 96 128 192          # MiniLM's shapes (the default --shapes)
+
+For each shape ``D×K`` (in × out features), ``n`` and row count: a stack of ``--layers`` distinct layers (eval
+mode, no ``cache_dense``) run under ``torch.inference_mode()`` with ``forward_mode`` set to ``premixed``,
+``structured`` and ``materialized`` in turn (``materialized`` forms ``H`` for the call: whole, or one block column
+at a time where :func:`hyperplex.layers.functional.takes_blocked` says so), and a stack of ``nn.Linear`` layers.
+Rounds are interleaved with the order rotating; a ratio is the median over rounds of the path's time / the dense
+stack's in the same round. The table marks the fastest path and the one ``auto`` takes (``choose_mode``). oneDNN
+and the compiled kernel are not timed here (``benchmarks/bench_phm.py`` does, on larger layers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hyperplex.layers import PHMLinear
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark, run as a script or loaded by path
+from bench_formation import MINILM_SHAPES, parse_shape  # noqa: E402
+
+PATHS = ("premixed", "structured", "materialized")
+
+
+def measure(d: int, k: int, n: int, rows: int, layers: int, rounds: int) -> dict:
+    """Each path's ratio to dense, the fastest path and ``auto``'s choice, for one shape, ``n`` and row count."""
+    torch.manual_seed(0)
+    dense = [torch.nn.Linear(d, k) for _ in range(layers)]
+    phm = [PHMLinear(d, k, n=n).eval() for _ in range(layers)]
+    x = torch.randn(rows, d)
+    names = ("dense",) + PATHS
+    times = {name: [] for name in names}
+    with torch.inference_mode():
+        auto = phm[0].choose_mode(rows)
+        try:
+            for r in range(rounds):
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    for layer in phm:
+                        layer.forward_mode = "auto" if name == "dense" else name
+                    stack = dense if name == "dense" else phm
+                    start = time.perf_counter()
+                    for layer in stack:
+                        layer(x)
+                    times[name].append(time.perf_counter() - start)
+        finally:
+            for layer in phm:
+                layer.forward_mode = "auto"
+    result = {name: statistics.median(t / base for t, base in zip(times[name], times["dense"])) for name in PATHS}
+    result.update(dense_ms=statistics.median(times["dense"]) * 1e3 / layers, fastest=min(PATHS, key=result.get),
+                  auto=auto)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", type=parse_shape, nargs="+", default=[parse_shape(s) for s in MINILM_SHAPES],
+                        metavar="DxK", help=f"in x out features (default MiniLM's: {' '.join(MINILM_SHAPES)})")
+    parser.add_argument("--ns", type=int, nargs="+", default=[4], help="PHM n (default 4)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[16, 48, 96, 128, 192], help="input rows")
+    parser.add_argument("--layers", type=int, default=6, help="distinct layers per stack (default 6)")
+    parser.add_argument("--rounds", type=int, default=21, help="interleaved rounds (default 21)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if min(args.ns + args.rows + [args.layers, args.rounds]) < 1:
+        parser.error("--ns, --rows, --layers and --rounds must be positive")
+    for d, k in args.shapes:
+        for n in args.ns:
+            if n < 2 or d % n or k % n:
+                parser.error(f"n = {n} must be at least 2 and divide both features of {d}x{k}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"# bench_paths — torch {torch.__version__}, {torch.get_num_threads()} thread(s); {args.layers} layers, "
+          f"{args.rounds} rounds; ratios = time / dense, inference, no cache")
+    print("| D×K | n | rows | dense ms/layer | premixed × | structured × | materialized × | fastest | auto |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---|")
+    results = {}
+    for d, k in args.shapes:
+        for n in args.ns:
+            for rows in args.rows:
+                r = results[(d, k, n, rows)] = measure(d, k, n, rows, args.layers, args.rounds)
+                print(f"| {d}×{k} | {n} | {rows} | {r['dense_ms']:.2f} | "
+                      + " | ".join(f"{r[p]:.2f}" for p in PATHS) + f" | {r['fastest']} | {r['auto']} |", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -87,13 +87,14 @@ def measure(d: int, k: int, n: int, rows: int, layers: int, rounds: int) -> dict
     return result
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_grid(argv: list[str] | None, doc: str, ns: list[int], rows: list[int], rows_help: str) -> argparse.Namespace:
+    """The shape × n × rows grid of this benchmark and of ``bench_paths.py``: parsed, checked (every ``n`` divides
+    both features of every shape) and the thread count set."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--shapes", type=parse_shape, nargs="+", default=[parse_shape(s) for s in MINILM_SHAPES],
                         metavar="DxK", help=f"in x out features (default MiniLM's: {' '.join(MINILM_SHAPES)})")
-    parser.add_argument("--ns", type=int, nargs="+", default=[2, 4, 8], help="PHM n (default 2 4 8)")
-    parser.add_argument("--rows", type=int, nargs="+", default=[160, 640, 1280],
-                        help="input rows (default 160 640 1280: MiniLM at batch 8 to 64)")
+    parser.add_argument("--ns", type=int, nargs="+", default=ns, help=f"PHM n (default {' '.join(map(str, ns))})")
+    parser.add_argument("--rows", type=int, nargs="+", default=rows, help=rows_help)
     parser.add_argument("--layers", type=int, default=6, help="distinct layers per stack (default 6)")
     parser.add_argument("--rounds", type=int, default=21, help="interleaved rounds (default 21)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -106,6 +107,12 @@ def main(argv: list[str] | None = None) -> dict:
                 parser.error(f"n = {n} must be at least 2 and divide both features of {d}x{k}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_grid(argv, __doc__, ns=[2, 4, 8], rows=[160, 640, 1280],
+                      rows_help="input rows (default 160 640 1280: MiniLM at batch 8 to 64)")
     print(f"# bench_formation — torch {torch.__version__}, {torch.get_num_threads()} thread(s); BLOCKED_MIN_COLUMNS = "
           f"{functional.BLOCKED_MIN_COLUMNS}, BLOCKED_MAX_WEIGHT = {functional.BLOCKED_MAX_WEIGHT}; {args.layers} layers, "
           f"{args.rounds} rounds; ratios = time / dense (both forms with a reused buffer)")

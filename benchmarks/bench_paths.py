@@ -14,7 +14,6 @@ and the compiled kernel are not timed here (``benchmarks/bench_phm.py`` does, on
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ import torch
 from hyperplex.layers import PHMLinear
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark, run as a script or loaded by path
-from bench_formation import MINILM_SHAPES, parse_shape  # noqa: E402
+from bench_formation import parse_grid  # noqa: E402
 
 PATHS = ("premixed", "structured", "materialized")
 
@@ -60,23 +59,8 @@ def measure(d: int, k: int, n: int, rows: int, layers: int, rounds: int) -> dict
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", type=parse_shape, nargs="+", default=[parse_shape(s) for s in MINILM_SHAPES],
-                        metavar="DxK", help=f"in x out features (default MiniLM's: {' '.join(MINILM_SHAPES)})")
-    parser.add_argument("--ns", type=int, nargs="+", default=[4], help="PHM n (default 4)")
-    parser.add_argument("--rows", type=int, nargs="+", default=[16, 48, 96, 128, 192], help="input rows")
-    parser.add_argument("--layers", type=int, default=6, help="distinct layers per stack (default 6)")
-    parser.add_argument("--rounds", type=int, default=21, help="interleaved rounds (default 21)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    args = parser.parse_args(argv)
-    if min(args.ns + args.rows + [args.layers, args.rounds]) < 1:
-        parser.error("--ns, --rows, --layers and --rounds must be positive")
-    for d, k in args.shapes:
-        for n in args.ns:
-            if n < 2 or d % n or k % n:
-                parser.error(f"n = {n} must be at least 2 and divide both features of {d}x{k}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse_grid(argv, __doc__, ns=[4], rows=[16, 48, 96, 128, 192],
+                      rows_help="input rows (default 16 48 96 128 192)")
     print(f"# bench_paths — torch {torch.__version__}, {torch.get_num_threads()} thread(s); {args.layers} layers, "
           f"{args.rounds} rounds; ratios = time / dense, inference, no cache")
     print("| D×K | n | rows | dense ms/layer | premixed × | structured × | materialized × | fastest | auto |")

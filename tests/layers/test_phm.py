@@ -620,6 +620,25 @@ def test_wide_block_columns_form_h_one_block_column_at_a_time(fresh_buffers, mon
     assert formation_buffer_bytes() == 24 * 32 * 4
 
 
+def test_block_columns_step_aside_under_autocast_and_for_another_input_dtype(fresh_buffers, monkeypatch):
+    from hyperplex.layers import functional
+
+    monkeypatch.setattr(functional, "BLOCKED_MIN_COLUMNS", 8)
+    layer = _materialized_layer(32, 24, n=4, seed=6)
+    x = torch.randn(2, 9, 32)
+    with torch.inference_mode():
+        want = layer(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # F.linear on the whole H casts, as before
+            got = layer(x)
+        with pytest.raises(RuntimeError):  # another input dtype: F.linear's own error, as without block columns
+            layer(x.double())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(ValueError, match="autocast"):
+            functional.phm_linear_blocked(x, layer.phm_rule, layer.phm_weight)
+
+
 def test_buffer_is_not_used_where_autograd_records(fresh_buffers):
     from hyperplex.layers.functional import formation_buffer_bytes
 

@@ -209,7 +209,7 @@ def phm_linear_blocked(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | N
     given (a contiguous tensor of at least ``k·d/n`` elements of the factors' dtype and device, e.g. from
     :func:`formation_buffer`), else in one tensor for the call. The same sums as ``F.linear(x, H, b)`` in another
     order (equal up to float rounding). Raises :class:`ValueError` where a gradient would be recorded or operations
-    are being recorded (the block is overwritten from one column to the next)."""
+    are being recorded (the block is overwritten from one column to the next), and under autocast."""
     n, k_n, d_n = _sizes(rule, weight)
     k, d = n * k_n, n * d_n
     if ((torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, rule, weight, bias)))
@@ -218,6 +218,9 @@ def phm_linear_blocked(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | N
                          "(torch.no_grad() or torch.inference_mode(), outside torch.compile, tracing and ONNX export)")
     if x.shape[-1] != d:
         raise ValueError(f"expected input with last dimension {d}, got shape {tuple(x.shape)}")
+    if torch.is_autocast_enabled(x.device.type):
+        raise ValueError("phm_linear_blocked does not run under autocast (its products write into float buffers); "
+                         "PHMLinear forms H whole there and lets F.linear cast")
     if buffer is None:
         block = torch.empty(k, d_n, dtype=weight.dtype, device=weight.device)
     elif (not buffer.is_contiguous() or buffer.numel() < k * d_n or buffer.dtype != weight.dtype

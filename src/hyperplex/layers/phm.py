@@ -381,7 +381,8 @@ class PHMLinear(nn.Module):
             # H for this call only, used at once and saved by nothing: formed into the thread's reused buffer
             # (no fresh allocation to page-fault in on every call; functional.formation_buffer) — one block column
             # (k × d/n) at a time on small layers whose block columns are wide enough (functional.takes_blocked)
-            if functional.takes_blocked(self.out_features, self.in_features, self.n):
+            if (functional.takes_blocked(self.out_features, self.in_features, self.n)
+                    and input.dtype == self.phm_weight.dtype and not torch.is_autocast_enabled(input.device.type)):
                 buffer = formation_buffer(self.out_features * self.in_features // self.n, self.phm_weight.dtype,
                                           self.phm_weight.device)
                 return phm_linear_blocked(input, self.phm_rule, self.phm_weight, self.bias, buffer=buffer)

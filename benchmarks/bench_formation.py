@@ -63,6 +63,26 @@ def forms(layers: list[PHMLinear]) -> dict:
     return {"whole": run_whole, "blocked": run_blocked}
 
 
+def ratios_to_dense(runs: dict, rounds: int, layers: int, prepare=None) -> dict:
+    """Time the callables of ``runs`` (one of them named ``"dense"``) in ``rounds`` interleaved rounds, the order
+    rotating; ``prepare(name)``, if given, runs before each one untimed. Returns ``dense_ms`` (per layer of a stack of
+    ``layers``) and, for every other run, the median over rounds of its time / the dense time of the same round."""
+    names = list(runs)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if prepare is not None:
+                prepare(name)
+            start = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - start)
+    result = {"dense_ms": statistics.median(times["dense"]) * 1e3 / layers}
+    for name in names:
+        if name != "dense":
+            result[name] = statistics.median(t / base for t, base in zip(times[name], times["dense"]))
+    return result
+
+
 def measure(d: int, k: int, n: int, rows: int, layers: int, rounds: int) -> dict:
     """Per-layer dense time (ms) and each form's ratio to it for one shape, ``n`` and row count."""
     torch.manual_seed(0)
@@ -73,16 +93,7 @@ def measure(d: int, k: int, n: int, rows: int, layers: int, rounds: int) -> dict
         runs = {"dense": lambda t: [layer(t) for layer in dense], **forms(phm)}
         whole, blocked = runs["whole"](x)[-1].clone(), runs["blocked"](x)[-1]
         torch.testing.assert_close(blocked, whole, rtol=1e-4, atol=1e-4)  # the same sums in another order
-        times = {name: [] for name in runs}
-        for r in range(rounds):
-            names = list(runs)[r % 3:] + list(runs)[:r % 3]
-            for name in names:
-                start = time.perf_counter()
-                runs[name](x)
-                times[name].append(time.perf_counter() - start)
-    result = {"dense_ms": statistics.median(times["dense"]) * 1e3 / layers}
-    for name in ("whole", "blocked"):
-        result[name] = statistics.median(t / base for t, base in zip(times[name], times["dense"]))
+        result = ratios_to_dense({name: (lambda run=run: run(x)) for name, run in runs.items()}, rounds, layers)
     result["takes"] = "blocked" if functional.takes_blocked(k, d, n) else "whole"
     return result
 
@@ -118,13 +129,20 @@ def main(argv: list[str] | None = None) -> dict:
           f"{args.rounds} rounds; ratios = time / dense (both forms with a reused buffer)")
     print("| D×K | n | d/n | rows | dense ms/layer | whole × | blocked × | PHMLinear takes |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
+    return run_grid(args, measure, lambda d, k, n, rows, r: (
+        f"| {d}×{k} | {n} | {d // n} | {rows} | {r['dense_ms']:.2f} | {r['whole']:.3f} | {r['blocked']:.3f} | "
+        f"{r['takes']} |"))
+
+
+def run_grid(args: argparse.Namespace, measure, line) -> dict:
+    """``measure(d, k, n, rows, layers, rounds)`` at every point of the grid, each printed as ``line(d, k, n, rows,
+    result)`` as soon as it is measured; returns ``{(d, k, n, rows): result}``."""
     results = {}
     for d, k in args.shapes:
         for n in args.ns:
             for rows in args.rows:
-                r = results[(d, k, n, rows)] = measure(d, k, n, rows, args.layers, args.rounds)
-                print(f"| {d}×{k} | {n} | {d // n} | {rows} | {r['dense_ms']:.2f} | {r['whole']:.3f} | "
-                      f"{r['blocked']:.3f} | {r['takes']} |", flush=True)
+                result = results[(d, k, n, rows)] = measure(d, k, n, rows, args.layers, args.rounds)
+                print(line(d, k, n, rows, result), flush=True)
     return results
 
 

@@ -14,9 +14,7 @@ and the compiled kernel are not timed here (``benchmarks/bench_phm.py`` does, on
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,7 +22,7 @@ import torch
 from hyperplex.layers import PHMLinear
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark, run as a script or loaded by path
-from bench_formation import parse_grid  # noqa: E402
+from bench_formation import parse_grid, ratios_to_dense, run_grid  # noqa: E402
 
 PATHS = ("premixed", "structured", "materialized")
 
@@ -35,26 +33,20 @@ def measure(d: int, k: int, n: int, rows: int, layers: int, rounds: int) -> dict
     dense = [torch.nn.Linear(d, k) for _ in range(layers)]
     phm = [PHMLinear(d, k, n=n).eval() for _ in range(layers)]
     x = torch.randn(rows, d)
-    names = ("dense",) + PATHS
-    times = {name: [] for name in names}
+    stacks = {"dense": dense, **{path: phm for path in PATHS}}
+
+    def prepare(name):
+        for layer in phm:
+            layer.forward_mode = "auto" if name == "dense" else name
+
     with torch.inference_mode():
         auto = phm[0].choose_mode(rows)
         try:
-            for r in range(rounds):
-                for name in names[r % len(names):] + names[:r % len(names)]:
-                    for layer in phm:
-                        layer.forward_mode = "auto" if name == "dense" else name
-                    stack = dense if name == "dense" else phm
-                    start = time.perf_counter()
-                    for layer in stack:
-                        layer(x)
-                    times[name].append(time.perf_counter() - start)
+            result = ratios_to_dense({name: (lambda stack=stack: [layer(x) for layer in stack])
+                                      for name, stack in stacks.items()}, rounds, layers, prepare)
         finally:
-            for layer in phm:
-                layer.forward_mode = "auto"
-    result = {name: statistics.median(t / base for t, base in zip(times[name], times["dense"])) for name in PATHS}
-    result.update(dense_ms=statistics.median(times["dense"]) * 1e3 / layers, fastest=min(PATHS, key=result.get),
-                  auto=auto)
+            prepare("dense")
+    result.update(fastest=min(PATHS, key=result.get), auto=auto)
     return result
 
 
@@ -65,14 +57,9 @@ def main(argv: list[str] | None = None) -> dict:
           f"{args.rounds} rounds; ratios = time / dense, inference, no cache")
     print("| D×K | n | rows | dense ms/layer | premixed × | structured × | materialized × | fastest | auto |")
     print("|---|---:|---:|---:|---:|---:|---:|---|---|")
-    results = {}
-    for d, k in args.shapes:
-        for n in args.ns:
-            for rows in args.rows:
-                r = results[(d, k, n, rows)] = measure(d, k, n, rows, args.layers, args.rounds)
-                print(f"| {d}×{k} | {n} | {rows} | {r['dense_ms']:.2f} | "
-                      + " | ".join(f"{r[p]:.2f}" for p in PATHS) + f" | {r['fastest']} | {r['auto']} |", flush=True)
-    return results
+    return run_grid(args, measure, lambda d, k, n, rows, r: (
+        f"| {d}×{k} | {n} | {rows} | {r['dense_ms']:.2f} | " + " | ".join(f"{r[p]:.2f}" for p in PATHS)
+        + f" | {r['fastest']} | {r['auto']} |"))
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.algebra import ALGEBRAS, algebra_rule
-from hyperplex.layers import functional, native
+from hyperplex.layers import native
 from hyperplex.layers.functional import (
     formation_buffer, materialize_weight, onednn_available, phm_linear_blocked, phm_linear_onednn,
-    phm_linear_premixed, phm_linear_structured, recording_operations, signed_permutation,
+    phm_linear_premixed, phm_linear_structured, recording_operations, signed_permutation, takes_blocked,
 )
 
 __all__ = ["PHMLinear", "phm_parameter_count", "shared_weights", "FORWARD_MODES", "cache_dense_weights",
@@ -380,8 +380,8 @@ class PHMLinear(nn.Module):
         if mode == "materialized" and not torch.is_grad_enabled() and not recording_operations():
             # H for this call only, used at once and saved by nothing: formed into the thread's reused buffer
             # (no fresh allocation to page-fault in on every call; functional.formation_buffer) — one block column
-            # (k × d/n) at a time on small layers whose block columns are wide enough (functional.takes_blocked)
-            if (functional.takes_blocked(self.out_features, self.in_features, self.n)
+            # (k × d/n) at a time on small layers whose block columns are wide enough (takes_blocked)
+            if (takes_blocked(self.out_features, self.in_features, self.n)
                     and input.dtype == self.phm_weight.dtype and not torch.is_autocast_enabled(input.device.type)):
                 buffer = formation_buffer(self.out_features * self.in_features // self.n, self.phm_weight.dtype,
                                           self.phm_weight.device)

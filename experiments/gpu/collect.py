@@ -1,0 +1,108 @@
+"""Summarise and pack one converge.sh call: a line per model, the records, the logs, resumable runs.
+
+Used by ``experiments/gpu/converge.sh``; see its header. Writes at most four files into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import platform
+import tarfile
+from pathlib import Path
+
+import torch
+
+RETURN_LIMIT = 16 * 2**20  # the largest file a device call brings back
+RESUME_FILES = ("last.safetensors", "config.yaml", "experiment.json", "train.log", "metrics.csv")
+
+
+def _best_bleu(metrics: Path) -> tuple[int, float | None]:
+    """Last training step and best validation BLEU so far from a model's ``metrics.csv``."""
+    step, best = 0, None
+    if not metrics.is_file():
+        return step, best
+    with metrics.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            step = max(step, int(row["step"]))
+            if row["split"] == "validation" and row["name"] == "bleu":
+                best = max(best or float("-inf"), float(row["value"]))
+    return step, best
+
+
+def _seconds(run: Path) -> float:
+    import json
+
+    path = run / "experiment.json"
+    if not path.is_file():
+        return 0.0
+    return sum(segment.get("seconds") or 0.0 for segment in json.loads(path.read_text()).get("segments", []))
+
+
+def _header(device: str) -> str:
+    card = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else "cpu"
+    driver = ""
+    if device == "cuda":
+        import subprocess
+
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        driver = subprocess.run(query, capture_output=True, text=True).stdout.strip()
+    return (f"# device {card}; driver {driver or '-'}; torch {torch.__version__}; CUDA {torch.version.cuda}; "
+            f"python {platform.python_version()}")
+
+
+def _pack(target: Path, root: Path, members: list[Path]) -> None:
+    with tarfile.open(target, "w:gz") as tar:
+        for path in members:
+            tar.add(path, arcname=str(path.relative_to(root)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plan-name", required=True)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("models", nargs="+", help="ROW:SEED")
+    args = parser.parse_args(argv)
+    runs, records = args.work / "runs" / args.plan_name, args.work / "records" / args.plan_name
+    lines, unfinished = [_header(args.device), "model\tstatus\tsteps\tbest_val_bleu\tseconds"], []
+    for model in args.models:
+        row, seed = model.split(":")
+        run, record = runs / row / f"seed{seed}", records / row / f"seed{seed}"
+        if (record / "record.json").is_file():
+            status = "finished"
+        elif (run / "last.safetensors").is_file():
+            status = "unfinished"
+            unfinished.append(run)
+        else:
+            status = "failed"
+        step, best = _best_bleu((record if status == "finished" else run) / "metrics.csv")
+        seconds = _seconds(record if status == "finished" else run)
+        lines.append(f"{row}:{seed}\t{status}\t{step}\t{'-' if best is None else f'{best:.2f}'}\t{seconds:.0f}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if records.is_dir():
+        _pack(args.out / f"records-{args.plan_name}.tar.gz", args.work / "records", [records])
+    logs = args.work / "logs"
+    if logs.is_dir():
+        _pack(args.out / "logs.tar.gz", args.work, [logs])
+    if unfinished:
+        members = [run / name for run in unfinished for name in RESUME_FILES if (run / name).is_file()]
+        members += [p for run in unfinished for p in run.iterdir() if p.name.startswith(("src", "tgt", "vocab"))]
+        resume = args.out / f"resume-{args.plan_name}.tar.gz"
+        _pack(resume, runs, members)
+        if resume.stat().st_size > RETURN_LIMIT:
+            resume.unlink()
+            lines.append(f"# {len(unfinished)} unfinished model(s): their resumable state is over the 16 MiB a "
+                         "returned file may have, so they restart from the beginning in the next call")
+        else:
+            lines.append(f"# resume-{args.plan_name}.tar.gz holds {len(unfinished)} unfinished model(s): carry it "
+                         "back as .gpu_resume/ to resume them")
+    text = "\n".join(lines) + "\n"
+    (args.out / "converge-summary.txt").write_text(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

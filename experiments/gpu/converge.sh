@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Train several models of a convergence plan side by side on one GPU within one device call.
+#
+#   bash experiments/gpu/converge.sh --plan experiments/multi30k_converged.yaml \
+#        --models "small_transformer:1 small_phm4:1 small_lowrank4:1" [--budget-s 480] \
+#        [--data .gpu_data] [--device cuda] [--work /tmp/hyperplex-converge]
+#
+# Small models leave most of a GPU idle, so each model is its own `hyperplex experiment` process
+# (--rows ROW --seeds SEED --resume --evaluate-each --records ...), all started at once. Each gets
+# `timeout -s TERM` at the budget: the trainer saves a resumable last checkpoint on SIGTERM, so a model
+# that does not finish in time is checkpointed, not lost. At the end, under $OUT (at most 5 files):
+#   converge-summary.txt   one line per model: finished / unfinished / failed, steps, best validation BLEU,
+#                          wall seconds; the device, driver and torch version in its header
+#   records-PLAN.tar.gz    the records of every finished model (experiments/records/PLAN/ROW/seedK:
+#                          config, logs, metrics, beam-5 evaluation; no checkpoint), to unpack into the repo
+#   logs.tar.gz            every process's output
+#   resume-PLAN.tar.gz     the unfinished models' folders (last checkpoint, tokenizer, logs), only while it
+#                          stays under the 16 MiB a returned file may have; carry it back as
+#                          .gpu_resume/resume-PLAN.tar.gz and the next call resumes those models. A small
+#                          model's resumable state (weights + Adam moments) is larger than that, so size
+#                          --models and --budget-s for models to finish in one call.
+# The data travels with the call: copy the plan's data folders into .gpu_data/ (git-ignored) and carry it.
+# Dry run on the CPU:  bash experiments/gpu/converge.sh --device cpu --budget-s 60 --models "small_phm4:1" ...
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+plan=""; models=""; budget=480; data=".gpu_data"; device="cuda"; work="/tmp/hyperplex-converge"
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --plan) plan=$2; shift 2 ;;
+        --models) models=$2; shift 2 ;;
+        --budget-s) budget=$2; shift 2 ;;
+        --data) data=$2; shift 2 ;;
+        --device) device=$2; shift 2 ;;
+        --work) work=$2; shift 2 ;;
+        -h|--help) sed -n 2,25p "$0"; exit 0 ;;
+        *) echo "converge.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+[[ -f $plan ]] || { echo "converge.sh: --plan: no such file '$plan'" >&2; exit 2; }
+[[ -n $models ]] || { echo "converge.sh: --models 'ROW:SEED ...' is required" >&2; exit 2; }
+[[ $budget =~ ^[0-9]+$ && $budget -ge 30 ]] || { echo "converge.sh: --budget-s must be a whole number of seconds ≥ 30, got '$budget'" >&2; exit 2; }
+[[ -d $data ]] || { echo "converge.sh: --data: no folder '$data' (copy the plan's data folders there and carry it)" >&2; exit 2; }
+python=${HYPERPLEX_PYTHON:-python3}
+out=${OUT:-/tmp/hyperplex-converge-out}
+plan_name=$(basename "$plan" .yaml)
+mkdir -p "$work/logs" "$out"
+export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 HYPERPLEX_DATA="$PWD/$data"
+if [[ $device == cuda ]] && ! "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "converge.sh: --device cuda but torch sees no GPU here (use --device cpu for a dry run)" >&2; exit 2
+fi
+for m in $models; do
+    [[ $m =~ ^[A-Za-z0-9_.+-]+:[0-9]+$ ]] || { echo "converge.sh: '$m' is not ROW:SEED" >&2; exit 2; }
+done
+# every model of the call is validated against the plan before anything trains
+rows=$(for m in $models; do echo "${m%%:*}"; done | sort -u | paste -sd,)
+"$python" -m hyperplex experiment "$plan" --rows "$rows" --dry-run --out "$work/runs/$plan_name" > "$work/logs/validate.log" 2>&1 \
+    || { cat "$work/logs/validate.log" >&2; echo "converge.sh: the plan does not validate" >&2; exit 2; }
+if [[ -f .gpu_resume/resume-$plan_name.tar.gz ]]; then
+    mkdir -p "$work/runs/$plan_name" && tar -xzf ".gpu_resume/resume-$plan_name.tar.gz" -C "$work/runs/$plan_name"
+    echo "converge.sh: resuming the models in .gpu_resume/resume-$plan_name.tar.gz"
+fi
+threads=$(( $(nproc) / $(wc -w <<< "$models") )); (( threads < 1 )) && threads=1
+start=$(date +%s)
+pids=()
+for m in $models; do
+    row=${m%%:*}; seed=${m##*:}
+    timeout -s TERM -k 60 "$budget" "$python" -m hyperplex experiment "$plan" --rows "$row" --seeds "$seed" \
+        --resume --evaluate-each --no-report --records "$work/records/$plan_name" --out "$work/runs/$plan_name" \
+        --override=--training.device="$device" --override=--training.num_threads="$threads" \
+        > "$work/logs/$row-seed$seed.log" 2>&1 &
+    pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+echo "converge.sh: all processes ended after $(( $(date +%s) - start )) s"
+"$python" experiments/gpu/collect.py --plan-name "$plan_name" --work "$work" --out "$out" --device "$device" $models

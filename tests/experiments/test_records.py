@@ -76,3 +76,43 @@ def test_a_second_report_leaves_an_unchanged_record_as_it_is(tmp_path, write_pla
     assert main([str(plan), "--out", str(out), "--seeds", "1", "--report-only", "--records", str(records)]) == 0
     assert json.loads((record / "evaluation-dense.json").read_text()) == saved
     assert json.loads((record / "record.json").read_text())["written"] != "2000-01-01T00:00:00"
+
+
+def test_a_records_folder_of_another_plan_is_refused_and_left_as_it_was(tmp_path, capsys, write_plan):
+    # rows of the same name in two plans would otherwise mix their records and overwrite results.json
+    plan = write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml",
+                                        "overrides": ["--model.linear.kind=dense"]}])
+    out, records = tmp_path / "out", tmp_path / "records"
+    assert main([str(plan), "--out", str(out), "--seeds", "1", "--no-report", "--evaluate-each",
+                 "--records", str(records)]) == 0
+    assert json.loads((records / "plan.json").read_text()) == {"plan": "tiny_plan"}
+    (tmp_path / "other").mkdir()
+    other = write_plan(tmp_path / "other", rows=[{"name": "dense", "config": "tiny.yaml",
+                                                   "overrides": ["--model.linear.kind=dense"]}], name="other_plan")
+    before = {p.relative_to(records): p.read_bytes() for p in records.rglob("*") if p.is_file()}
+    for extra in ([], ["--report-only"]):
+        assert main([str(other), "--out", str(tmp_path / "out2"), "--records", str(records), *extra]) == 1
+        err = capsys.readouterr().err
+        assert "holds the records of plan 'tiny_plan'" in err and "experiments/records/other_plan" in err
+    assert {p.relative_to(records): p.read_bytes() for p in records.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "out2").exists()  # nothing trained
+    # a results.json naming another plan is refused the same way (folders written before plan.json existed)
+    (records / "plan.json").unlink()
+    (records / "results.json").write_text(json.dumps({"plan": {"name": "tiny_plan"}}))
+    assert main([str(other), "--out", str(tmp_path / "out2"), "--records", str(records), "--report-only"]) == 1
+    assert "(" + str(records / "results.json") + ")" in capsys.readouterr().err
+
+
+def test_training_on_cuda_without_a_gpu_is_refused_before_anything_trains(tmp_path, capsys, write_plan, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    plan = write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml",
+                                        "overrides": ["--model.linear.kind=dense"]}])
+    out = tmp_path / "out"
+    for extra in ([], ["--dry-run"]):
+        assert main([str(plan), "--out", str(out), "--override=--training.device=cuda", *extra]) == 1
+        assert "ask for training.device=cuda but this machine has no CUDA device" in capsys.readouterr().err
+    assert not out.exists()
+    # reporting GPU-trained models on a CPU is fine: nothing would train
+    assert main([str(plan), "--out", str(out), "--override=--training.device=cuda", "--report-only"]) == 0

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         out = Path(args.out or Path("runs") / plan.name)
         records = Path(args.records) if args.records else None
         to_train, all_runs, resolved = validate(plan, args.rows, args.seeds, out, args.override, args.resume,
-                                                args.data_root, records)
+                                                args.data_root, records, will_train=not args.report_only)
     except (PlanError, ConfigError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -109,4 +109,4 @@ def evaluate_each(plan: Plan, run: Run, data_root: str | None, failures: dict[Pa
                 failures[run.model_dir] = f"evaluation failed: {type(err).__name__}: {err}"
                 print(f"  {failures[run.model_dir]}", file=sys.stderr)
     if records and run.model_dir not in failures:
-        print(f"  recorded in {write_record(run, records)}", file=sys.stderr)
+        print(f"  recorded in {write_record(run, records, plan.name)}", file=sys.stderr)

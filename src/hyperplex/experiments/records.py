@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hyperplex.experiments.provenance import RUN_FILE
 from hyperplex.experiments.runs import Run
-from hyperplex.experiments.state import DIVERGED_FILE, RECORD_FILE, folder_status, read_record, trained
+from hyperplex.experiments.state import DIVERGED_FILE, PLAN_MARK, RECORD_FILE, folder_status, read_record, trained
 from hyperplex.fileio import atomic_write_bytes, atomic_write_text
 
 __all__ = ["RECORD_FILES", "FILE_KEYS", "write_record", "recorded_evaluation"]
@@ -27,12 +27,14 @@ RECORD_FILES = ("config.yaml", RUN_FILE, "train.log", "metrics.csv", DIVERGED_FI
 FILE_KEYS = ("file", "size", "mtime_ns")
 
 
-def write_record(run: Run, records: Path) -> Path | None:
+def write_record(run: Run, records: Path, plan_name: str | None = None) -> Path | None:
     """Copy a finished (or diverged) model folder's small files (:data:`RECORD_FILES`, its evaluations) to
     ``records/ROW/seedK`` with ``record.json``, replacing an older record, so the model can be reported where
     its checkpoint is not (another machine, a later session). Checkpoints are not copied. A record that already
     holds exactly these files and this checkpoint is left as it is (its ``written`` date too), so re-reporting a
-    plan does not churn committed records. Returns the folder (None for a model that is not finished)."""
+    plan does not churn committed records. With ``plan_name``, a new records folder is marked as that plan's
+    (``plan.json``), so that another plan's run is refused there. Returns the folder (None for a model that is
+    not finished)."""
     status = folder_status(run.model_dir)
     if status not in ("finished", "diverged"):
         return None
@@ -46,6 +48,8 @@ def write_record(run: Run, records: Path) -> Path | None:
     if _record_holds(target, info, run.model_dir, names):
         return target
     target.mkdir(parents=True, exist_ok=True)
+    if plan_name and not (records / PLAN_MARK).is_file():
+        atomic_write_text(records / PLAN_MARK, json.dumps({"plan": plan_name}) + "\n")
     for name in names:
         atomic_write_bytes(target / name, (run.model_dir / name).read_bytes())
     info["written"] = dt.datetime.now().isoformat(timespec="seconds")

@@ -69,7 +69,7 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
             run = by_key[(row.models_from or row.name, seed)]
             item = _run_item(plan, row, run, data_root, failures, seen)
             if records and run.record is None and item["status"] in ("finished", "diverged") and "error" not in item:
-                write_record(run, records)
+                write_record(run, records, plan.name)
             entry["runs"].append(item)
         entry["summary"] = {m: summarize([r["metrics"][m] for r in entry["runs"] if m in r.get("metrics", {})])
                             for m in plan.metrics}

@@ -8,6 +8,7 @@ created: a typo fails before hours of training, not after.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from hyperplex.config import ConfigError, dump_yaml, load_yaml
 from hyperplex.experiments import quality as quality_metrics
 from hyperplex.experiments.matching import check_param_matches
 from hyperplex.experiments.plan import TASK_METRICS, Plan, PlanError, Row
-from hyperplex.experiments.state import RECORD_FILE, folder_status, read_record, trained
+from hyperplex.experiments.state import PLAN_MARK, RECORD_FILE, folder_status, read_record, trained
 
 __all__ = ["Run", "run_overrides", "validate", "saved_config", "config_diff", "load_yaml_text"]
 
@@ -84,22 +85,28 @@ def load_yaml_text(text: str):
 
 
 def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: Path, extra: list[str],
-             resume: bool, data_root: str | None = None,
-             records: Path | None = None) -> tuple[list[Run], list[Run], dict[str, object]]:
+             resume: bool, data_root: str | None = None, records: Path | None = None,
+             will_train: bool = True) -> tuple[list[Run], list[Run], dict[str, object]]:
     """Check everything before any training: every row × seed config loads with its overrides, each
     row's model can be built, eval overrides are valid, requested metrics fit the task, the ``quality:``
     files exist, and existing folders hold the same config and are trained as the row says (unfinished
     ones need ``--resume``). A model with no folder here but a record under ``records``
     (:mod:`hyperplex.experiments.records`) counts as that record says (finished or diverged) and is checked
-    the same way. All problems are reported together (:class:`PlanError`). Returns (runs to train, all runs
-    of the plan, resolved config of each row)."""
+    the same way. A ``records`` folder must belong to this plan, and with ``will_train`` a model that would
+    train must ask for a device this machine has. All problems are reported together (:class:`PlanError`).
+    Returns (runs to train, all runs of the plan, resolved config of each row)."""
     rows = _selected_rows(plan, rows)
     _check_selected_seeds(plan, seeds)
-    errors: list[str] = []
+    errors: list[str] = check_records_plan(plan, records)
     resolved: dict[str, object] = {}
     all_runs: dict[Path, Run] = {}
     for row in plan.rows:
         errors += _check_row(plan, row, out, extra, resume, records, resolved, all_runs)
+    wanted = set(rows or [r.name for r in plan.rows])
+    if will_train:
+        errors += _check_devices(plan, [r for r in all_runs.values() if r.row.name in wanted
+                                        and r.status in ("new", "unfinished") and (not seeds or r.seed in seeds)],
+                                 resolved)
     errors += check_param_matches(plan)
     errors += [f"{plan.path}: {problem}" for problem in quality_metrics.check_files(plan.quality, data_root)]
     if errors:
@@ -165,6 +172,39 @@ def _check_row(plan: Plan, row: Row, out: Path, extra: list[str], resume: bool, 
         except (ConfigError, ValueError) as err:
             errors.append(f"{where}: the model cannot be built: {err}")
     return errors
+
+
+def check_records_plan(plan: Plan, records: Path | None) -> list[str]:
+    """A ``--records`` folder holds one plan's records: refuse one whose ``results.json`` or ``plan.json`` names
+    another plan, so that records of two plans are never mixed (rows of the same name would otherwise pass)."""
+    if records is None:
+        return []
+    errors = []
+    for name, key in (("results.json", lambda d: d["plan"]["name"]), (PLAN_MARK, lambda d: d["plan"])):
+        path = records / name
+        if not path.is_file():
+            continue
+        try:
+            owner = key(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            errors.append(f"--records {records}: {path} is not a readable plan record ({err})")
+            continue
+        if owner != plan.name:
+            errors.append(f"--records {records} holds the records of plan {owner!r} ({path}), not of {plan.name!r}; "
+                          f"use a folder of this plan's own, e.g. experiments/records/{plan.name}")
+    return errors
+
+
+def _check_devices(plan: Plan, runs: list[Run], resolved: dict) -> list[str]:
+    """A model that would train on CUDA needs a GPU here; said before anything trains, not hours later."""
+    import torch
+
+    wants = sorted({run.row.name for run in runs if run.row.name in resolved
+                    and str(resolved[run.row.name].training.device).startswith("cuda")})
+    if not wants or torch.cuda.is_available():
+        return []
+    return [f"{plan.path}: rows {wants} ask for training.device=cuda but this machine has no CUDA device "
+            "(torch.cuda.is_available() is false): run them on a GPU, or drop the override to train on the CPU"]
 
 
 def _check_task(plan: Plan, cfg, where: str) -> list[str]:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["DIVERGED_FILE", "RECORD_FILE", "NOT_HEALED", "folder_status", "read_record", "trained"]
+__all__ = ["DIVERGED_FILE", "RECORD_FILE", "PLAN_MARK", "NOT_HEALED", "folder_status", "read_record", "trained"]
 
 #: Per model folder of a sweep row whose training stopped at a NaN/inf loss.
 DIVERGED_FILE = "diverged.json"
 #: Per record folder: status, trained or not (key ``healed``), and the checkpoint's SHA-256.
 RECORD_FILE = "record.json"
+#: In a ``--records`` folder: ``{"plan": NAME}``, the plan whose records it holds.
+PLAN_MARK = "plan.json"
 #: ``stop_reason`` in the trainer state of a ``train: false`` model's checkpoint (written without training).
 NOT_HEALED = "not healed"
 

@@ -25,7 +25,7 @@ def _best_bleu(metrics: Path) -> tuple[int, float | None]:
     with metrics.open(newline="") as handle:
         for row in csv.DictReader(handle):
             step = max(step, int(row["step"]))
-            if row["split"] == "validation" and row["name"] == "bleu":
+            if row["split"] == "dev" and row["name"] == "bleu":
                 best = max(best or float("-inf"), float(row["value"]))
     return step, best
 

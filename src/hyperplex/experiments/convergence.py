@@ -1,0 +1,184 @@
+"""At convergence: how far each model of an early-stopped plan trained, and the gaps between rows.
+
+A plan whose rows train until the validation metric stops improving (``training.patience``) is read
+from its ``results.json`` and its records (``metrics.csv``, ``train.log`` of each model): the best
+validation value and the step and epoch that reached it, why training stopped (early stopping, a step
+or epoch cap, divergence), and the differences between rows' means with a 95% Welch interval. The
+paper's own Table 2 gaps are quoted beside them, marked as the paper's, on its data.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections import Counter
+from pathlib import Path
+
+from hyperplex.experiments.intervals import summarize, t_quantile_975
+from hyperplex.experiments.state import DIVERGED_FILE
+
+__all__ = ["PAPER_TABLE2", "training_course", "welch_gap", "row_courses", "convergence_section"]
+
+#: Zhang et al. (ICLR 2021), Table 2, BLEU on seven corpora — quoted from the paper, never measured here.
+PAPER_TABLE2 = {
+    "corpora": ["En-Vi", "En-Id", "De-En", "Ro-En", "En-Et", "En-Mk", "En-Ro"],
+    "Transformer": [28.43, 47.40, 36.68, 34.60, 14.17, 13.96, 22.79],
+    "Quaternion Tm": [28.00, 42.22, 32.83, 30.53, 13.10, 13.67, 18.50],
+    "PHM-Tm n=2": [29.25, 46.32, 35.52, 33.40, 14.98, 13.60, 21.73],
+    "PHM-Tm n=4": [29.13, 44.13, 35.53, 32.74, 14.11, 13.01, 21.19],
+    "PHM-Tm n=8": [29.34, 40.81, 34.16, 31.88, 13.08, 12.95, 21.66],
+    "PHM-Tm n=16": [29.04, 33.48, 33.89, 31.53, 12.15, 11.97, 19.63],
+    "PHM-Tm† n=4": [29.17, 46.24, 34.86, 33.80, 14.43, 13.78, 21.91],
+}
+
+_FINISHED = re.compile(r"finished at step (\d+) \(epoch (\d+)\): (.*)$")
+
+
+def _stop_kind(reason: str) -> str:
+    """``early stopping`` | ``step cap`` | ``epoch cap`` | ``other`` from the trainer's final log line."""
+    if reason.startswith("early stopping"):
+        return "early stopping"
+    if "max_steps" in reason:
+        return "step cap"
+    if "max_epochs" in reason:
+        return "epoch cap"
+    return "other"
+
+
+def training_course(files: Path, metric: str = "bleu") -> dict:
+    """The course of one model from its folder or record ``files``: ``{"best", "best_step", "best_epoch",
+    "last_step", "stop"}``. ``best`` is the highest validation ``metric`` in ``metrics.csv`` (the first
+    validation (split ``dev``) reaching it gives the step and epoch, as the trainer keeps the first best
+    checkpoint); ``stop``
+    is ``early stopping``, ``step cap``, ``epoch cap``, ``diverged``, ``unfinished`` or ``other``."""
+    best = best_step = best_epoch = None
+    last_step = 0
+    metrics = files / "metrics.csv"
+    if metrics.is_file():
+        with metrics.open(newline="", encoding="utf-8") as handle:
+            for row in csv.DictReader(handle):
+                step = int(row["step"])
+                last_step = max(last_step, step)
+                if row["split"] == "dev" and row["name"] == metric:
+                    value = float(row["value"])
+                    if math.isfinite(value) and (best is None or value > best):
+                        best, best_step, best_epoch = value, step, int(row["epoch"])
+    stop = "unfinished"
+    log = files / "train.log"
+    if log.is_file():
+        for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+            found = _FINISHED.search(line)
+            if found:
+                stop, last_step = _stop_kind(found.group(3)), max(last_step, int(found.group(1)))
+    if (files / DIVERGED_FILE).is_file():
+        stop = "diverged"
+    return {"best": best, "best_step": best_step, "best_epoch": best_epoch, "last_step": last_step, "stop": stop}
+
+
+def welch_gap(a: list[float], b: list[float]) -> dict:
+    """mean(a) − mean(b) with a two-sided 95% Welch interval: ``{"diff", "ci95", "n_a", "n_b"}`` (``ci95`` is
+    None with fewer than two values on a side; seeds of two rows are independent models, so not paired)."""
+    diff = math.fsum(a) / len(a) - math.fsum(b) / len(b) if a and b else None
+    if len(a) < 2 or len(b) < 2:
+        return {"diff": diff, "ci95": None, "n_a": len(a), "n_b": len(b)}
+    va, vb = (summarize(v)["std"] ** 2 / len(v) for v in (a, b))
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return {"diff": diff, "ci95": [diff, diff], "n_a": len(a), "n_b": len(b)}
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = _t975(df) * se
+    return {"diff": diff, "ci95": [diff - half, diff + half], "n_a": len(a), "n_b": len(b)}
+
+
+def _t975(df: float) -> float:
+    """t_{0.975} at a fractional Welch–Satterthwaite ``df`` (scipy), else the table at ⌊df⌋ (a wider interval)."""
+    try:
+        from scipy.stats import t as student_t
+    except ImportError:
+        return t_quantile_975(max(1, math.floor(df)))
+    return float(student_t.ppf(0.975, df))
+
+
+def _files(run: dict, records: Path | None, row: str) -> Path:
+    recorded = records / row / f"seed{run['seed']}" if records else None
+    if recorded is not None and recorded.is_dir():
+        return recorded
+    return Path(run.get("record") or run["model_dir"])
+
+
+def row_courses(results: dict, records: Path | None, metric: str = "bleu") -> list[dict]:
+    """One entry per trained row of ``results.json``: label, the reported metric's summary over seeds, the
+    per-seed courses (:func:`training_course`), parameters and mean training seconds."""
+    rows = []
+    for row in results["rows"]:
+        if row.get("models_from"):
+            continue
+        runs = [r for r in row["runs"] if r.get("status") in ("finished", "diverged") and metric in r.get("metrics", {})]
+        courses = [training_course(_files(r, records, row["name"]), metric) for r in runs]
+        seconds = [r["train_seconds"] for r in runs if r.get("train_seconds")]
+        params = runs[0]["params"]["total"] if runs and runs[0].get("params") else None
+        rows.append({"name": row["name"], "label": row["label"], "values": [r["metrics"][metric] for r in runs],
+                     "summary": summarize([r["metrics"][metric] for r in runs]), "courses": courses,
+                     "params": params, "seconds": math.fsum(seconds) / len(seconds) if seconds else None,
+                     "planned": len(row.get("seeds") or row["runs"])})
+    return rows
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return math.fsum(values) / len(values) if values else None
+
+
+def _interval(summary: dict, digits: int = 2) -> str:
+    if summary["mean"] is None:
+        return "–"
+    text = f"{summary['mean']:.{digits}f}"
+    if summary.get("ci95"):
+        low, high = summary["ci95"]
+        text += f" [{low:.{digits}f}, {high:.{digits}f}]"
+    return text
+
+
+def _gap_text(gap: dict) -> str:
+    if gap["diff"] is None:
+        return "–"
+    text = f"{gap['diff']:+.2f}"
+    if gap["ci95"]:
+        text += f" [{gap['ci95'][0]:+.2f}, {gap['ci95'][1]:+.2f}]"
+    return text
+
+
+def _paper_gap(label: str, base: str) -> str:
+    if label not in PAPER_TABLE2 or base not in PAPER_TABLE2:
+        return "–"
+    diffs = [x - y for x, y in zip(PAPER_TABLE2[label], PAPER_TABLE2[base])]
+    return f"{min(diffs):+.2f} … {max(diffs):+.2f} (mean {math.fsum(diffs) / len(diffs):+.2f})"
+
+
+def convergence_section(results: dict, records: Path | None, comparisons: list[tuple[str, str, str]],
+                        metric: str = "bleu") -> str:
+    """Markdown: a table of every trained row at convergence and a table of gaps. ``comparisons`` lists
+    ``(row, baseline row, paper label)``: the paper label names the :data:`PAPER_TABLE2` row whose gap to the
+    paper's Transformer is quoted beside ours (empty for none)."""
+    rows = {r["name"]: r for r in row_courses(results, records, metric)}
+    lines = [f"| model | seeds | {metric} [95% interval] | steps to best | epochs to best | stopped by | "
+             "parameters | training time |", "|---|---:|---:|---:|---:|---|---:|---:|"]
+    for r in rows.values():
+        stops = Counter(c["stop"] for c in r["courses"])
+        stopped = ", ".join(f"{k} {v}" for k, v in sorted(stops.items())) or "–"
+        step, epoch = _mean([c["best_step"] for c in r["courses"]]), _mean([c["best_epoch"] for c in r["courses"]])
+        params = "–" if r["params"] is None else f"{r['params'] / 1e6:.2f}M"
+        minutes = "–" if r["seconds"] is None else f"{r['seconds'] / 60:.0f} min"
+        lines.append(f"| {r['label']} | {len(r['values'])}/{r['planned']} | {_interval(r['summary'])} | "
+                     f"{'–' if step is None else f'{step:,.0f}'} | {'–' if epoch is None else f'{epoch:.1f}'} | "
+                     f"{stopped} | {params} | {minutes} |")
+    lines += ["", f"| gap | ours: difference of mean {metric} [95% Welch interval] | the paper's Table 2, same gap "
+                  "over its seven corpora (quoted, its data) |", "|---|---:|---|"]
+    for name, base, paper in comparisons:
+        if name not in rows or base not in rows:
+            continue
+        gap = welch_gap(rows[name]["values"], rows[base]["values"])
+        lines.append(f"| {rows[name]['label']} − {rows[base]['label']} | {_gap_text(gap)} | "
+                     f"{_paper_gap(paper, 'Transformer') if paper else '–'} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,88 @@
+"""hyperplex.experiments.convergence: a model's course from its record, Welch gaps, the section's table."""
+
+import json
+import math
+
+import pytest
+
+from hyperplex.experiments.convergence import (
+    PAPER_TABLE2, convergence_section, row_courses, training_course, welch_gap,
+)
+
+
+def _record(folder, bleus, final=None, diverged=False, every=250):
+    """A record folder with dev BLEU at every ``every`` steps and a trainer's final log line."""
+    folder.mkdir(parents=True)
+    lines = ["step,epoch,split,name,value"]
+    for i, bleu in enumerate(bleus, 1):
+        lines += [f"{i * every},{i},train,loss,{5 - i * 0.1}", f"{i * every},{i},dev,bleu,{bleu}",
+                  f"{i * every},{i},dev,loss,{4 - i * 0.1}"]
+    (folder / "metrics.csv").write_text("\n".join(lines) + "\n")
+    log = ["2026-01-01 00:00:00 INFO step 50 epoch 1: loss 9.1"]
+    if final:
+        log.append(f"2026-01-01 01:00:00 INFO {final}")
+    (folder / "train.log").write_text("\n".join(log) + "\n")
+    if diverged:
+        (folder / "diverged.json").write_text("{}")
+    return folder
+
+
+def test_the_course_reads_best_step_and_why_training_stopped(tmp_path):
+    patience = _record(tmp_path / "a", [10.0, 20.0, 25.0, 24.0, 25.0, 23.0],
+                       "finished at step 1500 (epoch 6): early stopping: bleu did not improve for "
+                       "training.patience=3 validations; best bleu 25.0")
+    course = training_course(patience)
+    # the first validation reaching the best value is the kept checkpoint (a tie later does not replace it)
+    assert course == {"best": 25.0, "best_step": 750, "best_epoch": 3, "last_step": 1500, "stop": "early stopping"}
+    capped = _record(tmp_path / "b", [1.0, 2.0], "finished at step 500 (epoch 2): reached training.max_steps=500")
+    assert training_course(capped)["stop"] == "step cap"
+    epochs = _record(tmp_path / "c", [1.0], "finished at step 250 (epoch 1): reached training.max_epochs=1")
+    assert training_course(epochs)["stop"] == "epoch cap"
+    assert training_course(_record(tmp_path / "d", [3.0, float("nan")], diverged=True))["stop"] == "diverged"
+    running = training_course(_record(tmp_path / "e", [3.0, 4.0]))
+    assert running["stop"] == "unfinished" and running["best"] == 4.0 and running["last_step"] == 500
+    assert training_course(tmp_path / "missing") == {"best": None, "best_step": None, "best_epoch": None,
+                                                     "last_step": 0, "stop": "unfinished"}
+
+
+def test_welch_gap_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    a, b = [30.1, 31.4, 29.8], [27.0, 28.9, 26.2, 27.7]
+    gap = welch_gap(a, b)
+    reference = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert gap["diff"] == pytest.approx(sum(a) / 3 - sum(b) / 4)
+    assert gap["ci95"] == pytest.approx([reference.low, reference.high], rel=1e-9)
+    assert welch_gap([1.0], [2.0, 3.0]) == {"diff": -1.5, "ci95": None, "n_a": 1, "n_b": 2}
+    assert welch_gap([2.0, 2.0], [1.0, 1.0])["ci95"] == [1.0, 1.0]
+
+
+def _results(tmp_path):
+    records = tmp_path / "records"
+    runs = {}
+    for name, bleus in {"tm": [30.0, 31.0, 32.0], "phm4": [29.0, 30.5, 31.0]}.items():
+        runs[name] = []
+        for seed, best in enumerate(bleus, 1):
+            _record(records / name / f"seed{seed}", [best - 5, best, best - 1],
+                    f"finished at step 750 (epoch 3): early stopping: bleu did not improve; best bleu {best}")
+            runs[name].append({"seed": seed, "model_dir": str(tmp_path / "gone"), "status": "finished",
+                               "metrics": {"bleu": best + 0.5}, "params": {"total": 5_000_000},
+                               "train_seconds": 600.0})
+    runs["phm4"].append({"seed": 4, "model_dir": str(tmp_path / "gone"), "status": "failed"})
+    return records, {"rows": [
+        {"name": "tm", "label": "Transformer", "seeds": [1, 2, 3], "runs": runs["tm"]},
+        {"name": "phm4", "label": "PHM-Tm n=4", "seeds": [1, 2, 3, 4], "runs": runs["phm4"]},
+        {"name": "phm4_beam1", "label": "beam 1", "models_from": "phm4", "runs": runs["phm4"]}]}
+
+
+def test_the_section_reports_each_row_and_the_gap_beside_the_papers(tmp_path):
+    records, results = _results(tmp_path)
+    rows = row_courses(results, records)
+    assert [r["name"] for r in rows] == ["tm", "phm4"]  # a models_from row is not a trained row
+    assert rows[1]["values"] == [29.5, 31.0, 31.5] and rows[1]["planned"] == 4  # the beam score, not the dev BLEU
+    assert [c["best_step"] for c in rows[0]["courses"]] == [500, 500, 500]
+    text = convergence_section(json.loads(json.dumps(results)), records, [("phm4", "tm", "PHM-Tm n=4")])
+    assert "| PHM-Tm n=4 | 3/4 | 30.67 [" in text and "| early stopping 3 | 5.00M | 10 min |" in text
+    gap = welch_gap([29.5, 31.0, 31.5], [30.5, 31.5, 32.5])
+    assert f"| PHM-Tm n=4 − Transformer | {gap['diff']:+.2f} [{gap['ci95'][0]:+.2f}, {gap['ci95'][1]:+.2f}]" in text
+    diffs = [x - y for x, y in zip(PAPER_TABLE2["PHM-Tm n=4"], PAPER_TABLE2["Transformer"])]
+    assert f"{min(diffs):+.2f} … {max(diffs):+.2f} (mean {math.fsum(diffs) / 7:+.2f})" in text

@@ -164,3 +164,43 @@ def test_bf16_autocast_training_learns_with_fp32_master_weights(tmp_path):
         assert 0 < change <= 2 * steps * lr, (name, change)
         # and the stored values are not bf16 values widened to fp32 (they keep fp32 precision)
         assert not torch.equal(weights, weights.bfloat16().float()), name
+
+
+def _rewrite_writer(path, written_by):
+    """Re-save ``last`` with another ``written_by`` (as if another version or device had written it)."""
+    from hyperplex.train.checkpoint import load_checkpoint, save_checkpoint
+
+    ckpt = load_checkpoint(path)
+    extra = dict(ckpt.extra, written_by=written_by)
+    save_checkpoint(path, ckpt.model_state, ckpt.optimizer_state, extra)
+
+
+def test_a_checkpoint_from_another_device_or_version_resumes_and_says_so(tmp_path, tiny_config):
+    from hyperplex.cli import main
+    from hyperplex.train.checkpoint import load_checkpoint
+
+    config, model_dir = tiny_config(max_steps=6, validation_every=6), tmp_path / "m"
+    assert main(["train", str(config), "--model-dir", str(model_dir)]) == 0
+    written = load_checkpoint(model_dir / "last.safetensors").extra["written_by"]
+    assert written["device"] == "cpu" and written["torch"] == torch.__version__
+    _rewrite_writer(model_dir / "last.safetensors", {**written, "device": "cuda", "hyperplex": "0.0.1"})
+    assert main(["train", str(config), "--model-dir", str(model_dir), "--resume", "--training.max_steps=8"]) == 0
+    log = (model_dir / "train.log").read_text()
+    assert "resume: the checkpoint was written with device 'cuda', this run has 'cpu'" in log
+    assert "resume: the checkpoint was written with hyperplex '0.0.1'" in log
+    assert load_checkpoint(model_dir / "last.safetensors").extra["trainer"]["step"] == 8
+
+
+def test_a_checkpoint_that_no_longer_fits_the_code_names_the_version_that_wrote_it(tmp_path, tiny_config):
+    from hyperplex.cli import main
+    from hyperplex.train.checkpoint import load_checkpoint, save_checkpoint
+
+    config, model_dir = tiny_config(max_steps=6, validation_every=6), tmp_path / "m"
+    assert main(["train", str(config), "--model-dir", str(model_dir)]) == 0
+    last = model_dir / "last.safetensors"
+    ckpt = load_checkpoint(last)
+    state = {("renamed." + k if i == 0 else k): v for i, (k, v) in enumerate(ckpt.model_state.items())}
+    save_checkpoint(last, state, ckpt.optimizer_state, dict(ckpt.extra, written_by={"hyperplex": "0.0.1"}))
+    before = last.read_bytes()
+    assert main(["train", str(config), "--model-dir", str(model_dir), "--resume", "--training.max_steps=8"]) == 1
+    assert last.read_bytes() == before  # nothing written over the checkpoint that could not be resumed

@@ -27,7 +27,9 @@ from hyperplex.config import dump_yaml
 from hyperplex.config.experiment import ExperimentConfig, experiment_dict
 from hyperplex.train.task import Task, metric_mode
 from hyperplex.fileio import atomic_write_text
-from hyperplex.train.checkpoint import LAST, CheckpointManager, load_checkpoint, load_into, model_state, restore_rng
+from hyperplex.train.checkpoint import (
+    LAST, CheckpointError, CheckpointManager, load_checkpoint, load_into, model_state, restore_rng,
+)
 from hyperplex.train.interrupts import InterruptFlag, TrainingInterrupted
 from hyperplex.train.optim import Schedule, apply_lr, build_optimizer, build_schedule
 from hyperplex.train.process import check_writable, distributed, resolve_device
@@ -145,7 +147,26 @@ class Trainer:
 
     def _extra(self, state: TrainState) -> dict:
         return {"trainer": asdict(state), "config": experiment_dict(self.cfg), "task": self.task.metadata(),
-                "format": "hyperplex-checkpoint-1"}
+                "format": "hyperplex-checkpoint-1", "written_by": self._writer()}
+
+    def _writer(self) -> dict:
+        """What wrote a checkpoint — hyperplex and torch versions, device kind — compared on resume."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            ours = version("hyperplex")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            ours = "unknown"
+        return {"hyperplex": ours, "torch": torch.__version__, "device": self.device.type}
+
+    def _resume_notes(self, saved: dict | None) -> list[str]:
+        """Lines saying how the run that wrote ``last`` differs from this one (another device or version):
+        resuming is allowed — tensors are moved, the model must still fit — and the log keeps the trace."""
+        if not isinstance(saved, dict):
+            return ["the checkpoint does not say which hyperplex, torch or device wrote it"]
+        now = self._writer()
+        return [f"the checkpoint was written with {key} {saved.get(key)!r}, this run has {now[key]!r}"
+                for key in now if saved.get(key) != now[key]]
 
     def _initial_model(self, fresh: bool) -> nn.Module:
         """Seed Python, NumPy and torch with ``seed``, prepare the task's data (``fresh``: vocabularies and
@@ -220,14 +241,21 @@ class Trainer:
         Changed budget keys are logged and written into the folder's ``config.yaml``."""
         log = self.log
         ckpt = load_checkpoint(self.model_dir / LAST, map_location=self.device)
-        load_into(model, ckpt.model_state, self.model_dir / LAST, expected_from="the saved config.yaml")
+        notes = self._resume_notes(ckpt.extra.get("written_by"))
+        try:
+            load_into(model, ckpt.model_state, self.model_dir / LAST, expected_from="the saved config.yaml")
+        except CheckpointError as err:
+            if notes:
+                raise CheckpointError(f"{err} ({'; '.join(notes)}: the code that built this model has changed "
+                                      "since; finish the run with the version that started it, or start again)") from None
+            raise
         if ckpt.optimizer_state is not None:
             optimizer.load_state_dict(ckpt.optimizer_state)
         state = TrainState(**ckpt.extra["trainer"])
         restore_rng(ckpt.rng_state)
         log.info(f"resumed from {self.model_dir / LAST} at step {state.step}, epoch {state.epoch}, "
                  f"batch {state.batch_index}")
-        for change in self.resume_changes:
+        for change in [*notes, *self.resume_changes]:
             log.info(f"resume: {change}")
         if self.resume_changes and self.rank == 0:  # the folder's config.yaml says what the run now is
             atomic_write_text(self.model_dir / "config.yaml", dump_yaml(experiment_dict(self.cfg)))

@@ -320,7 +320,10 @@ class PHMLinear(nn.Module):
 
     @property
     def rule_is_learned(self) -> bool:
-        return isinstance(self.phm_rule, nn.Parameter)
+        """Whether the rule is a parameter (the layer's own or the shared :class:`PHMRule`'s); read from where it
+        is registered, so that ``torch.func.functional_call`` swapping in plain tensors does not change it."""
+        owner = self._modules.get("shared_rule", self)
+        return "phm_rule" in owner._parameters
 
     @property
     def rule_is_shared(self) -> bool:

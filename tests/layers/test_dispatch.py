@@ -10,7 +10,12 @@ import torch
 
 from hyperplex.layers import PHMLinear, native
 from hyperplex.layers.dispatch import (
-    DEFAULT_PATH_SETTINGS, PathSettings, choose_path, formation, structured_weight_first, takes_blocked,
+    DEFAULT_PATH_SETTINGS,
+    PathSettings,
+    choose_path,
+    formation,
+    structured_weight_first,
+    takes_blocked,
 )
 from hyperplex.layers.functional import onednn_available
 
@@ -35,7 +40,8 @@ def _condition(cond: str, layer: PHMLinear, monkeypatch):
         if cond == "onednn_off":
             stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
         if cond == "onednn_everywhere":
-            monkeypatch.setattr(PHMLinear, "path_settings", dataclasses.replace(DEFAULT_PATH_SETTINGS, onednn_min_weight=0))
+            monkeypatch.setattr(PHMLinear, "path_settings",
+                                dataclasses.replace(DEFAULT_PATH_SETTINGS, onednn_min_weight=0))
         if cond == "autocast":
             stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
         if cond.startswith("mode_"):

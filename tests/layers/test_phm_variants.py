@@ -294,3 +294,12 @@ def test_init_keeps_the_dense_variance_for_every_option():
                  lambda: PHMLinear(d, k, 4, rule=PHMRule(4, init="quaternion"))):
         var = torch.stack([make().dense_weight().detach().var() for _ in range(seeds)]).mean()
         assert abs(float(var) / target - 1) < 0.15
+
+
+def test_code_that_needs_full_factors_is_told_why_a_low_rank_layer_has_none():
+    layer = PHMLinear(16, 8, 4, factor_rank=1)
+    with pytest.raises(AttributeError, match="low-rank factors \\(factor_rank=1\\) and no phm_weight"):
+        _ = layer.phm_weight
+    assert layer.factors().shape == (4, 2, 4)
+    with pytest.raises(AttributeError, match="has no attribute 'phm_left'"):
+        _ = PHMLinear(16, 8, 4).phm_left

@@ -162,9 +162,9 @@ def choose_path(rows: int, in_features: int, out_features: int, n: int, *, dtype
     if path == "auto":
         path = _general_path(rows, in_features, out_features, n, inference, cacheable, settings)
         if factor_rank is not None and path == "premixed":
-            path = "structured"  # low-rank Sᵢ: the structured product never forms them, pre-mixing would
+            path = "structured"  # low-rank Sᵢ: the structured product never forms them; pre-mixing needs them whole
         if device.type == "cuda":
-            pass  # CUDA: the general rule above; a CUDA-only kernel's choice belongs here.
+            path = _cuda_path(path, rows, in_features, out_features, n, dtype, inference, input_grad)
         elif (device.type == "cpu" and inference and not cacheable and not input_grad and factor_rank is None
               and _cpu_float32_eager(dtype, rule_dtype or dtype)):
             path = _cpu_inference_path(path, rows, in_features, out_features, n, settings)
@@ -191,6 +191,12 @@ def _general_path(rows: int, d: int, k: int, n: int, inference: bool, cacheable:
     if cacheable and weight <= settings.cache_resident_weight:
         structured = False
     return "structured" if structured else "materialized"
+
+
+def _cuda_path(path: str, rows: int, d: int, k: int, n: int, dtype: torch.dtype, inference: bool,
+               input_grad: bool) -> str:
+    """CUDA: the general rule's choice (the CPU kernels never apply). A CUDA-only kernel's test goes here."""
+    return path
 
 
 def _cpu_float32_eager(dtype: torch.dtype, rule_dtype: torch.dtype) -> bool:

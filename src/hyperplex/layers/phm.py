@@ -18,13 +18,26 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hyperplex.algebra import ALGEBRAS, algebra_rule
+from hyperplex.algebra import ALGEBRAS
 from hyperplex.layers import native
-from hyperplex.layers.dispatch import DEFAULT_PATH_SETTINGS, PathSettings, choose_path, formation, structured_weight_first
-from hyperplex.layers.functional import (
-    formation_buffer, materialize_weight, phm_linear_blocked, phm_linear_lowrank, phm_linear_onednn,
-    phm_linear_premixed, phm_linear_structured, signed_permutation,
+from hyperplex.layers.dispatch import (
+    DEFAULT_PATH_SETTINGS,
+    PathSettings,
+    choose_path,
+    formation,
+    structured_weight_first,
 )
+from hyperplex.layers.functional import (
+    formation_buffer,
+    materialize_weight,
+    phm_linear_blocked,
+    phm_linear_lowrank,
+    phm_linear_onednn,
+    phm_linear_premixed,
+    phm_linear_structured,
+    signed_permutation,
+)
+from hyperplex.layers.rule import PHMRule, rule_table
 
 __all__ = ["PHMLinear", "PHMRule", "phm_parameter_count", "shared_weights", "FORWARD_MODES", "cache_dense_weights",
            "cached_bytes", "release_dense_caches"]
@@ -44,22 +57,6 @@ def _check_sizes(in_features: int, out_features: int, n: int) -> None:
             f"n={n} must divide both in_features={in_features} and out_features={out_features}; "
             f"valid n for these sizes: {valid}"
         )
-
-
-def rule_table(n: int, table: str | Tensor, key: str = "rule") -> Tensor:
-    """The ``(n, n, n)`` rule tensor of an algebra name (:data:`hyperplex.algebra.ALGEBRAS`) or a copy of a given
-    tensor, checked; ``key`` names the argument in errors."""
-    if isinstance(table, Tensor):
-        if table.shape != (n, n, n):
-            raise ValueError(f"a {key} tensor for n={n} must have shape ({n}, {n}, {n}), got {tuple(table.shape)}")
-        if not bool(table.detach().ne(0).any()):
-            raise ValueError(f"the {key} tensor is all zeros: H would be zero whatever the weights")
-        return table.detach().clone()
-    if table not in ALGEBRAS:
-        raise ValueError(f"unknown {key} {table!r}; valid: {', '.join(repr(a) for a in ALGEBRAS)}, or an (n, n, n) tensor")
-    if ALGEBRAS[table] != n:
-        raise ValueError(f"{key} {table!r} needs n={ALGEBRAS[table]}, got n={n}")
-    return algebra_rule(table)
 
 
 def _resolve_n_and_rule(in_features: int, out_features: int, n: int, rule: RuleSpec) -> Tensor | None:
@@ -103,58 +100,6 @@ def phm_parameter_count(in_features: int, out_features: int, n: int, rule: RuleS
     _check_factor_rank(factor_rank, in_features, out_features, n)
     factors = out_features * in_features // n if factor_rank is None else factor_rank * (in_features + out_features)
     return factors + (n**3 if learned else 0) + (out_features if bias else 0)
-
-
-class PHMRule(nn.Module):
-    """The ``n`` rule matrices ``Aᵢ`` as one module, to share among PHM layers: ``PHMLinear(..., rule=shared)``.
-
-    Every layer given the same ``PHMRule`` computes with the one tensor ``phm_rule``, learns it together with the
-    others (its gradient sums over the layers) and registers it as the submodule ``shared_rule``, so ``.to()``,
-    ``parameters()`` and ``state_dict()`` reach it from each layer. ``named_parameters()`` and the parameter tables
-    count it once; ``state_dict()`` lists it under every layer's ``shared_rule.phm_rule`` key (PyTorch's way with a
-    tied tensor), ``torch.save`` and hyperplex's safetensors checkpoints store it once, and loading fills the one
-    tensor.
-
-    Args:
-        n: the hypercomplex dimension of the layers that will share it.
-        init: ``"random"`` (``Aᵢ ~ N(0, 1/n)``, as a layer's own learned rule), an algebra name with ``n``
-            components (``"quaternion"`` for ``n = 4``), or an ``(n, n, n)`` tensor to start from.
-        learn: a parameter (``True``) or a fixed buffer (``False``, e.g. one algebra for the whole model).
-
-    Attributes:
-        phm_rule: ``(n, n, n)``; ``phm_rule[i]`` is ``Aᵢ``.
-    """
-
-    def __init__(self, n: int, init: str | Tensor = "random", learn: bool = True, device=None, dtype=None) -> None:
-        super().__init__()
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"PHMRule n must be a positive integer, got {n!r}")
-        if not isinstance(learn, bool):
-            raise TypeError(f"PHMRule learn must be True or False, got {learn!r}")
-        self.n = n
-        self._table = None if isinstance(init, str) and init == "random" else rule_table(n, init, key="PHMRule init")
-        self.init_name = init if isinstance(init, str) else "custom"
-        rule = torch.empty(n, n, n, device=device, dtype=dtype or torch.get_default_dtype())
-        if learn:
-            self.phm_rule = nn.Parameter(rule)
-        else:
-            if self._table is None:
-                raise ValueError("a fixed PHMRule (learn=False) needs init= an algebra name or an (n, n, n) tensor")
-            self.register_buffer("phm_rule", rule)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """``Aᵢ ~ N(0, 1/n)`` for ``init="random"``, else the table given as ``init``."""
-        with torch.no_grad():
-            if self.phm_rule.is_meta:
-                return
-            if self._table is None:
-                self.phm_rule.normal_(0.0, 1.0 / math.sqrt(self.n))
-            else:
-                self.phm_rule.copy_(self._table)
-
-    def extra_repr(self) -> str:
-        return f"n={self.n}, init={self.init_name}, learn={isinstance(self.phm_rule, nn.Parameter)}"
 
 
 class PHMLinear(nn.Module):
@@ -266,7 +211,8 @@ class PHMLinear(nn.Module):
         if isinstance(rule, PHMRule):
             if rule.n != n:
                 raise ValueError(f"the shared PHMRule has n={rule.n}, this layer n={n}")
-            self.rule_name = "shared"
+            # what a copy of this layer with a rule of its own would be given (conversion, quantisation)
+            self.rule_name = "learned" if "phm_rule" in rule._parameters else "custom"
             self.shared_rule = rule
             return
         fixed = _resolve_n_and_rule(self.in_features, self.out_features, n, rule)
@@ -278,6 +224,13 @@ class PHMLinear(nn.Module):
             fixed = torch.ones(1, 1, 1)
         self.register_buffer("phm_rule", fixed.to(**{k: v for k, v in factory.items() if v is not None}).to(
             dtype=factory["dtype"] or torch.get_default_dtype()))
+
+    def __getattr__(self, name: str):
+        if name == "phm_weight" and self.__dict__.get("factor_rank") is not None:
+            raise AttributeError(f"this PHMLinear has low-rank factors (factor_rank={self.factor_rank}) and no "
+                                 "phm_weight: its Sᵢ are phm_left @ phm_right (layer.factors()); code that reads "
+                                 "or writes phm_weight needs a layer with full Sᵢ")
+        return super().__getattr__(name)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -483,7 +436,7 @@ class PHMLinear(nn.Module):
 
     # ------------------------------------------------------------------ conversion
     @classmethod
-    def from_linear(cls, linear: nn.Linear, n: int, rule: RuleSpec = "learned", **kwargs) -> tuple["PHMLinear", float]:
+    def from_linear(cls, linear: nn.Linear, n: int, rule: RuleSpec = "learned", **kwargs) -> tuple[PHMLinear, float]:
         """Convert a dense layer; returns ``(layer, ‖W − H‖_F / ‖W‖_F)``
         (:func:`hyperplex.layers.conversion.phm_from_linear`)."""
         from hyperplex.layers.conversion import phm_from_linear

@@ -270,17 +270,19 @@ def test_bf16_autocast_on_cpu(mode, rule):
 
 
 def test_torch_compile_fullgraph():
+    from hyperplex.layers import PHMRule
+
     torch.manual_seed(0)
-    layer = PHMLinear(32, 16, 4)
     x = torch.randn(4, 32)
-    for mode in ["structured", "materialized"]:
-        layer.forward_mode = mode
-        compiled = torch.compile(layer, fullgraph=True)
-        y = compiled(x)
-        torch.testing.assert_close(y, layer(x))
-        y.sum().backward()
-        assert layer.phm_rule.grad is not None
-        layer.zero_grad()
+    for layer in (PHMLinear(32, 16, 4), PHMLinear(32, 16, 4, rule=PHMRule(4), factor_rank=2)):
+        for mode in ["structured", "materialized"]:
+            layer.forward_mode = mode
+            compiled = torch.compile(layer, fullgraph=True)
+            y = compiled(x)
+            torch.testing.assert_close(y, layer(x))
+            y.sum().backward()
+            assert layer.phm_rule.grad is not None
+            layer.zero_grad()
 
 
 # ---------------------------------------------------------------- dispatch and the cached H

@@ -303,3 +303,18 @@ def test_code_that_needs_full_factors_is_told_why_a_low_rank_layer_has_none():
     assert layer.factors().shape == (4, 2, 4)
     with pytest.raises(AttributeError, match="has no attribute 'phm_left'"):
         _ = PHMLinear(16, 8, 4).phm_left
+
+
+def test_model_level_helpers_take_low_rank_and_shared_layers():
+    from hyperplex.layers import cache_dense_weights, cached_bytes, release_dense_caches, shared_weights
+
+    model = _shared_model()
+    x = torch.randn(6, 16)
+    want = model(x).detach()
+    assert cache_dense_weights(model) == (16 * 32 + 32 * 16 + 16 * 8) * 4
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), want)
+        assert cached_bytes(model) == (16 * 32 + 32 * 16 + 16 * 8) * 4
+    assert release_dense_caches(model) > 0 and cached_bytes(model) == 0
+    with shared_weights(model, rows=4096):  # H formed once for many rows
+        torch.testing.assert_close(model(x), want)

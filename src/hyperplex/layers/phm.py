@@ -504,7 +504,7 @@ def cache_dense_weights(model: nn.Module, max_bytes: int | None = None) -> int:
         raise ValueError(f"max_bytes must be a non-negative integer or None, got {max_bytes!r}")
     total = 0
     for layer in _phm_layers(model):
-        size = layer.in_features * layer.out_features * layer.phm_weight.element_size()
+        size = layer.in_features * layer.out_features * layer._factor_tensors()[0].element_size()
         fits = max_bytes is None or total + size <= max_bytes
         layer.cache_dense = fits
         total += size if fits else 0

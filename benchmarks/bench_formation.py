@@ -7,7 +7,7 @@
 Where ``PHMLinear`` forms ``H`` per call in inference (many rows, no cache), it can form all of ``H`` and run one
 GEMM, or form one ``k × d/n`` block column at a time and accumulate ``x_c H_cᵀ``
 (:func:`hyperplex.layers.functional.phm_linear_blocked`); it takes the second on small layers with wide block columns
-(:func:`~hyperplex.layers.functional.takes_blocked`).
+(:func:`~hyperplex.layers.dispatch.takes_blocked`).
 For each shape ``D×K`` (in × out features), ``n`` and row count this times, per layer of a stack of ``--layers``
 distinct layers on the same input:
 
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from hyperplex.layers import PHMLinear
-from hyperplex.layers import functional
+from hyperplex.layers.dispatch import takes_blocked
 from hyperplex.layers.functional import materialize_weight, phm_linear_blocked
 
 MINILM_SHAPES = ["384x384", "384x1536", "1536x384"]
@@ -94,7 +94,7 @@ def measure(d: int, k: int, n: int, rows: int, layers: int, rounds: int) -> dict
         whole, blocked = runs["whole"](x)[-1].clone(), runs["blocked"](x)[-1]
         torch.testing.assert_close(blocked, whole, rtol=1e-4, atol=1e-4)  # the same sums in another order
         result = ratios_to_dense({name: (lambda run=run: run(x)) for name, run in runs.items()}, rounds, layers)
-    result["takes"] = "blocked" if functional.takes_blocked(k, d, n) else "whole"
+    result["takes"] = "blocked" if takes_blocked(k, d, n, PHMLinear.path_settings) else "whole"
     return result
 
 
@@ -124,8 +124,9 @@ def parse_grid(argv: list[str] | None, doc: str, ns: list[int], rows: list[int],
 def main(argv: list[str] | None = None) -> dict:
     args = parse_grid(argv, __doc__, ns=[2, 4, 8], rows=[160, 640, 1280],
                       rows_help="input rows (default 160 640 1280: MiniLM at batch 8 to 64)")
-    print(f"# bench_formation — torch {torch.__version__}, {torch.get_num_threads()} thread(s); BLOCKED_MIN_COLUMNS = "
-          f"{functional.BLOCKED_MIN_COLUMNS}, BLOCKED_MAX_WEIGHT = {functional.BLOCKED_MAX_WEIGHT}; {args.layers} layers, "
+    print(f"# bench_formation — torch {torch.__version__}, {torch.get_num_threads()} thread(s); blocked_min_columns = "
+          f"{PHMLinear.path_settings.blocked_min_columns}, blocked_max_weight = {PHMLinear.path_settings.blocked_max_weight}; "
+          f"{args.layers} layers, "
           f"{args.rounds} rounds; ratios = time / dense (both forms with a reused buffer)")
     print("| D×K | n | d/n | rows | dense ms/layer | whole × | blocked × | PHMLinear takes |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")

@@ -6,7 +6,7 @@
 For each shape ``D×K`` (in × out features), ``n`` and row count: a stack of ``--layers`` distinct layers (eval
 mode, no ``cache_dense``) run under ``torch.inference_mode()`` with ``forward_mode`` set to ``premixed``,
 ``structured`` and ``materialized`` in turn (``materialized`` forms ``H`` for the call: whole, or one block column
-at a time where :func:`hyperplex.layers.functional.takes_blocked` says so), and a stack of ``nn.Linear`` layers.
+at a time where :func:`hyperplex.layers.dispatch.takes_blocked` says so), and a stack of ``nn.Linear`` layers.
 Rounds are interleaved with the order rotating; a ratio is the median over rounds of the path's time / the dense
 stack's in the same round. The table marks the fastest path and the one ``auto`` takes (``choose_mode``). oneDNN
 and the compiled kernel are not timed here (``benchmarks/bench_phm.py`` does, on larger layers).

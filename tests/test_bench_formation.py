@@ -26,9 +26,12 @@ def test_both_forms_compute_each_layer_of_the_stack(bench):
 
 
 def test_tiny_run_gives_both_ratios_and_the_form_the_layer_takes(bench, monkeypatch):
-    from hyperplex.layers import functional
+    import dataclasses
 
-    monkeypatch.setattr(functional, "BLOCKED_MIN_COLUMNS", 7)  # d/n = 12 takes it, 6 does not
+    from hyperplex.layers import PHMLinear
+
+    monkeypatch.setattr(PHMLinear, "path_settings",  # d/n = 12 takes it, 6 does not
+                        dataclasses.replace(PHMLinear.path_settings, blocked_min_columns=7))
     results = bench.main(["--shapes", "24x16", "--ns", "2", "4", "--rows", "3", "--layers", "1", "--rounds", "1",
                           "--threads", "1"])
     assert set(results) == {(24, 16, 2, 3), (24, 16, 4, 3)}

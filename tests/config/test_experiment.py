@@ -35,7 +35,8 @@ def test_experiment_dict_is_what_config_yaml_holds_and_round_trips():
     cfg = build_experiment(RAW)
     saved = experiment_dict(cfg)
     assert list(saved["model"])[0] == "architecture" and saved["model"]["linear"] == {
-        "kind": "phm", "n": 2, "rule": "learned", "rank_rounding": "floor"}
+        "kind": "phm", "n": 2, "rule": "learned", "rule_init": "random", "shared_rule": False, "factor_rank": None,
+        "rank_rounding": "floor"}
     again = build_experiment(yaml.safe_load(yaml.safe_dump(saved)))
     assert experiment_dict(again) == saved and again == cfg
 

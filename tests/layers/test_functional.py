@@ -7,8 +7,9 @@ from hyperplex.algebra import cayley_dickson_rule
 from hyperplex.layers.functional import (
     materialize_weight, onednn_available, onednn_padded_rows, phm_linear, phm_linear_blocked, phm_linear_onednn,
     phm_linear_reference, phm_linear_structured,
-    signed_permutation, structured_weight_first,
+    signed_permutation,
 )
+from hyperplex.layers.dispatch import DEFAULT_PATH_SETTINGS, structured_weight_first, takes_blocked
 import hyperplex.layers.functional as functional
 
 
@@ -45,14 +46,9 @@ def test_structured_handles_any_leading_shape(lead):
 
 
 @pytest.fixture(params=["input_first", "weight_first"])
-def orientation(request, monkeypatch):
-    """Force one of the structured product's two orientations for every shape."""
-    if request.param == "weight_first":
-        monkeypatch.setattr(functional, "WEIGHT_FIRST_MIN_WEIGHT", 0)
-        monkeypatch.setattr(functional, "WEIGHT_FIRST_MAX_ROWS_N", 10**9)
-    else:
-        monkeypatch.setattr(functional, "WEIGHT_FIRST_MIN_WEIGHT", 10**18)
-    return request.param
+def orientation(request):
+    """One of the structured product's two orientations, forced for every shape (``weight_first=``)."""
+    return request.param == "weight_first"
 
 
 @pytest.mark.parametrize("lead,n,k_n,d_n", [((5,), 2, 3, 4), ((2, 3), 4, 6, 2), ((1,), 4, 2, 6), ((0,), 4, 3, 3),
@@ -64,7 +60,7 @@ def test_both_structured_orientations_equal_the_kron_sum_with_gradients(orientat
     bias = torch.randn(n * k_n, dtype=torch.float64, requires_grad=True)
     x = torch.randn(*lead, n * d_n, dtype=torch.float64, requires_grad=True)
     probe = torch.randn(*lead, n * k_n, dtype=torch.float64)
-    got = phm_linear_structured(x, rule, weight, bias)
+    got = phm_linear_structured(x, rule, weight, bias, weight_first=orientation)
     want = phm_linear_reference(x, rule, weight, bias)
     torch.testing.assert_close(got, want)
     grads = torch.autograd.grad((got * probe).sum(), (x, rule, weight, bias))
@@ -77,16 +73,15 @@ def test_structured_orientations_on_strided_input_and_a_float32_rule_with_bfloat
     torch.manual_seed(1)
     rule, weight = torch.randn(4, 4, 4), torch.randn(4, 3, 2)
     x = torch.randn(8, 12)[:, ::2].T  # (6, 8), not contiguous
-    torch.testing.assert_close(phm_linear_structured(x, rule, weight), phm_linear_reference(x, rule, weight),
-                               rtol=1e-5, atol=1e-5)
-    low = phm_linear_structured(x.bfloat16(), rule, weight.bfloat16())
+    torch.testing.assert_close(phm_linear_structured(x, rule, weight, weight_first=orientation),
+                               phm_linear_reference(x, rule, weight), rtol=1e-5, atol=1e-5)
+    low = phm_linear_structured(x.bfloat16(), rule, weight.bfloat16(), weight_first=orientation)
     assert low.dtype == torch.bfloat16  # the rule follows the product's dtype, as in the weight-first form
     torch.testing.assert_close(low.float(), phm_linear_reference(x, rule, weight), rtol=0.05, atol=0.1)
 
 
 def test_structured_takes_the_weight_first_form_only_for_few_block_rows_on_large_weights():
-    big, few = functional.WEIGHT_FIRST_MIN_WEIGHT, functional.WEIGHT_FIRST_MAX_ROWS_N
-    assert (big, few) == (2 ** 20, 8)  # the measured boundary (docs/performance.md); change both together
+    few = DEFAULT_PATH_SETTINGS.weight_first_max_rows_n  # rows·n; the weight bound is 1024² (docs/performance.md)
     assert structured_weight_first(few // 2, 2, 1024, 1024)  # rows·n at the limit, k·d at the limit
     assert structured_weight_first(1, 8, 4096, 4096)
     assert not structured_weight_first(few // 2 + 1, 2, 1024, 1024)  # one row more
@@ -299,9 +294,6 @@ def test_blocked_refuses_gradients_tracing_and_bad_buffers_by_name():
 
 
 def test_the_blocked_form_is_taken_on_small_layers_with_wide_block_columns_only():
-    from hyperplex.layers.functional import BLOCKED_MAX_WEIGHT, BLOCKED_MIN_COLUMNS, takes_blocked
-
-    assert BLOCKED_MIN_COLUMNS == 96 and BLOCKED_MAX_WEIGHT == 2 ** 20
     assert takes_blocked(1536, 384, 4) and takes_blocked(384, 1536, 4) and takes_blocked(384, 384, 2)  # MiniLM
     assert not takes_blocked(1536, 384, 8)  # d/n = 48
     assert takes_blocked(384, 1536, 16)  # d/n = 96: the boundary is in

@@ -1,5 +1,6 @@
 """PHMLinear: equivalences (n=1 ≡ nn.Linear, all paths ≡ Σ kron), gradients, init, errors, conversion."""
 
+import dataclasses
 
 import pytest
 import torch
@@ -269,35 +270,25 @@ def test_bf16_autocast_on_cpu(mode, rule):
 
 
 def test_torch_compile_fullgraph():
+    from hyperplex.layers import PHMRule
+
     torch.manual_seed(0)
-    layer = PHMLinear(32, 16, 4)
     x = torch.randn(4, 32)
-    for mode in ["structured", "materialized"]:
-        layer.forward_mode = mode
-        compiled = torch.compile(layer, fullgraph=True)
-        y = compiled(x)
-        torch.testing.assert_close(y, layer(x))
-        y.sum().backward()
-        assert layer.phm_rule.grad is not None
-        layer.zero_grad()
+    for layer in (PHMLinear(32, 16, 4), PHMLinear(32, 16, 4, rule=PHMRule(4), factor_rank=2)):
+        for mode in ["structured", "materialized"]:
+            layer.forward_mode = mode
+            compiled = torch.compile(layer, fullgraph=True)
+            y = compiled(x)
+            torch.testing.assert_close(y, layer(x))
+            y.sum().backward()
+            assert layer.phm_rule.grad is not None
+            layer.zero_grad()
 
 
 # ---------------------------------------------------------------- dispatch and the cached H
 def test_auto_dispatch_by_rows_weight_size_and_grad_mode():
-    # Pins the thresholds of PHMLinear.choose_mode. They were fitted with benchmarks/bench_phm.py on
-    # one layer called in a loop (warm cache) and re-checked on a stack of distinct layers whose
-    # weights overflow the last-level cache (cold, model-like, `--mode cold`): at d=k=1024 and 4096,
-    # 1/8/64 rows (and 32/64 rows at the 4096 boundary), the path auto takes was within 1.10x of
-    # the faster path in both regimes, up to the noise of a shared 2-core machine. Training at
-    # 4096², n=16, 128 rows was the one clear miss (structured 1.3x faster, warm and cold), hence
-    # rows·n ≤ 2048 for weights of 4096² and up; at 1024², n=16, 128 rows structured was 3x slower,
-    # so smaller weights keep 1024 (docs/performance.md, "Cold cache"). Change them only with both
-    # tables re-measured.
-    assert (PHMLinear.STRUCTURED_ROW_LIMIT_INFERENCE, PHMLinear.STRUCTURED_ROW_LIMIT_TRAINING) == (256, 1024)
-    assert (PHMLinear.STRUCTURED_ROW_LIMIT_TRAINING_LARGE, PHMLinear.LARGE_WEIGHT) == (2048, 2**24)
-    assert (PHMLinear.WEIGHT_PER_ROW_INFERENCE, PHMLinear.WEIGHT_PER_ROW_TRAINING) == (2**17, 2**13)
-    assert PHMLinear.CACHE_RESIDENT_WEIGHT == 2**19
-    assert PHMLinear.WEIGHT_PER_ROW_UNCACHED == 2**14
+    # The boundaries of PHMLinear.choose_mode fitted with benchmarks/bench_phm.py, warm and on cold stacks of
+    # layers (docs/performance.md, "Cold cache"); hyperplex.layers.dispatch.PathSettings says why each exists.
     # Shapes only (the layer is never called), so large sizes cost nothing but the allocation.
     huge = PHMLinear(4096, 4096, 8, cache_dense=True)  # k·d = 2^24: the row budget is rows·n ≤ 256 in inference
     with torch.no_grad():
@@ -315,7 +306,7 @@ def test_auto_dispatch_by_rows_weight_size_and_grad_mode():
     assert big.choose_mode(129) == "materialized"  # weight budget: 129 rows > 2^20 / 2^13
     assert big.choose_mode(4096) == "materialized"
     assert PHMLinear(1024, 1024, 16).choose_mode(65) == "materialized"  # 65 · 16 > 1024 (small weight)
-    assert PHMLinear(2048, 2048, 16).choose_mode(65) == "materialized"  # 2^22 < LARGE_WEIGHT
+    assert PHMLinear(2048, 2048, 16).choose_mode(65) == "materialized"  # 2^22: not a large weight (4096²)
     with torch.no_grad():
         assert big.choose_mode(1) == "structured"
         assert big.choose_mode(8) == "structured"  # 8 · 2^17 ≤ 2^20
@@ -337,7 +328,6 @@ def test_inference_without_cache_dispatch_never_caches():
     # The default: no dense copy is kept. Without oneDNN, inference then takes, on weights of fewer than 2^20
     # elements for up to 128 rows, the pre-mixed path if the layer widens (k > d) and the structured path otherwise;
     # on larger weights the structured path while rows ≤ k·d / 2^14 and rows·n ≤ 256; and forms H for the call beyond.
-    assert (PHMLinear.SMALL_WEIGHT, PHMLinear.SMALL_WEIGHT_ROW_LIMIT) == (2**20, 128)
     widening = PHMLinear(384, 1536, 4)  # k > d, 589,824 < 2^20 → pre-mixed up to 128 rows
     narrowing = PHMLinear(1536, 384, 4)  # k < d → structured up to 128 rows
     square = PHMLinear(384, 384, 4)  # k = d → structured up to 128 rows
@@ -367,8 +357,6 @@ def test_inference_dispatch_takes_onednn_between_few_and_many_rows(monkeypatch):
     # (docs/performance.md, "oneDNN"): weights of 2^20 elements and up, rows·n from 4 to 2·d, rows·k·d ≥ 2^23,
     # and the pre-mixed path keeps its rows.
     monkeypatch.setenv("HYPERPLEX_NATIVE", "0")  # the compiled kernel would take ≤ 4 rows on large layers
-    assert (PHMLinear.ONEDNN_MIN_ROWS_N, PHMLinear.ONEDNN_ROWS_PER_INPUT) == (4, 2)
-    assert (PHMLinear.ONEDNN_MIN_WORK, PHMLinear.ONEDNN_MIN_WEIGHT) == (2**23, 2**20)
     widening, narrowing, square = PHMLinear(384, 1536, 4), PHMLinear(1536, 384, 4), PHMLinear(384, 384, 4)
     with torch.no_grad():
         # MiniLM's shapes stay off it by default (memory): the rules without oneDNN
@@ -383,7 +371,8 @@ def test_inference_dispatch_takes_onednn_between_few_and_many_rows(monkeypatch):
         assert big.choose_mode(1) == "onednn" and big.choose_mode(2048) == "onednn"
         assert big.choose_mode(2049) == "materialized"
         assert PHMLinear(4096, 4096, 2).choose_mode(1) == "structured"  # rows·n < 4
-        monkeypatch.setattr(PHMLinear, "ONEDNN_MIN_WEIGHT", 0)  # what a user who wants the speed sets
+        monkeypatch.setattr(PHMLinear, "path_settings",  # what a user who wants the speed sets
+                            dataclasses.replace(PHMLinear.path_settings, onednn_min_weight=0))
         assert widening.choose_mode(128) == "premixed"  # its own rows
         assert widening.choose_mode(129) == "onednn" and widening.choose_mode(192) == "onednn"  # 192·4 = 2·384
         assert widening.choose_mode(193) == "materialized"
@@ -602,19 +591,23 @@ def test_per_call_h_is_formed_into_one_reused_buffer_and_outputs_are_unchanged(f
     assert small.cached_bytes == 0 and large.cached_bytes == 0  # no layer keeps an H of its own
 
 
+def _blocked_from(columns: int, monkeypatch) -> None:
+    monkeypatch.setattr(PHMLinear, "path_settings", dataclasses.replace(PHMLinear.path_settings,
+                                                                        blocked_min_columns=columns))
+
+
 def test_wide_block_columns_form_h_one_block_column_at_a_time(fresh_buffers, monkeypatch):
-    from hyperplex.layers import functional
     from hyperplex.layers.functional import formation_buffer_bytes
 
     layer = _materialized_layer(32, 24, n=4, seed=5)  # d/n = 8
     x = torch.randn(2, 9, 32)
     want = layer(x)  # grad mode: H formed whole, differentiably
-    monkeypatch.setattr(functional, "BLOCKED_MIN_COLUMNS", 8)
+    _blocked_from(8, monkeypatch)
     with torch.inference_mode():
         got = layer(x)
     torch.testing.assert_close(got, want)
     assert formation_buffer_bytes() == 24 * 8 * 4  # one k x d/n block column, not the k x d H
-    monkeypatch.setattr(functional, "BLOCKED_MIN_COLUMNS", 9)  # narrower than that: H formed whole
+    _blocked_from(9, monkeypatch)  # narrower than that: H formed whole
     with torch.inference_mode():
         torch.testing.assert_close(layer(x), want)
     assert formation_buffer_bytes() == 24 * 32 * 4
@@ -623,7 +616,7 @@ def test_wide_block_columns_form_h_one_block_column_at_a_time(fresh_buffers, mon
 def test_block_columns_step_aside_under_autocast_and_for_another_input_dtype(fresh_buffers, monkeypatch):
     from hyperplex.layers import functional
 
-    monkeypatch.setattr(functional, "BLOCKED_MIN_COLUMNS", 8)
+    _blocked_from(8, monkeypatch)
     layer = _materialized_layer(32, 24, n=4, seed=6)
     x = torch.randn(2, 9, 32)
     with torch.inference_mode():

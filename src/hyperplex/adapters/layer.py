@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from hyperplex.adapters.config import PHMAdapterConfig
 from hyperplex.layers.functional import materialize_weight, phm_linear_structured
+from hyperplex.layers.functional import phm_linear_lowrank as phm_lowrank_structured  # one home for the kernel
 from hyperplex.layers.selection import dense_sizes, dense_source, is_dense
 
 __all__ = ["PHMDelta", "AdapterWrapper", "PHMAdaptedLinear", "SavedModule", "phm_lowrank_structured",
@@ -32,28 +33,6 @@ def tensors_sha256(named: list[tuple[str, Tensor]]) -> str:
         if t.numel():
             digest.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
     return digest.hexdigest()
-
-
-def phm_lowrank_structured(x: Tensor, rule: Tensor, left: Tensor, right: Tensor) -> Tensor:
-    """``x ΔWᵀ`` for ``ΔW = Σᵢ Aᵢ ⊗ (Lᵢ Rᵢ)`` without forming ``ΔW`` or any ``Sᵢ``. ``x``: ``(..., d)`` →
-    ``(..., k)``.
-
-    ``rule`` ``(n, n, n)``, ``left`` ``(n, k/n, r)`` (the ``Lᵢ``), ``right`` ``(n, r, d/n)`` (the ``Rᵢ``).
-    ``y_a = Σᵢ Lᵢ (Σ_c Aᵢ[a, c] Rᵢ x_c)``: project every input block on every ``Rᵢ`` (one matmul,
-    ``B·n·r·d`` flops), mix the blocks by the rules (``B·n³·r``), expand with every ``Lᵢ`` (one matmul,
-    ``B·n·r·k``). Weights read: ``r·(k + d)``.
-    """
-    n, k_n, r = left.shape
-    d_n = right.shape[2]
-    lead = x.shape[:-1]
-    blocks = x.reshape(-1, d_n)  # (B·n_c, d/n)
-    rows = blocks.shape[0] // n
-    projected = blocks @ right.reshape(n * r, d_n).T  # (B·n_c, n_i·r): Rᵢ x_c
-    projected = projected.view(rows, n, n, r).permute(2, 0, 3, 1).reshape(n, rows * r, n)  # (i, (b, r), c)
-    mixed = torch.bmm(projected, rule.transpose(1, 2).to(projected.dtype))  # (i, (b, r), a): Σ_c Aᵢ[a, c] Rᵢ x_c
-    mixed = mixed.view(n, rows, r, n).permute(1, 3, 0, 2).reshape(rows * n, n * r)  # ((b, a), (i, r))
-    out = mixed @ left.permute(0, 2, 1).reshape(n * r, k_n)  # ((b, a), q): Σᵢ Lᵢ (...)
-    return out.reshape(*lead, n * k_n)
 
 
 class PHMDelta(nn.Module):

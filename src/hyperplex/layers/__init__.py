@@ -1,19 +1,20 @@
 """Linear layers: PHM (learned or fixed hypercomplex rules), its Appendix-A form, and low-rank."""
 
 from hyperplex.layers.diffusion import DiffusionPHMLinear
+from hyperplex.layers.dispatch import PathSettings
 from hyperplex.layers.functional import (
-    formation_buffer_bytes, materialize_weight, phm_linear, phm_linear_blocked, phm_linear_premixed,
+    formation_buffer_bytes, materialize_weight, phm_linear, phm_linear_blocked, phm_linear_lowrank, phm_linear_premixed,
     phm_linear_reference, phm_linear_structured, release_formation_buffers,
 )
 from hyperplex.layers.lowrank import LowRankLinear, lowrank_parameter_count, matching_rank
 from hyperplex.layers.conversion import kronecker_decompose
 from hyperplex.layers.phm import (
-    FORWARD_MODES, PHMLinear, cache_dense_weights, cached_bytes, phm_parameter_count, release_dense_caches, shared_weights,
+    FORWARD_MODES, PHMLinear, PHMRule, cache_dense_weights, cached_bytes, phm_parameter_count, release_dense_caches, shared_weights,
 )
 
 __all__ = [
-    "PHMLinear", "DiffusionPHMLinear", "LowRankLinear", "FORWARD_MODES",
+    "PHMLinear", "PHMRule", "PathSettings", "DiffusionPHMLinear", "LowRankLinear", "FORWARD_MODES",
     "shared_weights", "cache_dense_weights", "cached_bytes", "release_dense_caches", "phm_parameter_count", "lowrank_parameter_count", "matching_rank", "kronecker_decompose",
-    "materialize_weight", "phm_linear", "phm_linear_blocked", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured",
+    "materialize_weight", "phm_linear", "phm_linear_blocked", "phm_linear_lowrank", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured",
     "formation_buffer_bytes", "release_formation_buffers",
 ]

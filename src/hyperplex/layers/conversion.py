@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from hyperplex.layers.lowrank import LowRankLinear
-from hyperplex.layers.phm import PHMLinear, RuleSpec
+from hyperplex.layers.phm import PHMLinear, PHMRule, RuleSpec
 
 __all__ = ["kronecker_decompose", "phm_from_linear", "lowrank_from_linear", "to_linear", "linear_from",
            "dense_weight", "copy_into_like", "lowrank_whitened", "kronecker_factor_gram", "kronecker_decompose_whitened",
@@ -58,6 +58,7 @@ def phm_from_linear(linear: nn.Linear, n: int, rule: RuleSpec = "learned", **kwa
     A learned rule gets the best ``n``-term Kronecker sum (:func:`kronecker_decompose`, exact when
     ``W`` is such a sum); a fixed rule gets the least-squares ``Sᵢ`` for that rule. The bias is copied.
     """
+    _check_fittable(rule, kwargs)
     W = linear.weight.detach()
     layer = PHMLinear(linear.in_features, linear.out_features, n, bias=linear.bias is not None, rule=rule,
                       device=W.device, dtype=W.dtype, **kwargs)
@@ -80,6 +81,17 @@ def phm_from_linear(linear: nn.Linear, n: int, rule: RuleSpec = "learned", **kwa
             layer.bias.copy_(linear.bias.detach())
     layer.invalidate_cache()
     return layer, error
+
+
+def _check_fittable(rule, kwargs: dict) -> None:
+    """The fits write one layer's own rule and full ``Sᵢ``: a shared rule (fitting it to one layer would change
+    every layer that shares it) and low-rank ``Sᵢ`` are refused by name."""
+    if isinstance(rule, PHMRule):
+        raise ValueError("cannot fit a shared PHMRule to one dense layer (it would change every layer sharing it); "
+                         "convert with rule='learned' or a fixed algebra")
+    if kwargs.get("factor_rank") is not None:
+        raise ValueError("conversion fits full Sᵢ; factor_rank is not supported here (build PHMLinear(..., "
+                         "factor_rank=r) and train or distil it)")
 
 
 def lowrank_from_linear(linear: nn.Linear, rank: int) -> tuple[LowRankLinear, float]:
@@ -128,6 +140,9 @@ def copy_into_like(target: nn.Module, weight: Tensor, bias: Tensor | None) -> tu
     if isinstance(target, nn.Linear):
         return dense, 0.0
     if isinstance(target, PHMLinear):
+        if target.rule_is_shared or target.factor_rank is not None:
+            raise TypeError("cannot copy a dense weight into a PHMLinear with a shared rule or factor_rank: "
+                            "the fit is per layer and writes full Sᵢ")
         rule = "learned" if target.rule_is_learned or target.n == 1 else (
             target.rule_name if target.rule_name != "custom" else target.phm_rule)
         return phm_from_linear(dense, target.n, rule=rule, forward_mode=target.forward_mode)
@@ -380,6 +395,7 @@ def phm_from_linear_whitened(linear: nn.Module, n: int, gram: Tensor, rule: Rule
     ``Aᵢ`` and takes the ``Sᵢ`` minimising the output error (one ``S``-step, exact). ``n = 1`` copies
     ``W``. Returns ``(layer, relative output error on the ridged Gram)``; the bias is copied.
     """
+    _check_fittable(rule, kwargs)
     W = linear.weight.detach()
     layer = PHMLinear(linear.in_features, linear.out_features, n, bias=linear.bias is not None, rule=rule,
                       device=W.device, dtype=W.dtype, **kwargs)

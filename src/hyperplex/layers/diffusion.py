@@ -66,12 +66,14 @@ class DiffusionPHMLinear(nn.Module):
 
     @classmethod
     def from_phm(cls, layer: PHMLinear) -> "DiffusionPHMLinear":
-        """The Appendix-A parameters expressing the same ``H`` as ``layer`` (any rule)."""
-        out = cls(layer.in_features, layer.out_features, layer.n, bias=layer.bias is not None,
-                  device=layer.phm_weight.device, dtype=layer.phm_weight.dtype)
+        """The Appendix-A parameters expressing the same ``H`` as ``layer`` (any rule, shared or not; low-rank
+        ``Sᵢ`` are formed)."""
         with torch.no_grad():
+            factors = layer.factors()
+            out = cls(layer.in_features, layer.out_features, layer.n, bias=layer.bias is not None,
+                      device=factors.device, dtype=factors.dtype)
             out.diffusion.copy_(layer.phm_rule.permute(2, 1, 0))  # B[i, a, m] = A[m, a, i]
-            out.blocks.copy_(layer.phm_weight.permute(2, 0, 1))  # T[j, m, q] = S[m, q, j]
+            out.blocks.copy_(factors.permute(2, 0, 1))  # T[j, m, q] = S[m, q, j]
             if out.bias is not None:
                 out.bias.copy_(layer.bias)
         return out

@@ -6,13 +6,13 @@ Shapes (PHM eq. 3.2–3.3; ``d`` = in_features, ``k`` = out_features):
 - ``weight`` ``(n, k/n, d/n)``   ``weight[i]`` is ``S_i``
 - ``H``      ``(k, d)``          ``H[a·k/n + q, c·d/n + j] = Σᵢ rule[i, a, c] · weight[i, q, j]``
 
-Three ways to compute ``y = x Hᵀ + b``:
+Ways to compute ``y = x Hᵀ + b`` (``PHMLinear`` picks one per call: :mod:`hyperplex.layers.dispatch`):
 
 - :func:`phm_linear_reference` — literally ``Σᵢ torch.kron(Aᵢ, Sᵢ)``; slow, for tests.
 - :func:`materialize_weight` + ``F.linear`` — forms ``H`` with one matmul and one permute (written straight into
-  its buffer, one batched product per block row, where no gradient is recorded)
-  (no ``n``-times-larger intermediate), then a dense matmul. Compute-bound regimes
-  (training batches) prefer it: its cost is a dense layer's plus ``O(n·k·d)`` to form ``H``.
+  its buffer, one batched product per block row, where no gradient is recorded; no ``n``-times-larger
+  intermediate), then a dense matmul. Compute-bound regimes (training batches) prefer it: its cost is a dense
+  layer's plus ``O(n·k·d)`` to form ``H``.
 - :func:`phm_linear_structured` — never forms ``H``: one matmul over the ``n`` input blocks
   reads each ``Sᵢ`` once, then the ``n × n`` mixing by the rule. It moves ``k·d/n`` weight
   numbers instead of ``k·d``, so memory-bound regimes (few rows, decoding) prefer it.
@@ -21,12 +21,14 @@ Three ways to compute ``y = x Hᵀ + b``:
   ``k·d/n`` copy per call). One well-shaped GEMM instead of ``n²`` small products and a mixing
   pass: faster for tens of rows on small weights, where the copy is cheap.
 - :func:`phm_linear_blocked` — forms ``H`` one block column at a time (``k × d/n``, one plain GEMM each, no
-  permute) and accumulates ``x_c H_cᵀ``: inference only. ``H`` is never held whole, and on MiniLM's widening layer
-  at hundreds of rows it ran 5–8% faster than forming all of ``H`` first (docs/performance.md).
+  permute) and accumulates ``x_c H_cᵀ``: inference only. ``H`` is never held whole, which on small layers with
+  wide block columns is also faster at many rows than forming all of ``H`` first.
 - :func:`phm_linear_onednn` — the structured product for inference on the CPU, its one large product run by
   PyTorch's oneDNN linear (``torch.ops.mkldnn._linear_pointwise``) instead of MKL's GEMM, and laid out so that the
   mixing by the rule is a batched matmul on a view (no copy). On this project's AMD CPU it reads the factors about
   twice as fast as MKL's skinny GEMM does at few rows (docs/performance.md). Inference only (no backward).
+- :func:`phm_linear_lowrank` — the structured product for low-rank factors ``Sᵢ = Lᵢ Rᵢ`` (Compacter): forms
+  neither ``H`` nor any ``Sᵢ``; reads ``r·(k + d)`` weight numbers.
 """
 
 from __future__ import annotations
@@ -38,12 +40,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["BLOCKED_MAX_WEIGHT", "BLOCKED_MIN_COLUMNS", "FORMATION_BUFFER_MAX_BYTES", "ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS",
-           "WEIGHT_FIRST_MAX_ROWS_N",
-           "WEIGHT_FIRST_MIN_WEIGHT", "formation_buffer", "formation_buffer_bytes", "materialize_weight",
+from hyperplex.layers.dispatch import recording_operations, structured_weight_first
+
+__all__ = ["FORMATION_BUFFER_MAX_BYTES", "ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS", "formation_buffer", "formation_buffer_bytes", "materialize_weight",
            "mix_partial_products", "onednn_available", "onednn_padded_rows", "onednn_reason", "phm_linear",
-           "phm_linear_blocked", "phm_linear_onednn", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured", "premix_inputs", "side_by_side",
-           "release_formation_buffers", "signed_permutation", "structured_weight_first", "takes_blocked"]
+           "phm_linear_blocked", "phm_linear_lowrank", "phm_linear_onednn", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured", "premix_inputs", "side_by_side",
+           "release_formation_buffers", "signed_permutation"]
 
 
 def _sizes(rule: Tensor, weight: Tensor) -> tuple[int, int, int]:
@@ -99,12 +101,6 @@ def materialize_weight(rule: Tensor, weight: Tensor, permutation: tuple[Tensor, 
     return blocks.permute(0, 2, 1, 3).reshape(n * k_n, n * d_n)  # (a, q, c, j) → (k, d)
 
 
-def recording_operations() -> bool:
-    """Whether PyTorch operations are being recorded into a graph (``torch.compile``, tracing, ONNX export): then
-    the paths that write into buffers in place or call the compiled kernel step aside for plain operations."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-
-
 def _form_in_place(rule: Tensor, weight: Tensor) -> bool:
     """Whether ``H`` may be written straight into its buffer: no gradient to record, and nothing recording
     operations, which keep the one-matmul graph."""
@@ -118,9 +114,8 @@ def _materialize_in_place(rule: Tensor, weight: Tensor, permutation: tuple[Tenso
     ``a``, one batched product over the ``k/n`` rows ``q`` of the factors, ``H[a, q, c, :] = Σᵢ rule[i, a, c]
     Sᵢ[q, :]``, whose output ``(q, c, j)`` is exactly block row ``a`` of ``H``. The one-matmul form computes the
     blocks in ``(a, c, q, j)`` order and then copies them into place, so it holds ``2·k·d`` numbers while it runs.
-    This matters where ``H`` is formed in inference on every call (many rows): on this project's CPU it forms a
-    4096² ``H`` in 29–32 ms against 52–57 ms, and a PHM n = 4 MiniLM encodes at batch 32 at the same speed either
-    way (docs/performance.md). Values equal the one-matmul form's up to float rounding."""
+    This matters where ``H`` is formed in inference on every call (many rows): half the memory while it forms, and
+    faster on large shapes (docs/performance.md). Values equal the one-matmul form's up to float rounding."""
     n, k_n, d_n = _sizes(rule, weight)
     dtype = weight.dtype  # as the one-matmul form: the rule is cast to the factors' dtype
     if out is None:
@@ -147,10 +142,9 @@ def formation_buffer(numel: int, dtype: torch.dtype, device: torch.device | str)
     than :data:`FORMATION_BUFFER_MAX_BYTES`).
 
     Without it every call that forms ``H`` allocates ``k·d`` fresh numbers and frees them; glibc hands blocks of this
-    size back to the system and takes them again, so each call page-faults its ``H`` in anew. Encoding 64 sentences at
-    batch 32 with a PHM n = 4 MiniLM, that was 7,500–13,000 page faults more than its teacher; with the buffer about
-    as many as the teacher, and batch 32 went from 0.87× to 0.91× of the teacher's speed in one same-process A/B and
-    from 0.90× to 1.03× in another (docs/performance.md, "Page faults"). The buffer is per thread (two threads never share one) and per dtype,
+    size back to the system and takes them again, so each call page-faults its ``H`` in anew, which made a PHM MiniLM
+    page-fault far more than its dense teacher and cost it speed at batch 32 (docs/performance.md, "Page faults").
+    The buffer is per thread (two threads never share one) and per dtype,
     grows to the largest ``H`` its thread has formed, and is kept until :func:`release_formation_buffers`. It holds
     whatever ``H`` was formed last, so only a caller that uses ``H`` at once, records no gradient and keeps no
     reference to it may take it (``PHMLinear.forward`` under ``torch.no_grad()`` or ``torch.inference_mode()``)."""
@@ -177,25 +171,6 @@ def release_formation_buffers() -> int:
     freed = formation_buffer_bytes()
     getattr(_FORMATION, "buffers", {}).clear()
     return freed
-
-
-#: ``PHMLinear`` forms a per-call ``H`` with :func:`phm_linear_blocked` (see :func:`takes_blocked`) on weights of fewer
-#: than ``BLOCKED_MAX_WEIGHT`` elements whose block columns are at least ``BLOCKED_MIN_COLUMNS`` wide (``d/n``): each
-#: of its ``n`` GEMMs has reduction length ``d/n``, and the output is read and written ``n`` times. Measured with
-#: ``benchmarks/bench_formation.py`` (one thread, 2026-11-27, docs/performance.md): on MiniLM's shapes with
-#: ``d/n ≥ 96`` it ran at 0.99–1.00× dense against 1.05–1.08× for the whole ``H`` on the widening 384 → 1536 layer
-#: (n = 4) and level or a little faster on the others, except the narrowing 1536 → 384 at 1,280 rows (1.04–1.06×
-#: against 1.03×); a PHM n = 4 MiniLM at batch 32 went from 0.93× to 0.97× of its teacher. On 1024² (n = 4, 8) and
-#: 4096² (n = 4, 16) at 1,024–4,096 rows it was level or slower (up to 1.13× against 1.04×), and with ``d/n`` = 48–64
-#: it lost on widening layers (384 → 1536, n = 8, 1,280 rows: 1.09× against 1.05×).
-BLOCKED_MIN_COLUMNS = 96
-BLOCKED_MAX_WEIGHT = 2 ** 20
-
-
-def takes_blocked(k: int, d: int, n: int) -> bool:
-    """Whether ``PHMLinear`` forms a per-call ``H`` of a ``k × d`` layer with ``n`` terms one block column at a
-    time (:func:`phm_linear_blocked`) rather than whole (see :data:`BLOCKED_MIN_COLUMNS`)."""
-    return n > 1 and d // n >= BLOCKED_MIN_COLUMNS and k * d < BLOCKED_MAX_WEIGHT
 
 
 def phm_linear_blocked(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None,
@@ -245,42 +220,30 @@ def phm_linear_blocked(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | N
     return out.view(*x.shape[:-1], k)
 
 
-#: :func:`phm_linear_structured` runs its product weight-first (``S @ Xᵀ``) only on a weight of at least
-#: ``WEIGHT_FIRST_MIN_WEIGHT`` elements (``k·d``) called with ``rows·n ≤ WEIGHT_FIRST_MAX_ROWS_N``, and input-first
-#: (``X @ Sᵀ``, the mixing on a view) everywhere else. Fitted on cold stacks of 1024² and 4096² layers, n = 2–16,
-#: 1–64 rows; see :func:`phm_linear_structured` for the measurements.
-WEIGHT_FIRST_MIN_WEIGHT = 2 ** 20
-WEIGHT_FIRST_MAX_ROWS_N = 8
-
-
-def structured_weight_first(rows: int, n: int, k: int, d: int) -> bool:
-    """Whether :func:`phm_linear_structured` takes its weight-first form for ``rows`` rows through a ``k × d``
-    layer with ``n`` terms (see :data:`WEIGHT_FIRST_MIN_WEIGHT`)."""
-    return k * d >= WEIGHT_FIRST_MIN_WEIGHT and rows * n <= WEIGHT_FIRST_MAX_ROWS_N
-
-
-def phm_linear_structured(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def phm_linear_structured(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None,
+                          weight_first: bool | None = None) -> Tensor:
     """``x Hᵀ + b`` without forming ``H``. ``x``: ``(..., d)`` → ``(..., k)``.
 
     One matmul of the ``rows·n`` input blocks ``X_c`` against the factors viewed as ``(k, d/n)`` (no copy) reads
     every ``Sᵢ`` once and gives the ``n²`` partial products ``X_c Sᵢᵀ``; then ``y_a = Σ_{c,i} rule[i, a, c]
-    (X_c Sᵢᵀ)`` mixes them. Two orientations, chosen by :func:`structured_weight_first`:
+    (X_c Sᵢᵀ)`` mixes them. Two orientations, ``weight_first`` (``None``: chosen by
+    :func:`~hyperplex.layers.dispatch.structured_weight_first` with the default settings):
 
     - input-first, ``P = X Sᵀ`` with rows ``(b, c)`` and columns ``(i, q)``: the mixing is one batched
       ``(n, n²) @ (n², k/n)`` matmul per row on a view of ``P`` whose output is already ``y``'s layout;
     - weight-first, ``Pᵀ = S Xᵀ``: for a few block rows on a large weight, BLAS then runs a matrix–vector-like
       kernel that streams ``S`` once, where the input-first form packs ``S`` first; the mixing needs a permute copy.
 
-    Measured on this project's CPU (2026-11-27, one thread; time of input-first / weight-first): on stacks of 1024²
-    and 4096² layers overflowing the cache, 0.57–1.04 from 8 rows on (inference and training), but up to 2.4 at
-    one or two block rows (1024², n = 2, one row); one 384² layer in a loop, 0.34–0.72 at every row count from 1 to
-    256 (docs/performance.md, "The structured product input-first"). Both are exact up to float rounding.
+    Input-first is the faster form except at one or two block rows on a large weight (docs/performance.md, "The
+    structured product input-first"). Both are exact up to float rounding.
     """
     n, k_n, d_n = _sizes(rule, weight)
     lead = x.shape[:-1]
     blocks = x.reshape(-1, d_n)  # (B·n_c, d/n), rows ordered (b, c)
     rows = blocks.shape[0] // n
-    if structured_weight_first(rows, n, n * k_n, n * d_n):
+    if weight_first is None:
+        weight_first = structured_weight_first(rows, n, n * k_n, n * d_n)
+    if weight_first:
         partial_t = weight.reshape(n * k_n, d_n) @ blocks.T  # (n_i·k/n, B·n_c)
         partial = partial_t.view(n, k_n, rows, n).permute(2, 1, 3, 0).reshape(rows * k_n, n * n)  # [(b, q), (c, i)]
         mix = rule.permute(2, 0, 1).reshape(n * n, n).to(partial.dtype)  # [(c, i), a] = rule[i, a, c]
@@ -314,6 +277,28 @@ def phm_linear_premixed(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | 
     n, k_n, d_n = weight.shape
     out = F.linear(premix_inputs(x, rule), side_by_side(weight)).reshape(*x.shape[:-1], n * k_n)  # (B, a, q) → (..., k)
     return out if bias is None else out + bias
+
+
+def phm_linear_lowrank(x: Tensor, rule: Tensor, left: Tensor, right: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x Hᵀ + b`` for ``H = Σᵢ Aᵢ ⊗ (Lᵢ Rᵢ)`` without forming ``H`` or any ``Sᵢ``. ``x``: ``(..., d)`` →
+    ``(..., k)``.
+
+    ``rule`` ``(n, n, n)``, ``left`` ``(n, k/n, r)`` (the ``Lᵢ``), ``right`` ``(n, r, d/n)`` (the ``Rᵢ``).
+    ``y_a = Σᵢ Lᵢ (Σ_c Aᵢ[a, c] Rᵢ x_c)``: project every input block on every ``Rᵢ`` (one matmul,
+    ``B·n·r·d`` multiply-adds), mix the blocks by the rule (``B·n³·r``), expand with every ``Lᵢ`` (one matmul,
+    ``B·n·r·k``). Weights read: ``r·(k + d)``.
+    """
+    n, k_n, r = left.shape
+    d_n = right.shape[2]
+    lead = x.shape[:-1]
+    blocks = x.reshape(-1, d_n)  # (B·n_c, d/n)
+    rows = blocks.shape[0] // n
+    projected = blocks @ right.reshape(n * r, d_n).T  # (B·n_c, n_i·r): Rᵢ x_c
+    projected = projected.view(rows, n, n, r).permute(2, 0, 3, 1).reshape(n, rows * r, n)  # (i, (b, r), c)
+    mixed = torch.bmm(projected, rule.transpose(1, 2).to(projected.dtype))  # (i, (b, r), a): Σ_c Aᵢ[a, c] Rᵢ x_c
+    mixed = mixed.view(n, rows, r, n).permute(1, 3, 0, 2).reshape(rows * n, n * r)  # ((b, a), (i, r))
+    out = (mixed @ left.permute(0, 2, 1).reshape(n * r, k_n)).reshape(*lead, n * k_n)  # ((b, a), q): Σᵢ Lᵢ (...)
+    return out if bias is None else out + bias.to(out.dtype)
 
 
 def premix_inputs(x: Tensor, rule: Tensor) -> Tensor:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.algebra import ALGEBRAS, algebra_rule
-from hyperplex.layers import native
+from hyperplex.layers import native, triton_phm
 from hyperplex.layers.functional import (
     formation_buffer, materialize_weight, onednn_available, phm_linear_blocked, phm_linear_onednn,
     phm_linear_premixed, phm_linear_structured, recording_operations, signed_permutation, takes_blocked,
@@ -368,6 +368,8 @@ class PHMLinear(nn.Module):
             return F.linear(input, self.phm_weight.view(self.out_features, self.in_features), self.bias)
         if self._shared_weight is not None:  # inside shared_weights(): H formed once for many calls
             return F.linear(input, self._shared_weight, self.bias)
+        if input.is_cuda and triton_phm.takes_triton(input, self):  # the fused few-row kernel: inference on CUDA
+            return triton_phm.triton_phm_linear(input, self.phm_rule, self.phm_weight, self.bias)
         mode = self.choose_mode(input.numel() // self.in_features, input.requires_grad and torch.is_grad_enabled())
         if mode == "structured":
             return phm_linear_structured(input, self.phm_rule, self.phm_weight, self.bias)
@@ -381,7 +383,7 @@ class PHMLinear(nn.Module):
             # H for this call only, used at once and saved by nothing: formed into the thread's reused buffer
             # (no fresh allocation to page-fault in on every call; functional.formation_buffer) — one block column
             # (k × d/n) at a time on small layers whose block columns are wide enough (takes_blocked)
-            if (takes_blocked(self.out_features, self.in_features, self.n)
+            if (takes_blocked(self.out_features, self.in_features, self.n) and input.device.type == "cpu"
                     and input.dtype == self.phm_weight.dtype and not torch.is_autocast_enabled(input.device.type)):
                 buffer = formation_buffer(self.out_features * self.in_features // self.n, self.phm_weight.dtype,
                                           self.phm_weight.device)

@@ -96,6 +96,7 @@ def _pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
+@functools.lru_cache(maxsize=1024)
 def plan(rows: int, n: int, k_n: int, d_n: int, dtype: torch.dtype, programs: int) -> Plan:
     """The :class:`Plan` for ``rows`` rows through factors ``(n, k_n, d_n)``, aiming at about ``programs``
     programs: the reduction is shared out (terms ``i`` first, then chunks of ``j``) until there are that many, but
@@ -117,6 +118,15 @@ def plan(rows: int, n: int, k_n: int, d_n: int, dtype: torch.dtype, programs: in
     j_chunks = -(-d_n // j_chunk)
     return Plan(block_rows, block_m, block_q, block_j, i_per, j_chunk, i_groups, j_chunks,
                 (q_tiles, row_blocks, i_groups * j_chunks))
+
+
+@functools.cache
+def _programs(device: torch.device) -> int:
+    """Programs to aim at on ``device``: four per multiprocessor on a GPU; eight under the interpreter (each program
+    is run one after another there, so fewer keep the tests fast)."""
+    if device.type != "cuda":
+        return 8
+    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @functools.cache
@@ -243,7 +253,7 @@ def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | No
     if rows == 0:
         return out.view(*x.shape[:-1], k)
     if programs is None:
-        programs = 8 if x.device.type != "cuda" else 4 * torch.cuda.get_device_properties(x.device).multi_processor_count
+        programs = _programs(x.device)
     p = plan(rows, n, k_n, d_n, x.dtype, programs)
     weight, rule = weight.contiguous(), rule.contiguous()
     bias_arg = bias.contiguous() if bias is not None else weight  # never read without HAS_BIAS

@@ -126,8 +126,8 @@ else
     PHM=(--sizes 1024 4096 --ns 4 16 --rows 1 64 1024 --mode warm --repeats 5 --budget-s 1)
     TRANS=(--d-model 512 --heads 8 --d-ff 2048 --layers 6 --batch 64 --vocab 32000 --steps 10 --sentences 4
            --decode-len 24 --repeats 3)
-    COMP=(--batch-sizes 1 32 --variants phm4 lowrank4 --sentences 64 --rounds 3)
-    ADAPT=(--sizes 1024x4096 4096x4096 --variants 4:full 4:8 --rows 1 32 256 --repeats 5)
+    COMP=(--batch-sizes 1 32 --variants phm4 lowrank4 --sentences 32 --rounds 3)
+    ADAPT=(--sizes 1024x4096 4096x4096 --variants 4:full 4:8 --rows 1 32 256 --repeats 5 --block-ms 20)
 fi
 
 # -m last on the line: it replaces any -m in pyproject's addopts, so a tier that deselects `cuda` there cannot hide these.

@@ -86,6 +86,7 @@ class Plan:
     i_groups: int
     j_chunks: int
     grid: tuple[int, int, int]
+    num_warps: int = 4
 
     @property
     def splits(self) -> int:
@@ -100,24 +101,29 @@ def _pow2(x: int) -> int:
 def plan(rows: int, n: int, k_n: int, d_n: int, dtype: torch.dtype, programs: int) -> Plan:
     """The :class:`Plan` for ``rows`` rows through factors ``(n, k_n, d_n)``, aiming at about ``programs``
     programs: the reduction is shared out (terms ``i`` first, then chunks of ``j``) until there are that many, but
-    never so far that the float32 partials (``splits·rows·k``) outweigh the factors."""
+    never so far that the float32 partials (``splits·rows·k``, written and read once more) exceed a quarter of the
+    factors' bytes."""
     block_rows = max(1, min(rows, 64 // n))
     block_m = max(16, _pow2(block_rows * n))
-    block_q = 64 if block_m <= 32 else 32
+    # 64 output columns a program while that leaves at least 16 tiles of them, else 32 (more programs at one row)
+    block_q = 64 if block_m <= 32 and k_n >= 1024 else 32
     block_j = 32 if dtype == torch.float32 else 64
     q_tiles, row_blocks = -(-k_n // block_q), -(-rows // block_rows)
     j_tiles = -(-d_n // block_j)
     factor_bytes = n * k_n * d_n * torch.empty((), dtype=dtype).element_size()
     partial_bytes = rows * n * k_n * 4
-    wanted = max(1, min(-(-programs // (q_tiles * row_blocks)), n * j_tiles, max(1, factor_bytes // partial_bytes)))
+    wanted = max(1, min(-(-programs // (q_tiles * row_blocks)), n * j_tiles, factor_bytes // (4 * partial_bytes)))
     i_groups = min(n, wanted)
     i_per = -(-n // i_groups)
     i_groups = -(-n // i_per)
-    tiles_per_chunk = -(-j_tiles // min(j_tiles, -(-wanted // i_groups)))
+    tiles_per_chunk = -(-j_tiles // max(1, min(j_tiles, wanted // i_groups)))  # splits never exceed `wanted`
     j_chunk = tiles_per_chunk * block_j
     j_chunks = -(-d_n // j_chunk)
+    # two (block_m × block_q) float32 accumulators: at 64 × 32 four warps would hold 32 of them each and run out of
+    # registers (255, with spills in float32), so larger tiles get eight warps
+    num_warps = 8 if block_m * block_q >= 2048 else 4
     return Plan(block_rows, block_m, block_q, block_j, i_per, j_chunk, i_groups, j_chunks,
-                (q_tiles, row_blocks, i_groups * j_chunks))
+                (q_tiles, row_blocks, i_groups * j_chunks), num_warps)
 
 
 @functools.cache
@@ -139,7 +145,7 @@ def _kernels():
     def phm_fused(x_ptr, w_ptr, rule_ptr, bias_ptr, out_ptr, rows, k_n, d_n, stride_x, i_per, j_chunk, j_chunks,
                   N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
                   BLOCK_J: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, FP32: tl.constexpr,
-                  UPCAST: tl.constexpr):
+                  UPCAST: tl.constexpr, EVEN_J: tl.constexpr):
         pid_q, pid_b, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         i0 = (pid_s // j_chunks) * i_per
         j0 = (pid_s % j_chunks) * j_chunk
@@ -159,11 +165,15 @@ def _kernels():
             acc_p = tl.zeros((BLOCK_M, BLOCK_Q), dtype=tl.float32)
             for j in range(j0, j_end, BLOCK_J):
                 j_idx = j + jj
-                j_ok = j_idx < j_end
-                xt = tl.load(x_ptr + b[:, None] * stride_x + part[:, None] * d_n + j_idx[None, :],
-                             mask=m_ok[:, None] & j_ok[None, :], other=0.0)
-                st = tl.load(w_ptr + (i * k_n + q[None, :]) * d_n + j_idx[:, None],
-                             mask=q_ok[None, :] & j_ok[:, None], other=0.0)  # Sᵢ[q, j] as (j, q)
+                x_ptrs = x_ptr + b[:, None] * stride_x + part[:, None] * d_n + j_idx[None, :]
+                s_ptrs = w_ptr + (i * k_n + q[None, :]) * d_n + j_idx[:, None]  # Sᵢ[q, j] as (j, q)
+                if EVEN_J:  # no mask along j, the contiguous axis: the loads can be 16 bytes wide
+                    xt = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+                    st = tl.load(s_ptrs, mask=q_ok[None, :], other=0.0)
+                else:
+                    j_ok = j_idx < j_end
+                    xt = tl.load(x_ptrs, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
+                    st = tl.load(s_ptrs, mask=q_ok[None, :] & j_ok[:, None], other=0.0)
                 if UPCAST:
                     xt, st = xt.to(tl.float32), st.to(tl.float32)
                 if FP32:
@@ -268,7 +278,8 @@ def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | No
     fused[p.grid](flat, weight, rule, bias_arg, target, rows, k_n, d_n, flat.stride(0), p.i_per, p.j_chunk, p.j_chunks,
                   N=n, BLOCK_ROWS=p.block_rows, BLOCK_M=p.block_m, BLOCK_Q=p.block_q, BLOCK_J=p.block_j, SPLIT=split,
                   HAS_BIAS=bias is not None, FP32=x.dtype == torch.float32,
-                  UPCAST=interpreting() and x.dtype != torch.float32, num_warps=4)
+                  UPCAST=interpreting() and x.dtype != torch.float32, EVEN_J=d_n % p.block_j == 0,
+                  num_warps=p.num_warps)
     if split:
         block = 1024
         reduce[(-(-rows * k // block),)](workspace, bias_arg, out, rows * k, k, p.splits,

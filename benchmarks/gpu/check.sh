@@ -120,7 +120,8 @@ if [ $QUICK = 1 ]; then
     ADAPT=(--quick --sizes 384x1536 --variants 4:full --rows 1 --repeats 2)
 else
     B_TEST=210; B_KERNEL=70; B_PHM=50; B_TRANS=60; B_COMP=50; B_ADAPT=30
-    TESTS=(tests/cuda tests/layers/test_triton_phm.py)
+    # the slowest (model conversions, a training run) last, so that a timeout costs the fewest results
+    TESTS=(tests/layers/test_triton_phm.py tests/cuda/test_phm_paths.py tests/cuda/test_models_cuda.py --durations=10)
     KERNEL=()
     # warm only: a 4096² float32 weight (64 MiB) already exceeds the card's L2, so every call reads it from memory
     PHM=(--sizes 1024 4096 --ns 4 16 --rows 1 64 1024 --mode warm --repeats 5 --budget-s 1)

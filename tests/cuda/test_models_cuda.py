@@ -2,8 +2,8 @@
 
 - a PHM / quaternion Transformer translator: logits and every parameter's gradient, float32 and bf16 autocast,
   against a float64 CPU copy;
-- a converted encoder (the tiny random BERT of tests/conftest.py, and the real all-MiniLM-L6-v2 where its package
-  or a folder in ``HYPERPLEX_MINILM`` is there): PHM n = 4 and low-rank, outputs against float64;
+- a converted encoder (the tiny random BERT of tests/conftest.py, and on CUDA the real all-MiniLM-L6-v2 where its
+  package or a folder in ``HYPERPLEX_MINILM`` is there): PHM n = 4 and low-rank, outputs against float64;
 - a short training run (the tiny arithmetic translator, 24 steps) on CUDA follows the CPU run's loss curve.
 """
 
@@ -98,7 +98,10 @@ def _minilm_folder():
 
 
 @pytest.mark.parametrize("kind", ["phm", "lowrank"])
-def test_converted_minilm(device, precision, check, kind):
+def test_converted_minilm(cuda_device, precision, check, kind):
+    """On CUDA only: converting the real model takes tens of seconds on a CPU, and its CPU outputs are checked in
+    tests/convert; here the converted layers run on the GPU against the float64 CPU copy."""
+    device = cuda_device
     sentence_transformers = pytest.importorskip("sentence_transformers")
     from hyperplex.convert import convert_linears
 

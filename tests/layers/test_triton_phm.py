@@ -94,6 +94,9 @@ def test_leading_dimensions_and_a_strided_input():
     got = triton_phm_linear(x, rule, weight, bias)
     assert got.shape == (2, 3, 32)
     assert _relative_error(got, _reference(x, rule, weight, bias)) < TOLERANCE[torch.float32]
+    rows = torch.randn(5, 100, generator=gen).to(DEVICE)[:, 8:72]  # rows 100 apart: read in place, not copied
+    got = triton_phm_linear(rows, rule, weight, bias)
+    assert _relative_error(got, _reference(rows, rule, weight, bias)) < TOLERANCE[torch.float32]
 
 
 @pytest.mark.parametrize("rows,n,k_n,d_n", [(1, 2, 2048, 2048), (1, 16, 256, 256), (64, 16, 256, 256),

@@ -123,9 +123,10 @@ def test_converted_minilm(cuda_device, precision, check, kind):
 
 
 def _losses(model_dir):
+    """The training losses logged in ``metrics.csv`` (long format: step, epoch, split, name, value), by step."""
     with open(os.path.join(model_dir, "metrics.csv"), newline="") as f:
-        rows = [row for row in csv.DictReader(f) if row.get("loss")]
-    return [float(row["loss"]) for row in rows]
+        rows = [row for row in csv.DictReader(f) if row["split"] == "train" and row["name"] == "loss"]
+    return [float(row["value"]) for row in sorted(rows, key=lambda row: int(row["step"]))]
 
 
 def test_training_on_cuda_follows_the_cpu_loss_curve(cuda_device, tmp_path):

@@ -31,7 +31,9 @@ import torch
 from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as _TorchDynamicLinear
 
-from hyperplex.layers.functional import mix_partial_products, phm_linear_structured, premix_inputs, side_by_side
+from hyperplex.layers.functional import (
+    mix_partial_products, phm_linear_structured, premix_inputs, refuse_off_cpu, side_by_side,
+)
 from hyperplex.convert.serialize import QUANTIZED_SPEC_NAME, deduplicate_tensors, retie_aliases
 from hyperplex.layers.lowrank import LowRankLinear
 from hyperplex.layers.phm import PHMLinear
@@ -102,6 +104,12 @@ def _per_channel_int8(weight: Tensor) -> Tensor:
     return torch.quantize_per_channel(weight, scales.double(), zero_points.long(), 0, torch.qint8)
 
 
+def _refuse_off_cpu(module: nn.Module, x: Tensor) -> None:
+    name = getattr(module, QUANTIZED_NAME, "") or type(module).__name__
+    refuse_off_cpu(f"int8 layer {name!r}", "PyTorch's quantised kernels are CPU-only; pass CPU inputs to the int8 "
+                   "model (model.cpu()), or run the float model on the GPU", x)
+
+
 def _training_error(module: nn.Module) -> QuantizationError:
     name = getattr(module, QUANTIZED_NAME, "") or type(module).__name__
     return QuantizationError(
@@ -128,6 +136,7 @@ class QuantizedLinear(_TorchDynamicLinear):
     def forward(self, x: Tensor) -> Tensor:
         if self.training:
             raise _training_error(self)
+        _refuse_off_cpu(self, x)
         return super().forward(x.float()).to(x.dtype)
 
     @classmethod
@@ -274,6 +283,7 @@ class QuantizedPHMLinear(nn.Module):
             raise _training_error(self)
         if input.shape[-1] != self.in_features:
             raise ValueError(f"expected input with last dimension {self.in_features}, got shape {tuple(input.shape)}")
+        _refuse_off_cpu(self, input)
         n, k_n, d_n = self.n, self.out_features // self.n, self.in_features // self.n
         if self.path == "dequantized":
             return phm_linear_structured(input, self.phm_rule, self.dequantized_phm_weight(), self.bias).to(input.dtype)

@@ -133,10 +133,11 @@ def formation(k: int, d: int, n: int, input_dtype: torch.dtype, weight_dtype: to
     """How the materialized path forms this call's ``H``: ``"blocked"`` (one block column at a time into a reused
     buffer), ``"buffer"`` (whole, written into a reused buffer) or ``"graph"`` (whole, a fresh differentiable
     tensor). The reused buffer holds only an ``H`` that no gradient and no recorded graph keeps; the block columns
-    also need the input in the factors' dtype and no autocast (``F.linear`` on the whole ``H`` does the casting)."""
+    also need the CPU (``phm_linear_blocked`` is CPU-only), the input in the factors' dtype and no autocast
+    (``F.linear`` on the whole ``H`` does the casting)."""
     if torch.is_grad_enabled() or recording_operations():
         return "graph"
-    if (takes_blocked(k, d, n, settings) and input_dtype == weight_dtype
+    if (device.type == "cpu" and takes_blocked(k, d, n, settings) and input_dtype == weight_dtype
             and not torch.is_autocast_enabled(device.type)):
         return "blocked"
     return "buffer"

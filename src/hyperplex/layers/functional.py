@@ -45,7 +45,15 @@ from hyperplex.layers.dispatch import recording_operations, structured_weight_fi
 __all__ = ["FORMATION_BUFFER_MAX_BYTES", "ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS", "formation_buffer", "formation_buffer_bytes", "materialize_weight",
            "mix_partial_products", "onednn_available", "onednn_padded_rows", "onednn_reason", "phm_linear",
            "phm_linear_blocked", "phm_linear_lowrank", "phm_linear_onednn", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured", "premix_inputs", "side_by_side",
-           "release_formation_buffers", "signed_permutation"]
+           "refuse_off_cpu", "release_formation_buffers", "signed_permutation"]
+
+
+def refuse_off_cpu(function: str, advice: str, *tensors: Tensor | None) -> None:
+    """Raise :class:`ValueError` naming ``function`` (a CPU-only path) and ``advice`` (what to do instead) if any of
+    ``tensors`` is on another device (CUDA, meta, ...)."""
+    device = next((t.device for t in tensors if t is not None and t.device.type != "cpu"), None)
+    if device is not None:
+        raise ValueError(f"{function} runs on the CPU only, got a tensor on {device}: {advice}")
 
 
 def _sizes(rule: Tensor, weight: Tensor) -> tuple[int, int, int]:
@@ -184,7 +192,10 @@ def phm_linear_blocked(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | N
     given (a contiguous tensor of at least ``k·d/n`` elements of the factors' dtype and device, e.g. from
     :func:`formation_buffer`), else in one tensor for the call. The same sums as ``F.linear(x, H, b)`` in another
     order (equal up to float rounding). Raises :class:`ValueError` where a gradient would be recorded or operations
-    are being recorded (the block is overwritten from one column to the next), and under autocast."""
+    are being recorded (the block is overwritten from one column to the next), under autocast, and for tensors off
+    the CPU (its block sizes were measured on the CPU; PHMLinear forms ``H`` whole on a GPU)."""
+    refuse_off_cpu("phm_linear_blocked", "on a GPU use F.linear(x, materialize_weight(rule, weight), bias), which "
+                   "PHMLinear takes there", x, rule, weight, bias, buffer)
     n, k_n, d_n = _sizes(rule, weight)
     k, d = n * k_n, n * d_n
     if ((torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, rule, weight, bias)))

@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from hyperplex.layers.functional import cpu_inference_reason
+from hyperplex.layers.functional import cpu_inference_reason, refuse_off_cpu
 
 __all__ = ["ENV_VAR", "INSTALL_MARKER", "SELF_CHECK_SHAPES", "SELF_CHECK_TOLERANCE", "STREAMED_MIN_FACTORS",
            "STREAMED_ROW_LIMIT", "build_native_kernels", "enable_native_kernels", "install_native_kernels",
@@ -402,7 +402,10 @@ def uninstall_native_kernels() -> str | None:
 
 def phm_linear_streamed(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x Hᵀ + b`` with ``H = Σᵢ rule[i] ⊗ weight[i]``, through the compiled kernel (built on first call).
-    ``x``: ``(..., d)`` → ``(..., k)``. Inference only: CPU, float32, no gradient."""
+    ``x``: ``(..., d)`` → ``(..., k)``. Inference only: CPU, float32, no gradient (:class:`ValueError` for a tensor
+    off the CPU, :class:`RuntimeError` for the rest)."""
+    refuse_off_cpu("phm_linear_streamed (the native kernel)", "on a GPU leave the layer in forward_mode='auto', which "
+                   "takes the GPU paths", x, rule, weight, bias)
     reason = streamable(x, rule, weight, bias)
     if reason is not None:
         raise RuntimeError(f"the streamed PHM kernel cannot run here: {reason}")

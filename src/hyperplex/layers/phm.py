@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.algebra import ALGEBRAS
-from hyperplex.layers import native
+from hyperplex.layers import native, triton_phm
 from hyperplex.layers.dispatch import (
     DEFAULT_PATH_SETTINGS,
     PathSettings,
@@ -394,6 +394,8 @@ class PHMLinear(nn.Module):
             return F.linear(input, self.factors().view(self.out_features, self.in_features), self.bias)
         if self._shared_weight is not None:  # inside shared_weights(): H formed once for many calls
             return F.linear(input, self._shared_weight, self.bias)
+        if self.factor_rank is None and input.is_cuda and triton_phm.takes_triton(input, self):
+            return triton_phm.triton_phm_linear(input, self.phm_rule, self.phm_weight, self.bias)  # fused few-row kernel
         rows = input.numel() // self.in_features
         mode = self.choose_mode(rows, input.requires_grad and torch.is_grad_enabled())
         if mode == "structured":

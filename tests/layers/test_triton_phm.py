@@ -1,0 +1,154 @@
+"""The fused few-row Triton kernel (hyperplex.layers.triton_phm) against the float64 Kronecker reference.
+
+Where CUDA is present the kernel runs on the GPU; elsewhere on CPU tensors under Triton's interpreter, which this
+module switches on itself (``TRITON_INTERPRET=1`` is set here, before the kernel is first defined: the kernels are
+built at first use, so setting it at import of this module is early enough, with no subprocess). The module skips
+cleanly without Triton (``pip install 'hyperplex[triton]'``). Every output (and, where the reduction is shared out,
+every float32 partial) is poisoned with NaN first, so an element the kernel never wrote fails the check.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from hyperplex.layers import PHMLinear  # noqa: E402
+from hyperplex.layers import triton_phm  # noqa: E402
+from hyperplex.layers.functional import phm_linear_reference  # noqa: E402
+from hyperplex.layers.triton_phm import plan, takes_triton, triton_phm_linear, triton_reason  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not triton_phm.interpreting():
+    pytest.skip("no CUDA and TRITON_INTERPRET is set to something other than 1", allow_module_level=True)
+
+#: ‖y − ref‖ / ‖ref‖ bounds. float32: full-precision products (input_precision="ieee") of a few hundred terms,
+#: far under 1e-5. bfloat16: the reference is computed from the same bf16-rounded inputs, so what remains is the
+#: output's rounding to bf16 (relative 2⁻⁹ per element) and the TF32 mixing on a GPU: under 1e-2.
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+#: (n, d, k): every n the issue names; square, widening, narrowing and non-power-of-two sizes, block widths that are
+#: not multiples of the kernel's tiles (33/3 = 11, 136/8 = 17, 80/16 = 5), and blocks that are (256/2 = 128 and
+#: 256/4 = 64: the kernel's unmasked path along j).
+SHAPES = [(2, 64, 64), (2, 30, 94), (2, 256, 64), (3, 33, 12), (3, 96, 48), (4, 100, 96), (4, 64, 256), (4, 256, 96),
+          (8, 136, 72), (8, 64, 64), (16, 80, 48), (16, 256, 128)]
+
+
+def _reference(x, rule, weight, bias):
+    return phm_linear_reference(x.double(), rule.double(), weight.double(), None if bias is None else bias.double())
+
+
+def _inputs(n, d, k, rows, dtype, with_bias, gen):
+    x = torch.randn(rows, d, generator=gen).to(dtype)
+    rule = torch.randn(n, n, n, generator=gen).to(dtype)
+    weight = (torch.randn(n, k // n, d // n, generator=gen) / d ** 0.5).to(dtype)
+    bias = torch.randn(k, generator=gen).to(dtype) if with_bias else None
+    move = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    return move(x), move(rule), move(weight), move(bias)
+
+
+def _relative_error(got, want):
+    assert torch.isfinite(got).all(), "the kernel left unwritten (NaN-poisoned) or non-finite outputs"
+    return ((got.double().cpu() - want.cpu()).norm() / want.cpu().norm()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("rows", [1, 64])
+@pytest.mark.parametrize("n,d,k", SHAPES)
+def test_matches_the_float64_reference(n, d, k, rows, with_bias, dtype):
+    gen = torch.Generator().manual_seed(n * 1_000_003 + d * 1009 + k * 31 + rows * 7 + 2 * with_bias + (dtype == torch.bfloat16))
+    x, rule, weight, bias = _inputs(n, d, k, rows, dtype, with_bias, gen)
+    want = _reference(x, rule, weight, bias)
+    out = torch.full((rows, k), float("nan"), dtype=dtype, device=DEVICE)
+    p = plan(rows, n, k // n, d // n, dtype, 8)
+    workspace = torch.full((p.splits, rows, k), float("nan"), device=DEVICE)
+    got = triton_phm_linear(x, rule, weight, bias, out=out, programs=8, _workspace=workspace)
+    assert got.data_ptr() == out.data_ptr() and got.dtype == dtype and got.shape == (rows, k)
+    if p.splits > 1:  # every partial was written: none left at NaN
+        assert torch.isfinite(workspace).all()
+    assert _relative_error(got, want) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("programs", [1, 3, 64, 10_000])
+def test_every_split_of_the_reduction_gives_the_same_function(programs):
+    """Sharing the reduction over terms and chunks (few programs up to as many as the sizes allow) changes only
+    the order of the sums."""
+    gen = torch.Generator().manual_seed(programs)
+    x, rule, weight, bias = _inputs(8, 1000, 64, 2, torch.float32, True, gen)  # d/n = 125: a ragged last chunk
+    splits = plan(2, 8, 8, 125, torch.float32, programs).splits
+    assert (splits > 1) == (programs > 1)  # 3: three groups of terms (3, 3, 2); 64 and up: terms and chunks
+    got = triton_phm_linear(x, rule, weight, bias, programs=programs)
+    assert _relative_error(got, _reference(x, rule, weight, bias)) < TOLERANCE[torch.float32]
+
+
+def test_leading_dimensions_and_a_strided_input():
+    gen = torch.Generator().manual_seed(5)
+    _, rule, weight, bias = _inputs(4, 64, 32, 1, torch.float32, True, gen)
+    x = torch.randn(2, 3, 128, generator=gen).to(DEVICE)[..., ::2]  # (2, 3, 64), last-dim stride 2
+    got = triton_phm_linear(x, rule, weight, bias)
+    assert got.shape == (2, 3, 32)
+    assert _relative_error(got, _reference(x, rule, weight, bias)) < TOLERANCE[torch.float32]
+    rows = torch.randn(5, 100, generator=gen).to(DEVICE)[:, 8:72]  # rows 100 apart: read in place, not copied
+    got = triton_phm_linear(rows, rule, weight, bias)
+    assert _relative_error(got, _reference(rows, rule, weight, bias)) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("rows,n,k_n,d_n", [(1, 2, 2048, 2048), (1, 16, 256, 256), (64, 16, 256, 256),
+                                             (64, 2, 2048, 2048), (8, 3, 11, 33), (7, 8, 9, 17)])
+@pytest.mark.parametrize("programs", [1, 528, 10 ** 6])
+def test_plan_covers_every_term_and_column_exactly_once(rows, n, k_n, d_n, programs):
+    p = plan(rows, n, k_n, d_n, torch.bfloat16, programs)
+    assert p.block_m >= max(16, p.block_rows * n) and p.block_m & (p.block_m - 1) == 0
+    terms = [i for g in range(p.i_groups) for i in range(g * p.i_per, min(n, (g + 1) * p.i_per))]
+    columns = [j for c in range(p.j_chunks) for j in range(c * p.j_chunk, min(d_n, (c + 1) * p.j_chunk))]
+    assert sorted(terms) == list(range(n)) and sorted(columns) == list(range(d_n))
+    assert p.grid == (-(-k_n // p.block_q), -(-rows // p.block_rows), p.splits)
+    assert p.j_chunk % p.block_j == 0 and p.num_warps in (4, 8)
+    partials, factors = p.splits * rows * n * k_n * 4, n * k_n * d_n * 2
+    assert p.splits == 1 or 4 * partials <= factors  # the partials stay under a quarter of the factors
+    assert p.splits <= max(1, programs)
+
+
+def test_forward_only_refuses_a_gradient():
+    gen = torch.Generator().manual_seed(1)
+    x, rule, weight, bias = _inputs(4, 32, 32, 2, torch.float32, True, gen)
+    weight.requires_grad_(True)
+    with pytest.raises(ValueError, match="triton_phm_linear cannot run here: it is forward-only"):
+        triton_phm_linear(x, rule, weight, bias)
+    with torch.no_grad():
+        got = triton_phm_linear(x, rule, weight, bias)
+    assert _relative_error(got, _reference(x, rule, weight.detach(), bias)) < TOLERANCE[torch.float32]
+
+
+def test_bad_input_is_refused_by_name():
+    gen = torch.Generator().manual_seed(2)
+    x, rule, weight, bias = _inputs(4, 32, 32, 2, torch.float32, True, gen)
+    with pytest.raises(ValueError, match="share one of"):
+        triton_phm_linear(x.double(), rule, weight, bias)
+    with pytest.raises(ValueError, match="last dimension 32"):
+        triton_phm_linear(x[:, :16], rule, weight, bias)
+    with pytest.raises(ValueError, match=r"bias must have shape \(32,\)"):
+        triton_phm_linear(x, rule, weight, bias[:8])
+    with pytest.raises(ValueError, match="out must be a contiguous"):
+        triton_phm_linear(x, rule, weight, bias, out=torch.empty(3, 32, device=DEVICE))
+    assert "different devices" in triton_reason(x, rule.to("meta"), weight, bias)
+
+
+def test_auto_takes_it_only_for_cuda_inference():
+    """``takes_triton`` is the one decision: never a CPU input (even under the interpreter), never with a gradient
+    to record, never beyond TRITON_MAX_ROWS rows, never outside ``auto``."""
+    layer = PHMLinear(32, 32, 4).to(DEVICE)
+    one = torch.randn(1, 32, device=DEVICE)
+    with torch.no_grad():
+        assert takes_triton(one, layer) == (DEVICE == "cuda")
+        assert not takes_triton(torch.randn(triton_phm.TRITON_MAX_ROWS + 1, 32, device=DEVICE), layer)
+        layer.forward_mode = "structured"
+        assert not takes_triton(one, layer)
+        layer.forward_mode = "auto"
+    assert not takes_triton(one, layer)  # a weight gradient to record

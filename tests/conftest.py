@@ -8,8 +8,8 @@ import torch
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 # The suite must not depend on whether `hyperplex native` installed the compiled PHM kernel on this machine (with
-# HYPERPLEX_NATIVE unset, `auto` layers would take it): off unless a test turns it on itself (tests/layers/test_native.py
-# installs it only into a private copy of the cache, the `kernel_cache` fixture).
+# HYPERPLEX_NATIVE unset, `auto` layers would take it): off unless a test turns it on itself
+# (tests/layers/test_native.py installs it only into a private copy of the cache, the `kernel_cache` fixture).
 os.environ["HYPERPLEX_NATIVE"] = "0"
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
@@ -118,8 +118,9 @@ def torchrun(*args, timeout=300):
 
 def write_tiny_config(directory, **training):
     """A seconds-long arithmetic run with a tiny PHM Transformer (generated data, no files)."""
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     cfg = {
         "name": "tiny", "seed": 3,
@@ -157,8 +158,8 @@ def write_tiny_bert(folder, layers: int = 2) -> None:
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *TINY_BERT_WORDS]
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=32)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=layers,
+                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=32)
     transformers.BertModel(config).save_pretrained(folder)
     transformers.BertTokenizerFast(os.fspath(folder / "vocab.txt")).save_pretrained(folder)
 

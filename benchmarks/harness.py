@@ -108,9 +108,11 @@ def rotations(names: list[str], rounds: int) -> Iterator[list[str]]:
 
 def interleave(calls: dict[str, Callable[[], object]], rounds: int, *, device: torch.device | str = "cpu",
                number: int | dict[str, int] = 1, warmup: int = 1, clock: Callable[[], float] = time.perf_counter,
-               context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> Timings:
+               context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+               before: Callable[[str], object] | None = None) -> Timings:
     """Time every call in ``rounds`` interleaved rounds (:func:`rotations`), each sample a block of ``number`` calls
-    (per name where a dict), after ``warmup`` untimed calls each; every call runs under ``context()``."""
+    (per name where a dict), after ``warmup`` untimed calls each; every call runs under ``context()``, and
+    ``before(name)``, where given, untimed before each of ``name``'s samples."""
     names = list(calls)
     per_name = number if isinstance(number, dict) else dict.fromkeys(names, number)
     with context():
@@ -121,6 +123,8 @@ def interleave(calls: dict[str, Callable[[], object]], rounds: int, *, device: t
         timings = Timings({name: [] for name in names})
         for order in rotations(names, rounds):
             for name in order:
+                if before is not None:
+                    before(name)
                 timings.samples[name].append(time_per_call(calls[name], per_name[name], device, clock))
     return timings
 

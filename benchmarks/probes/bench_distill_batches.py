@@ -5,7 +5,7 @@ shuffled, unsorted order (``false``), on the same student and corpus, as a ratio
 Usage (from the repository root; needs ``pip install "hyperplex[pretrained]"`` and a corpus built by
 ``hyperplex corpus``)::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_distill_batches.py \\
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/bench_distill_batches.py \\
         --corpus runs/corpus/distill.txt.gz --data-root ../shared/data --steps 12
 
 Method: the config's task is prepared twice, once per order (``--training.bucket=true`` / ``false``, every other

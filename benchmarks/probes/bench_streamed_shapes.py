@@ -15,8 +15,8 @@ of a stack of ``nn.Linear(D, K)`` run in the same round:
 Each figure is the median over ``--rounds`` rounds of the median of ``--repeats`` passes through the stack.
 Usage (from the repository root; builds the kernel first, about a minute the first time)::
 
-    PYTHONPATH=src python benchmarks/bench_streamed_shapes.py
-    PYTHONPATH=src python benchmarks/bench_streamed_shapes.py --shapes 4096:1024 3072:768 --ns 8 16 --rows 1 4
+    PYTHONPATH=src python benchmarks/probes/bench_streamed_shapes.py
+    PYTHONPATH=src python benchmarks/probes/bench_streamed_shapes.py --shapes 4096:1024 3072:768 --ns 8 16 --rows 1 4
 """
 
 from __future__ import annotations

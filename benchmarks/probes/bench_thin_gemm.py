@@ -29,7 +29,7 @@ Each line ends with ``bound``: the least ×dense any form could reach on this CP
 factors' share of the dense bytes, read at the dense layer's rate) and the time the dense layer's
 ``2·rows·d²`` flops take at the rate of a hot ``1024³`` GEMM (this CPU's practical peak, printed first).
 
-Usage: ``OMP_NUM_THREADS=1 python benchmarks/bench_thin_gemm.py --threads 1 --d 4096 --rows 1``. Run it on a
+Usage: ``OMP_NUM_THREADS=1 python benchmarks/probes/bench_thin_gemm.py --threads 1 --d 4096 --rows 1``. Run it on a
 quiet machine: the ratios are of memory-bound kernels and move with other processes' memory traffic.
 """
 

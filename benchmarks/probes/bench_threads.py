@@ -3,8 +3,8 @@
 
 Usage (from the repository root)::
 
-    PYTHONPATH=src python benchmarks/bench_threads.py --quick      # about a minute on 2 cores
-    PYTHONPATH=src python benchmarks/bench_threads.py --threads 1 4 --widths 64 512 --rows 32 4096
+    PYTHONPATH=src python benchmarks/probes/bench_threads.py --quick      # about a minute on 2 cores
+    PYTHONPATH=src python benchmarks/probes/bench_threads.py --threads 1 4 --widths 64 512 --rows 32 4096
 
 Workloads, each timed at every thread count of ``--threads`` in interleaved rounds (the count
 rotating every round, so drift on a shared machine hits all counts alike):

@@ -10,7 +10,7 @@ healing), on the first ``--sentences`` distinct English sentences of ``tatoeba_e
   and onnxruntime's sentences/s at batch 1 and 32 as a ratio to the teacher's own ONNX export in the same
   run (``--rounds`` interleaved rounds, medians); PHM in each of ``export_onnx``'s ``phm`` modes.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/check_deploy.py --data-root ../shared/data --out /tmp/deploy
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/check_deploy.py --data-root ../shared/data --out /tmp/deploy
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Each variant runs a stack of ``--layers`` distinct layers per shape (weights bey
 footprint, as in a model), ``--repeats`` interleaved rounds; the median time per stack call is printed as
 a ratio to the float dense stack measured in the same round.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/check_quantize.py --threads 1
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/check_quantize.py --threads 1
 """
 
 from __future__ import annotations

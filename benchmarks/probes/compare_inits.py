@@ -4,9 +4,9 @@ whitened, whitened_als} × {PHM n, low-rank at PHM n's parameters}, on the same 
 
 Usage (from the repository root; needs ``pip install "hyperplex[pretrained]"``)::
 
-    PYTHONPATH=src python benchmarks/compare_inits.py --quick          # n = 4 only, 256 eval captions
-    PYTHONPATH=src python benchmarks/compare_inits.py                  # n = 2, 4, 8, every init
-    PYTHONPATH=src python benchmarks/compare_inits.py --n 8 --inits svd whitened
+    PYTHONPATH=src python benchmarks/probes/compare_inits.py --quick          # n = 4 only, 256 eval captions
+    PYTHONPATH=src python benchmarks/probes/compare_inits.py                  # n = 2, 4, 8, every init
+    PYTHONPATH=src python benchmarks/probes/compare_inits.py --n 8 --inits svd whitened
 
 Data (``--data``, default ``../shared/data``): the Multi30k English training captions, blank lines and
 captions that also occur in the val file removed (as ``hyperplex compress`` does); the first 64 are the

@@ -1,4 +1,4 @@
-"""benchmarks/bench_formation.py: its two forms compute the layer, and a tiny run gives every ratio."""
+"""benchmarks/probes/bench_formation.py: its two forms compute the layer, and a tiny run gives every ratio."""
 
 from __future__ import annotations
 

@@ -36,20 +36,17 @@ quiet machine: the ratios are of memory-bound kernels and move with other proces
 from __future__ import annotations
 
 import argparse
-import time
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness, run as a script or loaded by path
+import harness  # noqa: E402
 
 
 def best_time(calls, repeats: int) -> float:
     """Seconds per call: the best of ``repeats`` passes over ``calls`` (one warm-up pass first)."""
-    for call in calls:
-        call()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for call in calls:
-            call()
-        best = min(best, time.perf_counter() - start)
-    return best / len(calls)
+    timings = harness.interleave({"pass": lambda: [call() for call in calls]}, repeats)
+    return min(timings.samples["pass"]) / len(calls)
 
 
 def peak_flops(repeats: int, size: int = 1024) -> float:

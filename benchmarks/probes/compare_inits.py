@@ -40,9 +40,9 @@ from torch import nn  # noqa: E402
 
 from hyperplex.convert import convert_linears  # noqa: E402
 from hyperplex.convert.activation import capture_inputs, relative_output_error  # noqa: E402
+from hyperplex.data.readers import read_lines  # noqa: E402
 from hyperplex.models.pretrained_student import embed, tokenize  # noqa: E402
 from hyperplex.pretrained import load_sentence_transformer  # noqa: E402
-from hyperplex.data.readers import read_lines  # noqa: E402
 
 INITS = ("svd", "activation", "whitened", "whitened_als")
 INCLUDE = "*encoder.layer*"

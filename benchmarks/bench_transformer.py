@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"{r['peak_mib']:.1f} |")
     result = {"args": vars(args), "rows": rows}
     if args.out:
-        harness.write_json(args.out, result, device, command=harness.command_line(argv, "benchmarks/bench_transformer.py"))
+        command = harness.command_line(argv, "benchmarks/bench_transformer.py")
+        harness.write_json(args.out, result, device, command=command)
     return result
 
 

@@ -12,8 +12,8 @@ Method: the config's task is prepared twice, once per order (``--training.bucket
 setting the config's), and one student is built. The first ``--steps`` batches of epoch 1 of each order are
 tokenised up front; then step ``i`` of each order runs back to back (loss + backward, gradients cleared),
 alternating which order goes first (``benchmarks/harness.py``), so drift on a shared machine hits both alike.
-Printed: padded and real tokens of each order's batches, the total and median step time, and the ratio unbucketed / bucketed (above 1
-= bucketing is faster).
+Printed: padded and real tokens of each order's batches, the total and median step time, and the ratio
+unbucketed / bucketed (above 1 = bucketing is faster).
 """
 
 from __future__ import annotations

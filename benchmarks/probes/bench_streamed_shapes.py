@@ -91,7 +91,8 @@ def main(argv=None) -> list[dict]:
                     qualifies = layers[0].choose_mode(rows) == "streamed"
                     native.enable_native_kernels(False)
                     path = layers[0].choose_mode(rows)
-                    def mode(name):  # the PHM stack's path for the next sample (auto for the dense one)
+
+                    def mode(name, layers=layers):  # the PHM stack's path for the next sample (auto for dense)
                         for layer in layers:
                             layer.forward_mode = "streamed" if name == "streamed" else "auto"
 

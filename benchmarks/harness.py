@@ -55,7 +55,7 @@ def add_arguments(parser, *, device: bool = True, out: bool = True, threads: boo
 def setup(args) -> torch.device:
     """Apply ``--threads`` and check ``--device``; returns the device. Exits with a message where CUDA is asked for
     and absent."""
-    if getattr(args, "threads", None):
+    if getattr(args, "threads", None) is not None:
         if args.threads < 1:
             raise SystemExit(f"--threads must be positive, not {args.threads}")
         torch.set_num_threads(args.threads)

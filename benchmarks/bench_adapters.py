@@ -28,11 +28,13 @@ Phases: ``fwd`` — one forward under ``torch.no_grad()`` (unmerged adapters, as
 training); ``f+b`` — forward with ``x.requires_grad_()`` (the layer sits inside a network) and
 ``out.backward(g)``, gradients reset to ``None`` each step (as ``optimizer.zero_grad()``).
 
-Method: one warm-up call per model and phase, a calibration call sets how many back-to-back calls
-make a block of about ``--block-ms``; then ``--repeats`` rounds, each timing one block of every model
-in an order that rotates every round (drift on a shared machine hits all alike). A time is the median
+Method (``benchmarks/harness.py``): one warm-up call per model and phase, a calibration call sets how many
+back-to-back calls make a block of about ``--block-ms``; then ``--repeats`` rounds, each timing one block of every
+model in an order that rotates every round (drift on a shared machine hits all alike). A time is the median
 over rounds of the per-call time; a ratio is the median over rounds of (model time / LoRA time in the
-same round). Below 1 is faster than LoRA.
+same round). Below 1 is faster than LoRA. ``peak MiB`` is the peak memory of one training step above the level
+before it (CUDA: the allocator's peak; CPU: the profiler's allocation events). ``--device cuda`` times with CUDA
+events; ``--bf16`` runs the models in bfloat16. ``--out FILE`` writes every row as JSON.
 
 A caveat from docs/performance.md holds here: a single layer called in a loop keeps a small weight in
 the CPU cache. The 384×1536 base weight (2.3 MB) stays cache-resident; 4096×4096 (64 MB) does not.
@@ -41,16 +43,16 @@ the CPU cache. The 384×1536 base weight (2.3 MB) stays cache-resident; 4096×40
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from hyperplex.adapters import PHMAdapterConfig, adapter_state_dict, add_adapter, merge, trainable_parameters, unmerge
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness, run as a script or loaded by path
+import harness  # noqa: E402
 
 
 class OneLayer(nn.Module):
@@ -141,72 +143,69 @@ def trainable(model: nn.Module) -> int:
     return trainable_parameters(model).trainable
 
 
-def time_block(model: nn.Module, x: torch.Tensor, g: torch.Tensor, phase: str, calls: int) -> float:
-    """Seconds per call over ``calls`` back-to-back calls."""
+def phase_call(model: nn.Module, x: torch.Tensor, g: torch.Tensor, phase: str):
+    """One call of ``phase`` on ``x (rows, d)``: ``fwd`` under ``no_grad``; ``f+b`` forward and ``backward(g)``
+    with ``g (rows, k)``, the gradients reset to ``None`` first."""
     params = [p for p in model.parameters() if p.requires_grad]
-    start = time.perf_counter()
-    for _ in range(calls):
-        if phase == "fwd":
-            with torch.no_grad():
-                model(x)
-        else:
-            for p in params:
-                p.grad = None
-            x.grad = None
-            model(x).backward(g)
-    return (time.perf_counter() - start) / calls
+
+    def fwd():
+        with torch.no_grad():
+            model(x)
+
+    def train():
+        for p in params:
+            p.grad = None
+        x.grad = None
+        model(x).backward(g)
+    return fwd if phase == "fwd" else train
 
 
-def measure(models: dict[str, nn.Module], rows: int, d: int, k: int, phase: str, repeats: int,
-            block_ms: float) -> dict[str, tuple[float, float]]:
-    """name → (median ms per call, median ratio to lora)."""
-    x = torch.randn(rows, d, requires_grad=(phase == "f+b"))
-    g = torch.randn(rows, k)
-    calls = {}
-    for name, model in models.items():
-        time_block(model, x, g, phase, 1)  # warm-up
-        once = time_block(model, x, g, phase, 1)
-        calls[name] = max(1, int(block_ms / 1000 / max(once, 1e-7)))
-    names = list(models)
-    times = {name: [] for name in names}
-    ratios = {name: [] for name in names}
-    for r in range(repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
-        this = {name: time_block(models[name], x, g, phase, calls[name]) for name in order}
-        for name in names:
-            times[name].append(this[name])
-            ratios[name].append(this[name] / this["lora"])
-    return {name: (statistics.median(times[name]) * 1e3, statistics.median(ratios[name])) for name in names}
+def measure(models: dict[str, nn.Module], rows: int, d: int, k: int, phase: str, repeats: int, block_ms: float,
+            device: torch.device, dtype: torch.dtype) -> dict[str, dict]:
+    """name → {ms (median per call), ratio (median to lora), spread, peak_mib (``f+b`` only)}."""
+    x = torch.randn(rows, d, device=device, dtype=dtype, requires_grad=(phase == "f+b"))
+    g = torch.randn(rows, k, device=device, dtype=dtype)
+    calls = {name: phase_call(model, x, g, phase) for name, model in models.items()}
+    number = {name: harness.calls_per_block(call, block_ms / 1e3, device)[0] for name, call in calls.items()}
+    peaks = {name: harness.peak_bytes(call, device) / harness.MiB for name, call in calls.items()} \
+        if phase == "f+b" else {}
+    timings = harness.interleave(calls, repeats, device=device, number=number, warmup=0)
+    return {name: {"ms": timings.median(name) * 1e3, "ratio": timings.ratio(name, "lora"),
+                   "spread": timings.spread(name), "peak_mib": peaks.get(name)} for name in calls}
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
+    """Run the grid; returns ``{"args", "rows": [{d, k, n, rank, rows, params, fwd: {model: {ms, ratio, spread}},
+    "f+b": {...}}]}`` (also written to ``--out``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="rows 1 and 32, 5 repeats, 30 ms blocks")
     parser.add_argument("--sizes", nargs="+", default=["384x1536", "1024x4096", "4096x4096"], help="d x k (in x out)")
-    parser.add_argument("--variants", nargs="+", default=["4:full", "4:8", "8:full", "8:8"], help="n:rank, rank a number or full")
+    parser.add_argument("--variants", nargs="+", default=["4:full", "4:8", "8:full", "8:8"],
+                        help="n:rank, rank a number or full")
     parser.add_argument("--rows", nargs="+", type=int, default=None, help="rows of x; default 1 32 256 (quick: 1 32)")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds; default 15 (quick: 5)")
-    parser.add_argument("--block-ms", type=float, default=None, help="length of one timed block; default 100 (quick: 30)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads; default $OMP_NUM_THREADS or torch's")
+    parser.add_argument("--block-ms", type=float, default=None,
+                        help="length of one timed block; default 100 (quick: 30)")
+    parser.add_argument("--bf16", action="store_true", help="models and inputs in bfloat16 (default float32)")
+    harness.add_arguments(parser)
     args = parser.parse_args(argv)
     rows_list = args.rows or ([1, 32] if args.quick else [1, 32, 256])
     repeats = args.repeats or (5 if args.quick else 15)
     block_ms = args.block_ms or (30.0 if args.quick else 100.0)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device = harness.setup(args)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
     import peft
 
     torch.manual_seed(0)
-    load = os.getloadavg()[0]
-    print(f"# bench_adapters — {datetime.date.today()} — {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), peft {peft.__version__}; "
-          f"load average at start {load:.2f}")
+    print(f"# bench_adapters — peft {peft.__version__}, device {device}, {str(dtype).removeprefix('torch.')}")
+    print(f"# {harness.header(harness.machine(device))}")
     print(f"# repeats {repeats}, block {block_ms:.0f} ms; times are medians in ms, ratios are medians of time / LoRA "
           f"time in the same round (below 1 = faster than LoRA)\n")
     header = ("| d×k | PHM n, rank | params PHM / LoRA (r) / LoKr (r, f) | rows | LoRA fwd ms | PHM fwd | LoKr fwd | "
-              "base fwd | LoRA f+b ms | PHM f+b | LoKr f+b | base f+b |")
+              "base fwd | LoRA f+b ms | PHM f+b | LoKr f+b | base f+b | peak MiB LoRA / PHM / LoKr |")
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
+    results = []
     for size in args.sizes:
         d, k = parse_size(size)
         for variant in args.variants:
@@ -219,16 +218,26 @@ def main(argv=None) -> None:
             if trainable(lokr) != lokr_count(d, k, lokr_rank, factor):
                 raise RuntimeError("peft's LoKr parameter count differs from the formula used to match it")
             base = OneLayer(d, k).requires_grad_(False)
-            models = {"lora": lora, "phm": phm, "lokr": lokr, "base": base}
+            models = {name: m.to(device, dtype) for name, m in
+                      {"lora": lora, "phm": phm, "lokr": lokr, "base": base}.items()}
+            params = {"phm": target, "lora": trainable(lora), "lora_rank": lora_rank, "lokr": trainable(lokr),
+                      "lokr_rank": lokr_rank, "lokr_factor": factor}
             counts = f"{target:,} / {trainable(lora):,} ({lora_rank}) / {trainable(lokr):,} ({lokr_rank}, {factor})"
             for rows in rows_list:
-                fwd = measure(models, rows, d, k, "fwd", repeats, block_ms)
-                fb = measure(models, rows, d, k, "f+b", repeats, block_ms)
-                print(f"| {d}×{k} | {n}, {'full' if rank is None else rank} | {counts} | {rows} | {fwd['lora'][0]:.3f} | "
-                      f"{fwd['phm'][1]:.2f} | {fwd['lokr'][1]:.2f} | {fwd['base'][1]:.2f} | {fb['lora'][0]:.3f} | "
-                      f"{fb['phm'][1]:.2f} | {fb['lokr'][1]:.2f} | {fb['base'][1]:.2f} |", flush=True)
+                fwd = measure(models, rows, d, k, "fwd", repeats, block_ms, device, dtype)
+                fb = measure(models, rows, d, k, "f+b", repeats, block_ms, device, dtype)
+                results.append({"d": d, "k": k, "n": n, "rank": rank, "rows": rows, "params": params,
+                                "fwd": fwd, "f+b": fb})
+                print(f"| {d}×{k} | {n}, {'full' if rank is None else rank} | {counts} | {rows} | "
+                      f"{fwd['lora']['ms']:.3f} | {fwd['phm']['ratio']:.2f} | {fwd['lokr']['ratio']:.2f} | "
+                      f"{fwd['base']['ratio']:.2f} | {fb['lora']['ms']:.3f} | {fb['phm']['ratio']:.2f} | "
+                      f"{fb['lokr']['ratio']:.2f} | {fb['base']['ratio']:.2f} | " + " / ".join(
+                          f"{fb[m]['peak_mib']:.1f}" for m in ("lora", "phm", "lokr")) + " |", flush=True)
             del models, phm, lora, lokr, base
-    print(f"\n# load average at end {os.getloadavg()[0]:.2f}")
+    result = {"args": vars(args), "rows": results}
+    if args.out:
+        harness.write_json(args.out, result, device, command=harness.command_line(argv, "benchmarks/bench_adapters.py"))
+    return result
 
 
 if __name__ == "__main__":

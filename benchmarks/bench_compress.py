@@ -8,7 +8,8 @@ Usage (from the repository root; needs ``pip install "hyperplex[pretrained]"``):
     PYTHONPATH=src python benchmarks/bench_compress.py --quick --threads 1      # 3 rounds of 32 sentences
     PYTHONPATH=src python benchmarks/bench_compress.py --threads 1              # 7 rounds of 64 sentences
     PYTHONPATH=src python benchmarks/bench_compress.py --variants phm4 phm4:cache int8 phm4+int8 --threads 1
-    PYTHONPATH=src python benchmarks/bench_compress.py --threads 1 --json serving.json   # also write the rows
+    PYTHONPATH=src python benchmarks/bench_compress.py --threads 1 --out serving.json    # also write the rows
+    PYTHONPATH=src python benchmarks/bench_compress.py --quick --device cuda --variants phm4 lowrank4 --out gpu.json
 
 Models (``--variants``; the dense teacher is always the first row):
 
@@ -39,24 +40,26 @@ use), its peak resident memory (``VmHWM``, see :func:`_peak_bytes`), and the byt
 buffers + cached ``H`` (+ packed int8 weights and their scales). The memory columns are the median over
 ``--memory-samples`` processes per model of their own (:func:`measure_memory`: one process's heap is one draw of
 a figure that moves by ±10 MB). The parent process then times ``SentenceTransformer.encode`` (tokenisation,
-padding to the longest in each batch, pooling and normalisation included) in interleaved rounds: in each round every process encodes the same
-``--sentences`` fixed English sentences (8 to 20 words, seeded) once at each batch size, one process at a
-time, the order rotating every round, after one warm-up encode each. Speed = sentences / seconds; ``×`` =
-median over rounds of (the model's speed / the teacher's in the same round): above 1 = faster than the
+padding to the longest in each batch, pooling and normalisation included) in interleaved rounds: in each round
+every process encodes the same ``--sentences`` fixed English sentences (8 to 20 words, seeded) once at each batch
+size, one process at a time, the order rotating every round (``benchmarks/harness.py``), after one warm-up encode
+each. With ``--device cuda`` every model runs on the card (CUDA events time the encode; ``GPU held`` and ``GPU peak``
+are the allocator's figures; the int8 variants are CPU-only), ``--bf16`` in bfloat16. Speed = sentences /
+seconds; ``×`` = median over rounds of (the model's speed / the teacher's in the same round): above 1 = faster than the
 teacher. Memory ``×`` columns are the model's figure minus the teacher's (negative = smaller). ``file`` is the
 size of the weight files the folder holds (``*.safetensors``; the teacher: written by ``save_converted``,
-float32, like the converted rows). ``--json FILE`` writes the rows, each memory sample included (and the run's
-date, machine, threads, rounds, memory samples)
-for ``python -m hyperplex.experiments.frontier --serving FILE``.
+float32, like the converted rows). ``--out FILE`` (or ``--json FILE``) writes the rows, each memory sample
+included (and the run's date, machine, threads, rounds, memory samples) for
+``python -m hyperplex.experiments.frontier --serving FILE``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
-import platform
 import random
 import resource
 import shutil
@@ -64,14 +67,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness, run as a script or loaded by path
+import harness  # noqa: E402
 
 _VOCABULARY = ("a man woman child dog group people street city park water beach snow ball red blue green young old "
                "two three is are sits stands runs walks plays holds looks wearing with on in at near the of while "
-               "during small large white black shirt hat jacket bike car house tree field crowd music food table window")
+               "during small large white black shirt hat jacket bike car house tree field crowd music food table "
+               "window")
 WORDS = tuple(_VOCABULARY.split())
 MB = 1e6
 
@@ -132,8 +137,7 @@ def prepare(args, root: str) -> dict[str, dict]:
 
     from hyperplex.convert import convert_linears, save_converted
     from hyperplex.convert.quantize import quantize, save_quantized
-    from hyperplex.pretrained import load_sentence_transformer
-    from hyperplex.pretrained import resolve_model_path
+    from hyperplex.pretrained import load_sentence_transformer, resolve_model_path
 
     teacher_folder = resolve_model_path(args.model)
     specs = {"dense": {"folder": teacher_folder, "loader": "teacher", "cache": False, "file_bytes": None,
@@ -262,6 +266,7 @@ def worker(spec: dict) -> None:
 
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
+    device = torch.device(spec.get("device", "cpu"))
     if spec["loader"] == "teacher":
         from sentence_transformers import SentenceTransformer
 
@@ -278,6 +283,9 @@ def worker(spec: dict) -> None:
         from hyperplex.layers import cache_dense_weights
 
         cache_dense_weights(model)
+    model.to(device)
+    if spec.get("bf16"):
+        model.to(torch.bfloat16)
     stats = {"params": sum(p.numel() for p in model.parameters()), "resident_loaded": _resident_bytes()}
     sentences = spec["sentences"]
     reply = sys.stdout
@@ -289,12 +297,15 @@ def worker(spec: dict) -> None:
             batch = request["encode"]
             chosen = sentences if request.get("all", True) else sentences[:max(batch, 2)]
             with torch.inference_mode():
-                start = time.perf_counter()
-                model.encode(chosen, batch_size=batch, convert_to_tensor=True, show_progress_bar=False)
-                answer = len(chosen) / (time.perf_counter() - start)
+                encode = functools.partial(model.encode, chosen, batch_size=batch, convert_to_tensor=True,
+                                           show_progress_bar=False)
+                answer = len(chosen) / harness.time_per_call(encode, 1, device)
         else:
             answer = {**stats, "held": _held_bytes(model), "resident": _resident_bytes(), **_resident_split(),
                       "peak": _peak_bytes()}
+            if device.type == "cuda":  # the allocator's figures: what the model and its encoding held on the card
+                answer.update(gpu_held=torch.cuda.memory_allocated(device),
+                              gpu_peak=torch.cuda.max_memory_allocated(device))
             answer.update(_resident_trimmed())  # last: it frees what the figures above count
         print(json.dumps(answer), file=reply, flush=True)
 
@@ -330,19 +341,20 @@ class ModelProcess:
             self.proc.kill()
 
 
-def measure(specs: dict, sentences: list[str], batch_sizes: list[int], rounds: int, threads: int | None) -> dict:
-    """Per model: its stats, ``speed[b]`` (median sentences/s) and ``ratio[b]`` (median of speed / the teacher's)."""
+def measure(specs: dict, sentences: list[str], batch_sizes: list[int], rounds: int, threads: int | None,
+            **where) -> dict:
+    """Per model: its stats, ``speed[b]`` (median sentences/s) and ``ratio[b]`` (median of speed / the teacher's);
+    ``where``: ``device`` and ``bf16`` for the model processes."""
     names, procs = list(specs), {}
     try:
         for name in names:  # one at a time, so no load competes with another for the CPU
-            procs[name] = ModelProcess(name, {**specs[name], "sentences": sentences, "threads": threads})
+            procs[name] = ModelProcess(name, {**specs[name], "sentences": sentences, "threads": threads, **where})
         for name in names:  # warm-up
             for b in batch_sizes:
                 procs[name].ask({"encode": b, "all": False})
         speeds = {(name, b): [] for name in names for b in batch_sizes}
         ratios = {(name, b): [] for name in names for b in batch_sizes}
-        for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+        for order in harness.rotations(names, rounds):
             this = {(name, b): procs[name].ask({"encode": b}) for name in order for b in batch_sizes}
             for key, speed in this.items():
                 speeds[key].append(speed)
@@ -356,11 +368,12 @@ def measure(specs: dict, sentences: list[str], batch_sizes: list[int], rounds: i
 
 
 #: The memory figures of a worker, each the median over ``--memory-samples`` fresh processes.
-MEMORY_KEYS = ("resident_loaded", "resident", "resident_anon", "resident_file", "peak", "resident_trimmed")
+MEMORY_KEYS = ("resident_loaded", "resident", "resident_anon", "resident_file", "peak", "resident_trimmed", "gpu_held",
+               "gpu_peak")
 
 
 def measure_memory(specs: dict, sentences: list[str], batch_sizes: list[int], samples: int,
-                   threads: int | None) -> dict:
+                   threads: int | None, **where) -> dict:
     """Per model: the median of each of :data:`MEMORY_KEYS` over ``samples`` fresh processes, and every sample.
 
     One process is one draw of a noisy figure: the heap (``RssAnon``) of the same model encoding the same
@@ -372,7 +385,7 @@ def measure_memory(specs: dict, sentences: list[str], batch_sizes: list[int], sa
     drawn = {name: [] for name in names}
     for _ in range(samples):
         for name in names:
-            proc = ModelProcess(name, {**specs[name], "sentences": sentences, "threads": threads})
+            proc = ModelProcess(name, {**specs[name], "sentences": sentences, "threads": threads, **where})
             try:
                 for b in batch_sizes:
                     proc.ask({"encode": b})
@@ -392,7 +405,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         default=["phm2", "phm4", "phm8", "lowrank2", "lowrank4", "lowrank8", "int8", "phm4+int8",
                                  "lowrank4+int8", "phm4:cache"],
                         help="int8, phmN, lowrankN (at PHM n's parameters), phmN+int8, lowrankN+int8, phmN:cache; "
-                             "default phm2 phm4 phm8 lowrank2 lowrank4 lowrank8 int8 phm4+int8 lowrank4+int8 phm4:cache")
+                             "default phm2 phm4 phm8 lowrank2 lowrank4 lowrank8 int8 phm4+int8 lowrank4+int8 "
+                             "phm4:cache")
     parser.add_argument("--include", nargs="*", default=["*encoder.layer*"],
                         help="glob patterns of the layers to convert (default: the encoder blocks)")
     parser.add_argument("--min-features", type=int, default=32, help="layers with min(in, out) below stay dense")
@@ -404,8 +418,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--memory-samples", type=int, default=None,
                         help="fresh processes per model for the memory columns (each the median over them); "
                              "default 3 (quick: 1)")
-    parser.add_argument("--json", help="also write the rows to this JSON file (for hyperplex.experiments.frontier)")
+    parser.add_argument("--bf16", action="store_true", help="models in bfloat16 (default float32)")
+    harness.add_arguments(parser, threads=False)  # --device, --out (alias --json; for hyperplex.experiments.frontier)
     args = parser.parse_args(argv)
+    if args.device == "cuda" and any(parse_variant(name)[2] for name in args.variants):
+        parser.error("--device cuda: the int8 variants (PyTorch's dynamic quantisation) run on the CPU only")
     for name in args.variants:
         try:
             parse_variant(name)
@@ -420,23 +437,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
     samples = args.memory_samples or (1 if args.quick else 3)
     count = args.sentences or (32 if args.quick else 64)
     sentences = fixed_sentences(count)
-    import torch
-
+    device = harness.setup(args)
+    where = {"device": args.device, "bf16": args.bf16}
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-compress-") as root:
         specs = prepare(args, root)
-        print(f"# bench_compress — {datetime.date.today()} — {platform.processor() or platform.machine()}, "
-              f"{os.cpu_count()} cores, torch {torch.__version__} ({args.threads or 'default'} threads per model); "
-              f"model {args.model}; load average at start {os.getloadavg()[0]:.2f}")
+        print(f"# bench_compress — model {args.model}, device {device}{', bf16' if args.bf16 else ''}, "
+              f"{args.threads or 'default'} torch threads per model")
+        print(f"# {harness.header(harness.machine(device))}")
         print(f"# {count} sentences, {rounds} interleaved rounds, one fresh process per model; sent/s = median over "
               "rounds; × = median over rounds of (model speed / teacher speed in the same round), above 1 = faster; "
               f"memory in MB, median over {samples} fresh process(es) per model, Δ = model − teacher\n")
-        results = measure(specs, sentences, args.batch_sizes, rounds, args.threads)
-        memory = measure_memory(specs, sentences, args.batch_sizes, samples, args.threads)
+        results = measure(specs, sentences, args.batch_sizes, rounds, args.threads, **where)
+        memory = measure_memory(specs, sentences, args.batch_sizes, samples, args.threads, **where)
         for name, result in results.items():  # the memory columns: the medians of the dedicated processes
             result["stats"] = {**{k: v for k, v in result["stats"].items() if k not in MEMORY_KEYS}, **memory[name]}
     header = ["model", "float params", "params of converted layers", "weights held", "file", "resident", "Δ resident",
-              "Δ heap", "Δ files", "Δ trimmed", "peak", "Δ peak"]
+              "Δ heap", "Δ files", "Δ trimmed", "peak", "Δ peak"] + (["GPU held", "GPU peak"] if device.type == "cuda"
+                                                                      else [])
     for b in args.batch_sizes:
         header += [f"batch {b} sent/s", f"batch {b} ×"]
     print("| " + " | ".join(header) + " |")
@@ -456,20 +474,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
                  *(f"{(stats[key] - teacher[key]) / MB:+.0f}" if key in stats and key in teacher else "–"
                    for key in ("resident_anon", "resident_file", "resident_trimmed")),
                  f"{stats['peak'] / MB:.0f}", f"{(stats['peak'] - teacher['peak']) / MB:+.0f}"]
+        if device.type == "cuda":
+            cells += [f"{stats['gpu_held'] / MB:.1f}", f"{stats['gpu_peak'] / MB:.1f}"]
         for b in args.batch_sizes:
             cells += [f"{result['speed'][b]:.1f}", f"{result['ratio'][b]:.2f}"]
         rows.append(row)
         print("| " + " | ".join(cells) + " |", flush=True)
     print(f"\n# load average at end {os.getloadavg()[0]:.2f}")
-    if args.json:
+    if args.out:
         from hyperplex.fileio import atomic_write_text
 
+        info = harness.machine(device)
         run = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "model": args.model,
-               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-               "torch": torch.__version__, "threads": args.threads, "rounds": rounds, "sentences": count,
+               "machine": f"{info['cpu']}, {info['logical_cores']} cores", "machine_info": info,
+               "device": args.device, "bf16": args.bf16,
+               "torch": info["torch"], "threads": args.threads, "rounds": rounds, "sentences": count,
                "memory_samples": samples,
                "batch_sizes": args.batch_sizes, "load_average": [load_start, os.getloadavg()[0]], "rows": rows}
-        atomic_write_text(args.json, json.dumps(run, indent=1) + "\n")
+        atomic_write_text(args.out, json.dumps(run, indent=1) + "\n")
     return rows
 
 

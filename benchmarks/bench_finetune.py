@@ -1,10 +1,11 @@
 #!/usr/bin/env python
-"""Cost of fine-tuning a pretrained encoder (the SST-2 adapter comparison of docs/results.md): training step time, peak memory, and inference
-time unmerged and merged, for full fine-tuning, PHM adapters and peft's LoRA and LoKr, as ratios in one run.
+"""Cost of fine-tuning a pretrained encoder (the SST-2 adapter comparison of docs/results.md): training step time,
+peak memory, and inference time unmerged and merged, for full fine-tuning, PHM adapters and peft's LoRA and LoKr,
+as ratios in one run (timed with ``benchmarks/harness.py``).
 
 Usage (from the repository root; needs ``pip install "hyperplex[pretrained]"`` and the SST-2 file)::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_finetune.py --quick      # ≈ 5 min wall on a loaded 2-core VM
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_finetune.py --quick      # ≈ 5 min on a loaded 2-core VM
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_finetune.py              # 10 rounds
     PYTHONPATH=src python benchmarks/bench_finetune.py --threads 4 --rows phm4 lora --json cost.json
 
@@ -53,24 +54,24 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import functools
 import gc
 import json
 import os
-import platform
 import random
 import resource
-import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
 
 import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness, run as a script or loaded by path
+import harness  # noqa: E402
+
 DEFAULT_PLAN = ROOT / "experiments" / "sst2_adapters.yaml"
 BASE = "base"
 #: merged logits must match unmerged ones within this (float32 rounding of a folded delta through the encoder)
@@ -253,38 +254,20 @@ def base_weight_change(unmerged: nn.Module, merged: nn.Module) -> float:
 
 
 # ---------------------------------------------------------------------------- timing
-def _rotate(names: list, r: int) -> list:
-    return names[r % len(names):] + names[:r % len(names)]
-
-
 def time_training(models: dict[str, Built], batch, rounds: int, warmup: int, reference: str) -> dict:
     """name → (median ms per step, median ratio to ``reference`` in the same round)."""
     for built in models.values():
         built.model.train()
-        for _ in range(warmup):
-            train_step(built, batch)
-    names = list(models)
-    times = {n: [] for n in names}
-    ratios = {n: [] for n in names}
-    for r in range(rounds):
-        this = {}
-        for name in _rotate(names, r):
-            start = time.perf_counter()
-            train_step(models[name], batch)
-            this[name] = time.perf_counter() - start
-        for name in names:
-            times[name].append(this[name])
-            ratios[name].append(this[name] / this[reference])
-    return {n: (statistics.median(times[n]) * 1e3, statistics.median(ratios[n])) for n in names}
+    timings = harness.interleave({name: functools.partial(train_step, built, batch) for name, built in models.items()},
+                                 rounds, warmup=warmup)
+    return {n: (timings.median(n) * 1e3, timings.ratio(n, reference)) for n in models}
 
 
-def forward_ms(model: nn.Module, batches: list) -> float:
-    """ms per forward over ``batches`` (eval mode, inference mode)."""
+def forward_pass(model: nn.Module, batches: list) -> None:
+    """One forward of every batch of ``batches`` (eval mode, inference mode)."""
     with torch.inference_mode():
-        start = time.perf_counter()
         for b in batches:
             model(b["tokens"], b["lengths"])
-        return (time.perf_counter() - start) * 1e3 / len(batches)
 
 
 def time_inference(models: dict, inputs: dict[str, list], rounds: int, reference) -> dict:
@@ -292,17 +275,11 @@ def time_inference(models: dict, inputs: dict[str, list], rounds: int, reference
     for model in models.values():
         model.eval()
         for batches in inputs.values():
-            forward_ms(model, batches[:1])
-    keys = list(models)
-    times = {(k, i): [] for k in keys for i in inputs}
-    ratios = {(k, i): [] for k in keys for i in inputs}
-    for r in range(rounds):
-        this = {(k, i): forward_ms(models[k], inputs[i]) for k in _rotate(keys, r) for i in inputs}
-        for k in keys:
-            for i in inputs:
-                times[(k, i)].append(this[(k, i)])
-                ratios[(k, i)].append(this[(k, i)] / this[(reference, i)])
-    return {key: (statistics.median(times[key]), statistics.median(ratios[key])) for key in times}
+            forward_pass(model, batches[:1])
+    calls = {(k, i): functools.partial(forward_pass, models[k], inputs[i]) for k in models for i in inputs}
+    timings = harness.interleave(calls, rounds, warmup=0)  # keys rotate; every input of a model runs together
+    return {(k, i): (timings.median((k, i)) * 1e3 / len(inputs[i]), timings.ratio((k, i), (reference, i)))
+            for k, i in calls}
 
 
 # ---------------------------------------------------------------------------- memory (fresh process per row)
@@ -426,7 +403,7 @@ def run(args) -> dict:
             row["merge_close"] = torch.allclose(merged_out, unmerged_out, rtol=RTOL, atol=ATOL)
             row["delta_max"] = base_weight_change(built.model, merged[spec.name])
         rows.append(row)
-    return {"date": str(datetime.date.today()), "machine": platform.processor() or platform.machine(),
+    return {"date": str(datetime.date.today()), "machine": harness.cpu_model(), "machine_info": harness.machine(),
             "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "model": args.model or first.model.path, "plan": str(args.plan), "data": str(data),
             "batch_size": args.batch_size, "padded_length": int(batch["tokens"].shape[1]),
@@ -445,8 +422,9 @@ def format_table(result: dict) -> str:
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for r in result["rows"]:
         merged = "b1_merged_ratio" in r
+        rss = (f"{r['rss_growth_mb']:.0f}", f"{r['rss_ratio']:.2f}") if r["rss_ratio"] is not None else ("–", "–")
         cells = [f"{r['name']}: {r['label']}", f"{r['trainable']:,}", f"{r['step_ms']:.0f}", f"{r['step_ratio']:.2f}",
-                 *((f"{r['rss_growth_mb']:.0f}", f"{r['rss_ratio']:.2f}") if r["rss_ratio"] is not None else ("–", "–")),
+                 *rss,
                  f"{r['b1_ms']:.1f}", f"{r['b1_ratio']:.2f}",
                  f"{r['b1_merged_ratio']:.2f}" if merged else "–", f"{r[big + '_ms']:.0f}", f"{r[big + '_ratio']:.2f}",
                  f"{r[big + '_merged_ratio']:.2f}" if merged else "–",

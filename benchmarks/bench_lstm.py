@@ -6,7 +6,7 @@ Usage (from the repository root)::
     PYTHONPATH=src python benchmarks/bench_lstm.py --quick          # tiny grid, well under a minute
     PYTHONPATH=src python benchmarks/bench_lstm.py --hidden 512 --batch 64 --steps 50 --ns 1 2 4 8 16
 
-Layers timed on the same input ``x (batch, steps, hidden)`` with random lengths in
+Layers timed (``benchmarks/harness.py``) on the same input ``x (batch, steps, hidden)`` with random lengths in
 ``[steps/2, steps]`` (variable-length batch: ``nn.LSTM`` gets a ``pack_padded_sequence``,
 ``PHMLSTM`` the ``lengths`` tensor):
 
@@ -26,9 +26,8 @@ the header; compare ratios.
 from __future__ import annotations
 
 import argparse
-import platform
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -36,6 +35,9 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 from hyperplex.nn.linear import LinearSpec
 from hyperplex.nn.rnn import PHMLSTM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness, run as a script or loaded by path
+import harness  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,8 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ns", type=int, nargs="+", default=[1, 2, 4, 8], help="PHM n values (default 1 2 4 8)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     parser.add_argument("--calls", type=int, default=3, help="calls per layer per round (default 3)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    harness.add_arguments(parser)  # --device, --threads, --out
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.quick:
@@ -62,13 +63,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def build(args) -> dict[str, nn.Module]:
+def build(args, device) -> dict[str, nn.Module]:
     kwargs = dict(num_layers=args.layers, bidirectional=args.bidirectional, batch_first=True)
     layers: dict[str, nn.Module] = {"nn.LSTM": nn.LSTM(args.hidden, args.hidden, **kwargs)}
     layers["dense"] = PHMLSTM(args.hidden, args.hidden, linear=LinearSpec("dense"), **kwargs)
     for n in args.ns:
         layers[f"phm n={n}"] = PHMLSTM(args.hidden, args.hidden, linear=LinearSpec("phm", n=n), **kwargs)
-    return {name: layer.to(args.device) for name, layer in layers.items()}
+    return {name: layer.to(device) for name, layer in layers.items()}
 
 
 def make_call(name: str, layer: nn.Module, x: torch.Tensor, lengths: torch.Tensor, phase: str):
@@ -94,53 +95,43 @@ def make_call(name: str, layer: nn.Module, x: torch.Tensor, lengths: torch.Tenso
     return call
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def measure(args, layers, phase: str, x, lengths) -> dict[str, tuple[float, float]]:
+def measure(args, layers, phase: str, x, lengths, device) -> dict[str, dict]:
+    """name → {ms: median per call, ratio: median to nn.LSTM in the same round, spread}."""
     calls = {name: make_call(name, layer, x, lengths, phase) for name, layer in layers.items()}
-    for call in calls.values():  # warm-up
-        call()
-    names = list(calls)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(args.rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            sync(args.device)
-            start = time.perf_counter()
-            for _ in range(args.calls):
-                calls[name]()
-            sync(args.device)
-            times[name].append((time.perf_counter() - start) / args.calls)
-    base = times["nn.LSTM"]
-    return {name: (statistics.median(t) * 1e3, statistics.median(a / b for a, b in zip(t, base)))
-            for name, t in times.items()}
+    timings = harness.interleave(calls, args.rounds, device=device, number=args.calls)
+    return {name: {"ms": timings.median(name) * 1e3, "ratio": timings.ratio(name, "nn.LSTM"),
+                   "spread": timings.spread(name)} for name in calls}
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
+    """Run the benchmark; returns ``{"args", "rows": [{name, params, fwd: {ms, ratio, spread}, "f+b": {...}}]}``
+    (also written to ``--out``)."""
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device = harness.setup(args)
     torch.manual_seed(args.seed)
-    layers = build(args)
-    x = torch.randn(args.batch, args.steps, args.hidden, device=args.device)
+    layers = build(args, device)
+    x = torch.randn(args.batch, args.steps, args.hidden, device=device)
     lengths = torch.randint(max(1, args.steps // 2), args.steps + 1, (args.batch,))
     lengths[0] = args.steps
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
-    print(f"# bench_lstm: torch {torch.__version__}, device {args.device} ({device}), "
-          f"threads {torch.get_num_threads()}, hidden {args.hidden}, layers {args.layers}, "
+    print(f"# bench_lstm: device {device}, hidden {args.hidden}, layers {args.layers}, "
           f"bidirectional {args.bidirectional}, batch {args.batch}, steps {args.steps}, "
           f"rounds {args.rounds} x {args.calls} calls, median")
-    results = {phase: measure(args, layers, phase, x, lengths) for phase in ("fwd", "f+b")}
+    print(f"# {harness.header(harness.machine(device))}")
+    results = {phase: measure(args, layers, phase, x, lengths, device) for phase in ("fwd", "f+b")}
     print()
     print("| layer | params | fwd ms | fwd ×LSTM | f+b ms | f+b ×LSTM |")
     print("|---|---:|---:|---:|---:|---:|")
+    rows = []
     for name, layer in layers.items():
-        params = sum(p.numel() for p in layer.parameters())
-        (fwd_ms, fwd_ratio), (fb_ms, fb_ratio) = results["fwd"][name], results["f+b"][name]
-        print(f"| {name} | {params} | {fwd_ms:.2f} | {fwd_ratio:.2f} | {fb_ms:.2f} | {fb_ratio:.2f} |")
+        rows.append({"name": name, "params": sum(p.numel() for p in layer.parameters()),
+                     "fwd": results["fwd"][name], "f+b": results["f+b"][name]})
+        fwd, fb = results["fwd"][name], results["f+b"][name]
+        print(f"| {name} | {rows[-1]['params']} | {fwd['ms']:.2f} | {fwd['ratio']:.2f} | {fb['ms']:.2f} | "
+              f"{fb['ratio']:.2f} |")
+    result = {"args": vars(args), "rows": rows}
+    if args.out:
+        harness.write_json(args.out, result, device, command=harness.command_line(argv, "benchmarks/bench_lstm.py"))
+    return result
 
 
 if __name__ == "__main__":

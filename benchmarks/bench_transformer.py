@@ -1,50 +1,67 @@
 #!/usr/bin/env python
-"""Training and greedy-decoding speed of the Transformer family, as ratios to the Transformer (PHM Table 3).
+"""Training and decoding speed of the Transformer family, as ratios to the Transformer (the PHM paper's Table 3).
 
 Usage (from the repository root)::
 
     PYTHONPATH=src python benchmarks/bench_transformer.py --quick              # seconds, smoke test
     PYTHONPATH=src python benchmarks/bench_transformer.py                      # CPU-sized default
-    PYTHONPATH=src python benchmarks/bench_transformer.py --device cuda --d-model 512 --heads 8 \\
-        --d-ff 2048 --layers 6 --batch 64 --vocab 32000                        # the paper's Base shape
+    PYTHONPATH=src python benchmarks/bench_transformer.py --shape table3 --device cuda --bf16 --out t3.json
+                                                                               # Table 3's shape: 6+6 layers, d 512
 
 Models (same config except ``linear``): ``transformer`` (dense, the baseline), ``quaternion`` (full,
 fixed Hamilton rule; attention ``--quaternion-attention``, default ``hamilton`` = Tay et al. eq. 4),
-``phm4`` and ``phm8`` (learned rules, dot-product attention).
+``phm4`` and ``phm8`` (learned rules, dot-product attention). ``--shape table3`` is the paper's: 6 encoder and 6
+decoder layers, d_model 512, 8 heads, d_ff 2048 (explicit size options override it).
 
 Measured, on random token batches (speed does not depend on the data):
 
 - ``train s/100``: seconds per 100 training steps (forward, label-smoothed cross-entropy, backward,
-  Adam step; batch ``--batch`` × ``--src-len``/``--tgt-len`` tokens), extrapolated from ``--steps``.
-- ``decode s``: seconds to greedily decode ``--sentences`` fixed sentences at batch 1 through the
-  KV-cached ``decode_step``, always ``--decode-len`` steps (no EOS stop, so every model emits the same
+  Adam step; batch ``--batch`` × ``--src-len``/``--tgt-len`` tokens), from ``--steps`` steps per round.
+- ``decode s``: seconds to decode ``--sentences`` fixed sentences one at a time with the library's search
+  (:func:`hyperplex.models.search.decode`: beam ``--beam``, default 4, length penalty α ``--alpha``, default 0.6;
+  ``--beam 1`` is greedy), always ``--decode-len`` steps (end-of-sentence is masked, so every model emits the same
   number of tokens whatever its random weights say); ``tok/s`` = tokens / time.
+- ``peak MiB``: peak memory of one training step above the model and optimizer state (CUDA: the allocator's peak;
+  CPU: the profiler's allocation events), from the warm-up step.
 
-Method: one warm-up of each measurement per model, then ``--repeats`` rounds; in every round the
-models run one after another in rotating order, and a ratio is the median over rounds of (model time
-/ Transformer time in the same round). Times are medians over rounds. Ratios below 1 are faster;
-the decoding column ``× tok/s`` is the inverse (above 1 is faster). Targets: PHM n=4 and
-n=8 training ≤ 1.10× the Transformer; batch-1 greedy decoding ≥ 1.2× its tokens/s at d_model 512.
+Method (``benchmarks/harness.py``): one warm-up of each measurement per model, then ``--repeats`` interleaved
+rounds, the order rotating; a ratio is the median over rounds of (model time / Transformer time in the same round).
+Times are medians over rounds; ``spread`` is (max − min) / median of the training rounds. Ratios below 1 are
+faster; the decoding column ``× tok/s`` is the inverse (above 1 is faster). On CUDA the times come from CUDA events;
+``--bf16`` runs training and decoding under bf16 autocast. Targets: PHM n=4 and n=8 training ≤ 1.10× the
+Transformer; batch-1 decoding ≥ 1.2× its tokens/s at d_model 512.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import contextlib
 import sys
-import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from hyperplex.models.params import parameter_breakdown
+from hyperplex.models.search import decode
 from hyperplex.models.transformer import TransformerConfig, TransformerTranslator
 from hyperplex.nn import LinearSpec
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness, run as a script or loaded by path
+import harness  # noqa: E402
+
 BOS, PAD = 2, 0
+#: Size presets: the CPU-sized default, the paper's Table 3 shape and the smoke test.
+SHAPES = {"cpu": dict(d_model=256, heads=4, d_ff=1024, layers=2),
+          "table3": dict(d_model=512, heads=8, d_ff=2048, layers=6),
+          "quick": dict(d_model=64, heads=4, d_ff=256, layers=1)}
+QUICK_RUN = dict(vocab=1000, batch=8, src_len=12, tgt_len=12, steps=5, sentences=3, decode_len=8, repeats=3)
+RUN = dict(vocab=8000, batch=32, src_len=24, tgt_len=24, steps=20, sentences=10, decode_len=24, repeats=5)
 
 
-def build_models(args) -> dict[str, TransformerTranslator]:
+def build_models(args, device) -> dict[str, TransformerTranslator]:
+    """The four models of the table, seeded alike, on ``device`` (EOS masked in decoding: every model runs
+    ``--decode-len`` steps)."""
     variants = {
         "transformer": dict(linear=LinearSpec("dense")),
         "quaternion": dict(linear=LinearSpec("quaternion"), attention_type=args.quaternion_attention),
@@ -57,119 +74,140 @@ def build_models(args) -> dict[str, TransformerTranslator]:
                                    encoder_layers=args.layers, decoder_layers=args.layers, dropout=0.1,
                                    max_positions=max(args.src_len, args.tgt_len, args.decode_len) + 1, **kw)
         torch.manual_seed(0)
-        models[name] = TransformerTranslator(config, args.vocab, args.vocab).to(args.device)
+        models[name] = mask_eos(TransformerTranslator(config, args.vocab, args.vocab).to(device))
     return models
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+def mask_eos(model: TransformerTranslator) -> TransformerTranslator:
+    """``model`` whose ``decode_step`` never lets EOS win (its log-probability ``-inf``), so that a search runs to
+    its step limit whatever the random weights say."""
+    step = model.decode_step
+
+    def decode_step(prev, state, t):
+        log_probs, state, attention = step(prev, state, t)  # log_probs (N, V)
+        return log_probs.index_fill(-1, torch.tensor([model.eos_index], device=log_probs.device),
+                                    float("-inf")), state, attention
+
+    model.decode_step = decode_step
+    return model
 
 
-def make_train_step(model, args):
+def autocast(args, device):
+    """bf16 autocast where ``--bf16`` asks for it, else nothing."""
+    if args.bf16:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train_step(model, args, device):
+    """One training step of ``model`` on a fixed random batch ``src (batch, src_len)``, ``tgt (batch, tgt_len + 1)``."""
     g = torch.Generator().manual_seed(1)
-    src = torch.randint(4, args.vocab, (args.batch, args.src_len), generator=g).to(args.device)
-    tgt = torch.randint(4, args.vocab, (args.batch, args.tgt_len + 1), generator=g).to(args.device)
+    src = torch.randint(4, args.vocab, (args.batch, args.src_len), generator=g).to(device)
+    tgt = torch.randint(4, args.vocab, (args.batch, args.tgt_len + 1), generator=g).to(device)
     tgt[:, 0] = BOS
-    lengths = torch.full((args.batch,), args.src_len, device=args.device)
+    lengths = torch.full((args.batch,), args.src_len, device=device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
 
-    def run(steps: int) -> float:
+    def step() -> None:
         model.train()
-        sync(args.device)
-        start = time.perf_counter()
-        for _ in range(steps):
+        with autocast(args, device):
             logits = model(src, lengths, tgt[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD, label_smoothing=0.1)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-        sync(args.device)
-        return (time.perf_counter() - start) * 100 / steps  # seconds per 100 steps
-    return run
+            loss = F.cross_entropy(logits.float().flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD,
+                                   label_smoothing=0.1)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return step
 
 
-def make_decode(model, args):
+def decoder(model, args, device):
+    """Decoding of ``--sentences`` fixed random sentences ``(1, src_len)`` one at a time (beam ``--beam``)."""
     g = torch.Generator().manual_seed(2)
-    sentences = [torch.randint(4, args.vocab, (1, args.src_len), generator=g).to(args.device)
+    sentences = [torch.randint(4, args.vocab, (1, args.src_len), generator=g).to(device)
                  for _ in range(args.sentences)]
-    lengths = torch.full((1,), args.src_len, device=args.device)
+    lengths = torch.full((1,), args.src_len, device=device)
 
     @torch.inference_mode()
-    def run() -> float:
+    def run() -> None:
         model.eval()
-        sync(args.device)
-        start = time.perf_counter()
-        for src in sentences:
-            state = model.encode(src, lengths)
-            prev = torch.full((1,), BOS, device=args.device)
-            for step in range(args.decode_len):
-                log_probs, state, _ = model.decode_step(prev, state, step)
-                prev = log_probs.argmax(-1)
-        sync(args.device)
-        return time.perf_counter() - start
+        with autocast(args, device):
+            for src in sentences:
+                decode(model, src, lengths, beam_size=args.beam, beam_alpha=args.alpha,
+                       max_output_length=args.decode_len)
     return run
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (a smoke test, seconds)")
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--d-ff", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=2, help="encoder and decoder layers each")
-    p.add_argument("--vocab", type=int, default=8000)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--src-len", type=int, default=24)
-    p.add_argument("--tgt-len", type=int, default=24)
-    p.add_argument("--steps", type=int, default=20, help="training steps timed per round (reported per 100)")
-    p.add_argument("--sentences", type=int, default=10, help="sentences decoded per round (batch 1)")
-    p.add_argument("--decode-len", type=int, default=24, help="greedy steps per sentence")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved rounds; medians are taken over them")
+    p.add_argument("--shape", choices=list(SHAPES), help="size preset: cpu (default), table3 (the paper's), quick")
+    p.add_argument("--d-model", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--d-ff", type=int)
+    p.add_argument("--layers", type=int, help="encoder and decoder layers each")
+    p.add_argument("--vocab", type=int)
+    p.add_argument("--batch", type=int)
+    p.add_argument("--src-len", type=int)
+    p.add_argument("--tgt-len", type=int)
+    p.add_argument("--steps", type=int, help="training steps timed per round (reported per 100)")
+    p.add_argument("--sentences", type=int, help="sentences decoded per round, one at a time")
+    p.add_argument("--decode-len", type=int, help="decoding steps per sentence")
+    p.add_argument("--beam", type=int, default=4, help="beam size (1: greedy; default 4)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty α of the beam (default 0.6)")
+    p.add_argument("--repeats", type=int, help="interleaved rounds; medians are taken over them")
     p.add_argument("--quaternion-attention", choices=["hamilton", "dot"], default="hamilton")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave PyTorch's default)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast for training and decoding")
+    harness.add_arguments(p)
     args = p.parse_args(argv)
-    if args.quick:
-        args.d_model, args.heads, args.d_ff, args.layers, args.vocab = 64, 4, 256, 1, 1000
-        args.batch, args.src_len, args.tgt_len, args.steps = 8, 12, 12, 5
-        args.sentences, args.decode_len, args.repeats = 3, 8, 3
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    shape = SHAPES[args.shape or ("quick" if args.quick else "cpu")]
+    for key, value in {**shape, **(QUICK_RUN if args.quick else RUN)}.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key in ("d_model", "heads", "d_ff", "layers", "vocab", "batch", "src_len", "tgt_len", "steps", "sentences",
+                "decode_len", "beam", "repeats"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key.replace('_', '-')} must be positive, not {getattr(args, key)}")
+    return args
 
-    models = build_models(args)
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; returns ``{"args", "rows": [{name, params, train_s_per_100, train_ratio, train_spread,
+    decode_s, tokens_per_s, decode_speedup, peak_mib}]}`` (also written to ``--out``)."""
+    args = parse_args(argv)
+    device = harness.setup(args)
+    models = build_models(args, device)
     names = list(models)
-    train = {name: make_train_step(m, args) for name, m in models.items()}
-    decode = {name: make_decode(m, args) for name, m in models.items()}
-    for name in names:  # warm-up
-        train[name](1)
-        decode[name]()
-    times = {(name, kind): [] for name in names for kind in ("train", "decode")}
-    for round_ in range(args.repeats):
-        order = names[round_ % len(names):] + names[:round_ % len(names)]
-        for name in order:
-            times[name, "train"].append(train[name](args.steps))
-            times[name, "decode"].append(decode[name]())
-
-    def ratio(name, kind):
-        base = times["transformer", kind]
-        return statistics.median(t / b for t, b in zip(times[name, kind], base))
-
+    train = {name: train_step(m, args, device) for name, m in models.items()}
+    peaks = {name: harness.peak_bytes(train[name], device) / harness.MiB for name in names}  # also the warm-up
+    trained = harness.interleave(train, args.repeats, device=device, number=args.steps)
+    decoded = harness.interleave({name: decoder(m, args, device) for name, m in models.items()}, args.repeats,
+                                 device=device)
     tokens = args.sentences * args.decode_len
+    rows = [{"name": name, "params": parameter_breakdown(models[name])["total_without_embeddings"],
+             "train_s_per_100": trained.median(name) * 100, "train_ratio": trained.ratio(name, "transformer"),
+             "train_spread": trained.spread(name), "decode_s": decoded.median(name),
+             "tokens_per_s": tokens / decoded.median(name),
+             "decode_speedup": 1 / decoded.ratio(name, "transformer"), "peak_mib": peaks[name]} for name in names]
+    info = harness.machine(device)
     print(f"# bench_transformer: d_model={args.d_model} heads={args.heads} d_ff={args.d_ff} layers={args.layers}+"
-          f"{args.layers} vocab={args.vocab} batch={args.batch} len={args.src_len}/{args.tgt_len} device={args.device} "
-          f"threads={torch.get_num_threads()} repeats={args.repeats} torch={torch.__version__}")
-    print(f"# decoding: {args.sentences} sentences × {args.decode_len} greedy steps at batch 1 (KV cache)\n")
-    print("| model | params (no emb.) | train s/100 | × train | decode s | tok/s | × tok/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name in names:
-        params = parameter_breakdown(models[name])["total_without_embeddings"]
-        t_train = statistics.median(times[name, "train"])
-        t_dec = statistics.median(times[name, "decode"])
-        print(f"| {name} | {params:,} | {t_train:.3f} | {ratio(name, 'train'):.3f} | {t_dec:.3f} | "
-              f"{tokens / t_dec:.1f} | {1 / ratio(name, 'decode'):.3f} |")
-    return 0
+          f"{args.layers} vocab={args.vocab} batch={args.batch} len={args.src_len}/{args.tgt_len} device={device}"
+          f"{' bf16' if args.bf16 else ''} repeats={args.repeats}")
+    print(f"# {harness.header(info)}")
+    print(f"# decoding: {args.sentences} sentences × {args.decode_len} steps one at a time, beam {args.beam}, "
+          f"α {args.alpha:g} (KV cache)\n")
+    print("| model | params (no emb.) | train s/100 | × train | spread | decode s | tok/s | × tok/s | peak MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['name']} | {r['params']:,} | {r['train_s_per_100']:.3f} | {r['train_ratio']:.3f} | "
+              f"{r['train_spread']:.2f} | {r['decode_s']:.3f} | {r['tokens_per_s']:.1f} | {r['decode_speedup']:.3f} | "
+              f"{r['peak_mib']:.1f} |")
+    result = {"args": vars(args), "rows": rows}
+    if args.out:
+        command = harness.command_line(argv, "benchmarks/bench_transformer.py")
+        harness.write_json(args.out, result, device, command=command)
+    return result
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

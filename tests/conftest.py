@@ -8,11 +8,92 @@ import torch
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 # The suite must not depend on whether `hyperplex native` installed the compiled PHM kernel on this machine (with
-# HYPERPLEX_NATIVE unset, `auto` layers would take it): off unless a test turns it on itself (tests/layers/test_native.py
-# installs it only into a private copy of the cache, the `kernel_cache` fixture).
+# HYPERPLEX_NATIVE unset, `auto` layers would take it): off unless a test turns it on itself
+# (tests/layers/test_native.py installs it only into a private copy of the cache, the `kernel_cache` fixture).
 os.environ["HYPERPLEX_NATIVE"] = "0"
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+
+# ---------------------------------------------------------------------------- the two tiers
+# `pytest` runs the fast tier: unit tests, in this process, on what the clone holds. `pytest -m integration` runs the
+# rest: what starts processes (the CLI in a child, DDP, a killed writer), compiles (the native C++ kernel), or loads
+# a pretrained model or the shared data. A test joins the integration tier by any of the rules below, so that test
+# files need no marks of their own; `slow` stays a separate opt-in (run only where `-m` names it).
+
+#: Files (relative to the repository root) whose tests all start processes or compile.
+INTEGRATION_MODULES = {
+    "tests/cli/test_cli_robustness_training.py",  # `hyperplex train` in a child, killed and resumed
+    "tests/cli/test_model_folder_safety.py",  # lock holders in other processes
+    "tests/experiments/test_cli.py",  # the plan runner as a script
+    "tests/experiments/test_demo.py",  # `hyperplex demo` in a child
+    "tests/layers/test_native.py",  # builds the C++ kernel
+    "tests/train/test_process.py",  # DDP under torchrun
+}
+#: Single tests, in files otherwise fast (node ids without parameters).
+INTEGRATION_TESTS = {
+    "tests/layers/test_phm.py::test_torch_compile_fullgraph",  # inductor compiles C++ in worker processes
+    "tests/experiments/test_quality.py::test_bench_compress_counts_match_the_models",  # a process per model
+}
+#: Folders whose tests are all integration tests, less :data:`FAST_IN_INTEGRATION_FOLDERS`.
+INTEGRATION_FOLDERS = ("tests/benchmarks/",)  # they run the benchmark scripts (worker processes, real models)
+FAST_IN_INTEGRATION_FOLDERS = {"tests/benchmarks/test_harness.py"}  # the harness's statistics on given timings
+#: Fixtures that build the native kernel, load a pretrained model, or read the data outside the clone.
+INTEGRATION_FIXTURES = {"kernel_cache", "kernel", "minilm", "shared_data"}
+#: Names whose use in a test's own body means it starts a process.
+PROCESS_NAMES = {"subprocess", "torchrun", "Popen"}
+
+
+def is_integration(item, root: Path) -> bool:
+    """Whether a collected test belongs to the integration tier (the rules above)."""
+    try:
+        module = item.path.relative_to(root).as_posix()
+    except ValueError:  # a test file outside the repository (pytest given an absolute path elsewhere)
+        module = item.path.as_posix()
+    if module in INTEGRATION_MODULES or (module.startswith(INTEGRATION_FOLDERS)
+                                         and module not in FAST_IN_INTEGRATION_FOLDERS):
+        return True
+    if f"{module}::{getattr(item, 'originalname', item.name)}" in INTEGRATION_TESTS:
+        return True
+    if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    code = getattr(getattr(item, "function", None), "__code__", None)
+    return code is not None and bool(PROCESS_NAMES & set(code.co_names))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection, which reads the marks
+def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+    for item in items:
+        if is_integration(item, root):
+            item.add_marker(pytest.mark.integration)
+    if "slow" not in (config.option.markexpr or ""):
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_python(request, monkeypatch):
+    """In the fast tier, starting a Python child fails at once with the rule to follow (a guard: a test that does so
+    unmarked would make the fast tier slow and the tiers wrong)."""
+    if request.node.get_closest_marker("integration"):
+        return
+    import subprocess
+    import sys
+
+    class Guarded(subprocess.Popen):
+        def __new__(cls, args, *rest, **kwargs):  # before any of Popen's state exists
+            first = os.fsdecode(args if isinstance(args, (str, bytes, os.PathLike)) else next(iter(args), ""))
+            program = first.split(" ")[0]  # a shell command line's program
+            if program == sys.executable or os.path.basename(program).startswith("python"):
+                raise RuntimeError(f"{request.node.nodeid} starts a Python process ({program}): the fast tier "
+                                   "starts none. Add the test to INTEGRATION_TESTS (or its file to "
+                                   "INTEGRATION_MODULES) in tests/conftest.py, or name subprocess/torchrun in the "
+                                   "test's body.")
+            return super().__new__(cls)
+
+    monkeypatch.setattr(subprocess, "Popen", Guarded)
 
 
 @pytest.fixture
@@ -43,8 +124,9 @@ def torchrun(*args, timeout=300):
 
 def write_tiny_config(directory, **training):
     """A seconds-long arithmetic run with a tiny PHM Transformer (generated data, no files)."""
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     cfg = {
         "name": "tiny", "seed": 3,
@@ -82,8 +164,8 @@ def write_tiny_bert(folder, layers: int = 2) -> None:
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *TINY_BERT_WORDS]
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=32)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=layers,
+                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=32)
     transformers.BertModel(config).save_pretrained(folder)
     transformers.BertTokenizerFast(os.fspath(folder / "vocab.txt")).save_pretrained(folder)
 
@@ -179,11 +261,15 @@ def prepared_task(path):
 
 
 def load_benchmark(name: str):
-    """The script ``benchmarks/NAME.py`` imported as a module (benchmarks are scripts, not a package)."""
+    """The script ``benchmarks/NAME.py`` (a headline benchmark) or ``benchmarks/probes/NAME.py`` imported as a module
+    (benchmarks are scripts, not a package)."""
     import importlib.util
     import sys
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    path = folder / f"{name}.py"
+    if not path.is_file():
+        path = folder / "probes" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -1,6 +1,6 @@
 """Every inference path of ``PHMLinear`` on one shape, forced, against ``nn.Linear``: which one ``auto`` should take.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_paths.py --threads 1 --ns 2 4 8 \\
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/bench_paths.py --threads 1 --ns 2 4 8 \\
         --rows 16 48 96 128 192          # MiniLM's shapes (the default --shapes)
 
 For each shape ``D×K`` (in × out features), ``n`` and row count: a stack of ``--layers`` distinct layers (eval
@@ -21,7 +21,9 @@ import torch
 
 from hyperplex.layers import PHMLinear
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark, run as a script or loaded by path
+# the sibling probe and the harness, run as a script or loaded by path
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+import harness  # noqa: E402
 from bench_formation import parse_grid, ratios_to_dense, run_grid  # noqa: E402
 
 PATHS = ("premixed", "structured", "materialized")
@@ -53,8 +55,8 @@ def measure(d: int, k: int, n: int, rows: int, layers: int, rounds: int) -> dict
 def main(argv: list[str] | None = None) -> dict:
     args = parse_grid(argv, __doc__, ns=[4], rows=[16, 48, 96, 128, 192],
                       rows_help="input rows (default 16 48 96 128 192)")
-    print(f"# bench_paths — torch {torch.__version__}, {torch.get_num_threads()} thread(s); {args.layers} layers, "
-          f"{args.rounds} rounds; ratios = time / dense, inference, no cache")
+    print(f"# bench_paths — {args.layers} layers, {args.rounds} rounds; ratios = time / dense, inference, no cache")
+    print(f"# {harness.header(harness.machine())}")
     print("| D×K | n | rows | dense ms/layer | premixed × | structured × | materialized × | fastest | auto |")
     print("|---|---:|---:|---:|---:|---:|---:|---|---|")
     return run_grid(args, measure, lambda d, k, n, rows, r: (

@@ -29,27 +29,24 @@ Each line ends with ``bound``: the least ×dense any form could reach on this CP
 factors' share of the dense bytes, read at the dense layer's rate) and the time the dense layer's
 ``2·rows·d²`` flops take at the rate of a hot ``1024³`` GEMM (this CPU's practical peak, printed first).
 
-Usage: ``OMP_NUM_THREADS=1 python benchmarks/bench_thin_gemm.py --threads 1 --d 4096 --rows 1``. Run it on a
+Usage: ``OMP_NUM_THREADS=1 python benchmarks/probes/bench_thin_gemm.py --threads 1 --d 4096 --rows 1``. Run it on a
 quiet machine: the ratios are of memory-bound kernels and move with other processes' memory traffic.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness, run as a script or loaded by path
+import harness  # noqa: E402
 
 
 def best_time(calls, repeats: int) -> float:
     """Seconds per call: the best of ``repeats`` passes over ``calls`` (one warm-up pass first)."""
-    for call in calls:
-        call()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for call in calls:
-            call()
-        best = min(best, time.perf_counter() - start)
-    return best / len(calls)
+    timings = harness.interleave({"pass": lambda: [call() for call in calls]}, repeats)
+    return min(timings.samples["pass"]) / len(calls)
 
 
 def peak_flops(repeats: int, size: int = 1024) -> float:
@@ -123,7 +120,7 @@ def whole_forwards(stack, rows: int, repeats: int, t_dense: float) -> dict[str, 
         error = (compiled(x, rule, stack[0]) - phm_linear_structured(x, rule, stack[0])).abs().max().item()
         if error > 1e-3:
             raise AssertionError(f"compiled forward differs from eager by {error:.2e} at n = {n}")
-        return {name: best_time([lambda S=S: f(x, rule, S) for S in stack], repeats) / t_dense
+        return {name: best_time([lambda S=S, f=f: f(x, rule, S) for S in stack], repeats) / t_dense
                 for name, f in (("full", phm_linear_structured), ("compiled", compiled))}
 
 
@@ -150,8 +147,9 @@ def main(argv: list[str] | None = None) -> dict:
     x = torch.randn(args.rows, d)
     t_dense = best_time([lambda W=W: x @ W.T for W in dense], args.repeats)
     del dense
-    print(f"# bench_thin_gemm: d = {d}, {args.rows} row(s), {torch.get_num_threads()} thread(s), stack of "
-          f"{args.layers} dense layers ({args.layers * d * d * 4 / 2**20:.0f} MiB); dense {t_dense * 1e3:.2f} ms a layer")
+    print(f"# bench_thin_gemm: d = {d}, {args.rows} row(s), stack of {args.layers} dense layers "
+          f"({args.layers * d * d * 4 / 2**20:.0f} MiB); dense {t_dense * 1e3:.2f} ms a layer")
+    print(f"# {harness.header(harness.machine())}")
     peak = peak_flops(max(args.repeats, 10))
     print(f"# peak: a hot 1024³ GEMM at {peak / 1e9:.1f} GFLOP/s; the dense layer's flops at that rate take "
           f"{flops_share(d, args.rows, t_dense, peak):.2f}× its time")
@@ -170,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
         row = {}
         for name, form in table.items():
             if name == "onednn":
-                row[name] = best_time([lambda P=P: torch._C._nn.mkldnn_linear(X.to_mkldnn(), P, None).to_dense()
+                row[name] = best_time([lambda P=P, X=X: torch._C._nn.mkldnn_linear(X.to_mkldnn(), P, None).to_dense()
                                        for P in packed], args.repeats) / t_dense
             elif name == "mkl_packed":
                 row[name] = mkl_packed_ratio(stack, Z, args.repeats) / t_dense

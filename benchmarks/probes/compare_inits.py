@@ -4,9 +4,9 @@ whitened, whitened_als} × {PHM n, low-rank at PHM n's parameters}, on the same 
 
 Usage (from the repository root; needs ``pip install "hyperplex[pretrained]"``)::
 
-    PYTHONPATH=src python benchmarks/compare_inits.py --quick          # n = 4 only, 256 eval captions
-    PYTHONPATH=src python benchmarks/compare_inits.py                  # n = 2, 4, 8, every init
-    PYTHONPATH=src python benchmarks/compare_inits.py --n 8 --inits svd whitened
+    PYTHONPATH=src python benchmarks/probes/compare_inits.py --quick          # n = 4 only, 256 eval captions
+    PYTHONPATH=src python benchmarks/probes/compare_inits.py                  # n = 2, 4, 8, every init
+    PYTHONPATH=src python benchmarks/probes/compare_inits.py --n 8 --inits svd whitened
 
 Data (``--data``, default ``../shared/data``): the Multi30k English training captions, blank lines and
 captions that also occur in the val file removed (as ``hyperplex compress`` does); the first 64 are the
@@ -27,22 +27,22 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
-import platform
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness, run as a script or loaded by path
 
+import harness  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from hyperplex.convert import convert_linears  # noqa: E402
 from hyperplex.convert.activation import capture_inputs, relative_output_error  # noqa: E402
+from hyperplex.data.readers import read_lines  # noqa: E402
 from hyperplex.models.pretrained_student import embed, tokenize  # noqa: E402
 from hyperplex.pretrained import load_sentence_transformer  # noqa: E402
-from hyperplex.data.readers import read_lines  # noqa: E402
 
 INITS = ("svd", "activation", "whitened", "whitened_als")
 INCLUDE = "*encoder.layer*"
@@ -60,7 +60,8 @@ def captions(data: Path) -> tuple[list[str], list[str], list[str]]:
 def encode(model: nn.Module, sentences: list[str], batch: int = 64) -> torch.Tensor:
     """``(N, E)`` normalised sentence embeddings."""
     with torch.inference_mode():
-        return torch.cat([embed(model, tokenize(model, sentences[i:i + batch])) for i in range(0, len(sentences), batch)])
+        return torch.cat([embed(model, tokenize(model, sentences[i:i + batch]))
+                          for i in range(0, len(sentences), batch)])
 
 
 def runner(model: nn.Module, sentences: list[str], unpadded: bool = False):
@@ -108,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 student = copy.deepcopy(teacher)
                 start = time.perf_counter()
                 report = convert_linears(student, kind, n, include=INCLUDE, init=init,
-                                         calibrate=runner(student, calibration, args.unpadded), als_sweeps=args.als_sweeps,
-                                         ridge=args.ridge)
+                                         calibrate=runner(student, calibration, args.unpadded),
+                                         als_sweeps=args.als_sweeps, ridge=args.ridge)
                 seconds = time.perf_counter() - start
                 converted = dict(student.named_modules())
                 errors = [relative_output_error(weights[name], converted[name].dense_weight(), held_factors[name])
@@ -122,10 +123,9 @@ def main(argv: list[str] | None = None) -> int:
                 del student
 
     print(f"all-MiniLM-L6-v2, {len(layers)} layers ({INCLUDE}) converted, no healing; calibration: the first "
-          f"{len(calibration)} Multi30k train captions{' (one at a time)' if args.unpadded else ' (one padded batch)'}; "
-          f"layer error on the next {len(held_out)}; cosine on "
-          f"{len(val)} val captions. {platform.processor() or platform.machine()}, torch "
-          f"{torch.__version__}, 1 thread, {datetime.date.today()}\n")
+          f"{len(calibration)} Multi30k train captions{' (one at a time)' if args.unpadded else ' (one padded batch)'}"
+          f"; layer error on the next {len(held_out)}; cosine on {len(val)} val captions. "
+          f"{harness.header(harness.machine())}\n")
     print("| n | kind | init | rank | layer error (held-out) | layer error (calibration) | cosine to teacher | fit s |")
     print("|---|---|---|---|---|---|---|---|")
     for n, kind, init, rank, held, calib, cosine, seconds in rows:

@@ -8,9 +8,11 @@ healing), on the first ``--sentences`` distinct English sentences of ``tatoeba_e
   between the float and the int8 model's sentence embeddings;
 * the size of the ONNX file ``export_onnx`` writes, the max |onnxruntime − PyTorch| on those sentences,
   and onnxruntime's sentences/s at batch 1 and 32 as a ratio to the teacher's own ONNX export in the same
-  run (``--rounds`` interleaved rounds, medians); PHM in each of ``export_onnx``'s ``phm`` modes.
+  run (``--rounds`` interleaved rounds of ``benchmarks/harness.py``, medians); PHM in each of ``export_onnx``'s
+  ``phm`` modes.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/check_deploy.py --data-root ../shared/data --out /tmp/deploy
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/check_deploy.py --data-root ../shared/data \\
+        --out /tmp/deploy
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ import argparse
 import copy
 import gzip
 import os
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness, run as a script or loaded by path
+import harness  # noqa: E402
 
 
 def main() -> None:
@@ -85,19 +90,20 @@ def main() -> None:
 
     print("\n| model | ORT batch 1 × teacher | ORT batch 32 × teacher |")
     print("|---|---:|---:|")
-    times = {(name, batch): [] for name in sessions for batch in (1, 32)}
-    for _ in range(args.rounds):
-        for batch in (1, 32):
-            for name, (session, model) in sessions.items():
-                start = time.perf_counter()
-                for i in range(0, len(sentences), batch):
-                    features = model.tokenize(sentences[i:i + batch])
-                    session.run(None, {"input_ids": features["input_ids"].numpy(),
-                                       "attention_mask": features["attention_mask"].numpy()})
-                times[(name, batch)].append(time.perf_counter() - start)
+    def encode(session, model, batch):  # every sentence through onnxruntime at this batch size, tokenising included
+        def run():
+            for i in range(0, len(sentences), batch):
+                features = model.tokenize(sentences[i:i + batch])
+                session.run(None, {"input_ids": features["input_ids"].numpy(),
+                                   "attention_mask": features["attention_mask"].numpy()})
+        return run
+
+    calls = {(name, batch): encode(session, model, batch) for name, (session, model) in sessions.items()
+             for batch in (1, 32)}
+    timings = harness.interleave(calls, args.rounds, warmup=0)
     for name in sessions:
-        ratios = [statistics.median(times[("teacher", b)]) / statistics.median(times[(name, b)]) for b in (1, 32)]
-        base = [len(sentences) / statistics.median(times[("teacher", b)]) for b in (1, 32)]
+        ratios = [1 / timings.ratio((name, b), ("teacher", b)) for b in (1, 32)]
+        base = [len(sentences) / timings.median(("teacher", b)) for b in (1, 32)]
         extra = f" ({base[0]:.0f} / {base[1]:.0f} sent/s)" if name == "teacher" else ""
         print(f"| {name} | {ratios[0]:.2f} | {ratios[1]:.2f} |{extra}")
 

@@ -1,4 +1,4 @@
-"""benchmarks/bench_formation.py: its two forms compute the layer, and a tiny run gives every ratio."""
+"""benchmarks/probes/bench_formation.py: its two forms compute the layer, and a tiny run gives every ratio."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def test_tiny_run_gives_both_ratios_and_the_form_the_layer_takes(bench, monkeypa
     assert set(results) == {(24, 16, 2, 3), (24, 16, 4, 3)}
     for row in results.values():
         assert row["dense_ms"] > 0 and row["whole"] > 0 and row["blocked"] > 0
-    assert results[(24, 16, 2, 3)]["takes"] == "blocked" and results[(24, 16, 4, 3)]["takes"] == "whole"  # d/n = 12 and 6
+    # d/n = 12 and 6
+    assert results[(24, 16, 2, 3)]["takes"] == "blocked" and results[(24, 16, 4, 3)]["takes"] == "whole"
 
 
 @pytest.mark.parametrize("argv", [["--shapes", "24by16"], ["--shapes", "24x16", "--ns", "5"], ["--rows", "0"]])

@@ -1,4 +1,4 @@
-"""benchmarks/bench_paths.py: a tiny run times every forced path and reports auto's choice."""
+"""benchmarks/probes/bench_paths.py: a tiny run times every forced path and reports auto's choice."""
 
 from __future__ import annotations
 

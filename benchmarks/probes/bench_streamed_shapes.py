@@ -12,32 +12,31 @@ of a stack of ``nn.Linear(D, K)`` run in the same round:
 - ``qualifies``: whether ``auto`` with the kernel on takes it at that point (:data:`STREAMED_ROW_LIMIT`,
   :data:`STREAMED_MIN_FACTORS`).
 
-Each figure is the median over ``--rounds`` rounds of the median of ``--repeats`` passes through the stack.
+Each figure is the median over ``--rounds`` interleaved rounds (``benchmarks/harness.py``, the order rotating) of the
+time per pass over ``--repeats`` passes through the stack.
 Usage (from the repository root; builds the kernel first, about a minute the first time)::
 
-    PYTHONPATH=src python benchmarks/bench_streamed_shapes.py
-    PYTHONPATH=src python benchmarks/bench_streamed_shapes.py --shapes 4096:1024 3072:768 --ns 8 16 --rows 1 4
+    PYTHONPATH=src python benchmarks/probes/bench_streamed_shapes.py
+    PYTHONPATH=src python benchmarks/probes/bench_streamed_shapes.py --shapes 4096:1024 3072:768 --ns 8 16 --rows 1 4
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
 from hyperplex.layers import PHMLinear, native
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness, run as a script or loaded by path
+import harness  # noqa: E402
 
-def _pass_time(layers, x, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for layer in layers:
-            layer(x)
-        times.append((time.perf_counter() - start) / len(layers))
-    return statistics.median(times)
+
+def _pass(layers, x):
+    """One pass of ``x (rows, D)`` through the stack."""
+    return lambda: [layer(x) for layer in layers]
 
 
 def _shape(text: str) -> tuple[int, int]:
@@ -87,25 +86,23 @@ def main(argv=None) -> list[dict]:
             layers = [PHMLinear(d, k, n).eval() for _ in range(count)]
             for rows in args.rows:
                 x = torch.randn(rows, d)
-                ratios = {"auto": [], "streamed": []}
-                dense_times = []
                 with torch.inference_mode():
                     native.enable_native_kernels()
                     qualifies = layers[0].choose_mode(rows) == "streamed"
                     native.enable_native_kernels(False)
                     path = layers[0].choose_mode(rows)
-                    for _ in range(args.rounds):
-                        base = _pass_time(dense, x, args.repeats)
-                        dense_times.append(base)
-                        ratios["auto"].append(_pass_time(layers, x, args.repeats) / base)
+
+                    def mode(name, layers=layers):  # the PHM stack's path for the next sample (auto for dense)
                         for layer in layers:
-                            layer.forward_mode = "streamed"
-                        ratios["streamed"].append(_pass_time(layers, x, args.repeats) / base)
-                        for layer in layers:
-                            layer.forward_mode = "auto"
+                            layer.forward_mode = "streamed" if name == "streamed" else "auto"
+
+                    timings = harness.interleave({"dense": _pass(dense, x), "auto": _pass(layers, x),
+                                                  "streamed": _pass(layers, x)}, args.rounds, number=args.repeats,
+                                                 before=mode)
+                    mode("auto")
                 row = {"d": d, "k": k, "n": n, "rows": rows, "layers": count, "path": path, "qualifies": qualifies,
-                       "dense_ms": statistics.median(dense_times) * 1e3, "auto": statistics.median(ratios["auto"]),
-                       "streamed": statistics.median(ratios["streamed"])}
+                       "dense_ms": timings.median("dense") * 1e3 / count, "auto": timings.ratio("auto", "dense"),
+                       "streamed": timings.ratio("streamed", "dense")}
                 results.append(row)
                 print(f"| {d}→{k} | {n} | {rows} | {count} | {row['dense_ms']:.3f} | {row['auto']:.2f} ({path}) "
                       f"| {row['streamed']:.2f} | {'yes' if qualifies else 'no'} |", flush=True)

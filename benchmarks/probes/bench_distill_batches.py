@@ -5,26 +5,27 @@ shuffled, unsorted order (``false``), on the same student and corpus, as a ratio
 Usage (from the repository root; needs ``pip install "hyperplex[pretrained]"`` and a corpus built by
 ``hyperplex corpus``)::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_distill_batches.py \\
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/bench_distill_batches.py \\
         --corpus runs/corpus/distill.txt.gz --data-root ../shared/data --steps 12
 
 Method: the config's task is prepared twice, once per order (``--training.bucket=true`` / ``false``, every other
 setting the config's), and one student is built. The first ``--steps`` batches of epoch 1 of each order are
 tokenised up front; then step ``i`` of each order runs back to back (loss + backward, gradients cleared),
-alternating which order goes first, so drift on a shared machine hits both alike. Printed: padded and real
-tokens of each order's batches, the total and median step time, and the ratio unbucketed / bucketed (above 1
-= bucketing is faster).
+alternating which order goes first (``benchmarks/harness.py``), so drift on a shared machine hits both alike.
+Printed: padded and real tokens of each order's batches, the total and median step time, and the ratio
+unbucketed / bucketed (above 1 = bucketing is faster).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import statistics
+import sys
 import tempfile
-import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness, run as a script or loaded by path
+import harness  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -57,19 +58,19 @@ def main(argv: list[str] | None = None) -> dict:
             tasks[bucket] = task
         model = tasks[True].build_model().train()
         batches = {bucket: task.train_batches(1)[0:args.steps] for bucket, task in tasks.items()}
-        times = {bucket: [] for bucket in tasks}
-        for i in range(args.steps):
-            for bucket in ((True, False) if i % 2 == 0 else (False, True)):
-                start = time.perf_counter()
-                tasks[bucket].loss(model, batches[bucket][i]).backward()
-                times[bucket].append(time.perf_counter() - start)
-                model.zero_grad(set_to_none=True)
+        def next_step(bucket):  # round i: batch i of that order, loss and backward
+            feed = iter(batches[bucket])
+            return lambda: tasks[bucket].loss(model, next(feed)).backward()
+
+        timings = harness.interleave({bucket: next_step(bucket) for bucket in tasks}, args.steps, warmup=0,
+                                     before=lambda bucket: model.zero_grad(set_to_none=True))
+        times = timings.samples
     result = {}
     for bucket, chosen in batches.items():
         padded = sum(b["input_ids"].numel() for b in chosen)
         real = sum(int(b["attention_mask"].sum()) for b in chosen)
         result[bucket] = {"padded": padded, "real": real, "total_s": sum(times[bucket]),
-                          "median_s": statistics.median(times[bucket])}
+                          "median_s": timings.median(bucket)}
         print(f"bucket={str(bucket).lower():5s}: {padded:7,} padded tokens for {real:,} real "
               f"({1 - real / padded:.0%} padding); {result[bucket]['total_s']:.1f} s for {args.steps} steps, "
               f"median {result[bucket]['median_s']:.2f} s a step")

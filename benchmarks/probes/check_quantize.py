@@ -3,17 +3,17 @@ the docs quote): the int8 GEMM path against the dequantised-blocks path at MiniL
 structured product, the float dense layer and PyTorch's int8 dense layer as references.
 
 Each variant runs a stack of ``--layers`` distinct layers per shape (weights beyond one layer's cache
-footprint, as in a model), ``--repeats`` interleaved rounds; the median time per stack call is printed as
-a ratio to the float dense stack measured in the same round.
+footprint, as in a model), ``--repeats`` interleaved rounds (``benchmarks/harness.py``); the median time per stack
+call is printed, and the median over rounds of its ratio to the float dense stack measured in the same round.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/check_quantize.py --threads 1
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/check_quantize.py --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -23,12 +23,8 @@ from hyperplex.convert.quantize import QuantizedLinear, QuantizedPHMLinear
 from hyperplex.layers import PHMLinear
 from hyperplex.layers.functional import phm_linear_structured
 
-
-def _time(fn, x, calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn(x)
-    return (time.perf_counter() - start) / calls
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness, run as a script or loaded by path
+import harness  # noqa: E402
 
 
 def main() -> None:
@@ -41,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, engine {torch.backends.quantized.engine}, threads {args.threads}, n={args.n}")
+    print(f"engine {torch.backends.quantized.engine}, n={args.n}; {harness.header(harness.machine())}")
     print("| shape (k x d) | rows | float dense ms | float PHM structured | int8 dense | int8 PHM (int8 GEMM) | "
           "int8 PHM (dequantised) | int8 PHM (premixed) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -52,26 +48,18 @@ def main() -> None:
         q_int8 = [QuantizedPHMLinear.from_float(layer, "int8").eval() for layer in phm]
         q_deq = [QuantizedPHMLinear.from_float(layer, "dequantized").eval() for layer in phm]
         q_pre = [QuantizedPHMLinear.from_float(layer, "premixed").eval() for layer in phm]
-        variants = {
-            "dense": lambda x: [F.linear(x, m.weight, m.bias) for m in dense],
-            "phm": lambda x: [phm_linear_structured(x, m.phm_rule, m.phm_weight, m.bias) for m in phm],
-            "q_dense": lambda x: [m(x) for m in q_dense],
-            "q_int8": lambda x: [m(x) for m in q_int8],
-            "q_deq": lambda x: [m(x) for m in q_deq],
-            "q_pre": lambda x: [m(x) for m in q_pre],
-        }
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, d)
-            calls = max(2, 2000 // rows)
-            times = {name: [] for name in variants}
-            with torch.inference_mode():
-                for fn in variants.values():
-                    fn(x)
-                for _ in range(args.repeats):
-                    for name, fn in variants.items():
-                        times[name].append(_time(fn, x, calls))
-            med = {name: statistics.median(t) for name, t in times.items()}
-            ratio = {name: med[name] / med["dense"] for name in med}
+            variants = {
+                "dense": lambda x=x, dense=dense: [F.linear(x, m.weight, m.bias) for m in dense],
+                "phm": lambda x=x, phm=phm: [phm_linear_structured(x, m.phm_rule, m.phm_weight, m.bias) for m in phm],
+                **{name: lambda x=x, stack=stack: [m(x) for m in stack]
+                   for name, stack in (("q_dense", q_dense), ("q_int8", q_int8), ("q_deq", q_deq), ("q_pre", q_pre))},
+            }
+            timings = harness.interleave(variants, args.repeats, number=max(2, 2000 // rows),
+                                         context=torch.inference_mode)
+            med = {name: timings.median(name) for name in variants}
+            ratio = {name: timings.ratio(name, "dense") for name in variants}
             print(f"| {k}x{d} | {rows} | {med['dense'] * 1e3:.3f} | {ratio['phm']:.2f} | {ratio['q_dense']:.2f} | "
                   f"{ratio['q_int8']:.2f} | {ratio['q_deq']:.2f} | {ratio['q_pre']:.2f} |")
 

@@ -1,4 +1,4 @@
-"""benchmarks/bench_thin_gemm.py: its forms compute the products they claim, and a tiny run gives every ratio."""
+"""benchmarks/probes/bench_thin_gemm.py: its forms compute the products they claim, and a tiny run gives every ratio."""
 
 from __future__ import annotations
 

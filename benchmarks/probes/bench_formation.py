@@ -1,7 +1,7 @@
 """Forming ``H`` for one inference call: all of it, or one block column at a time (``phm_linear_blocked``).
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_formation.py --threads 1      # MiniLM's shapes, n = 2, 4, 8
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_formation.py --threads 1 --shapes 1024x1024 \\
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/bench_formation.py --threads 1  # MiniLM's shapes, n 2-8
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/bench_formation.py --threads 1 --shapes 1024x1024 \\
         --ns 8 16 --rows 2048 --layers 4 --rounds 9
 
 Where ``PHMLinear`` forms ``H`` per call in inference (many rows, no cache), it can form all of ``H`` and run one
@@ -23,8 +23,8 @@ timing. The last column is the form ``PHMLinear`` takes for that shape.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,9 @@ import torch.nn.functional as F
 from hyperplex.layers import PHMLinear
 from hyperplex.layers.dispatch import takes_blocked
 from hyperplex.layers.functional import materialize_weight, phm_linear_blocked
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness, run as a script or loaded by path
+import harness  # noqa: E402
 
 MINILM_SHAPES = ["384x384", "384x1536", "1536x384"]
 
@@ -55,32 +58,23 @@ def forms(layers: list[PHMLinear]) -> dict:
     block = torch.empty(k * d // n)
 
     def run_whole(x):
-        return [F.linear(x, materialize_weight(l.phm_rule, l.phm_weight, out=whole), l.bias) for l in layers]
+        return [F.linear(x, materialize_weight(layer.phm_rule, layer.phm_weight, out=whole), layer.bias)
+                for layer in layers]
 
     def run_blocked(x):
-        return [phm_linear_blocked(x, l.phm_rule, l.phm_weight, l.bias, buffer=block) for l in layers]
+        return [phm_linear_blocked(x, layer.phm_rule, layer.phm_weight, layer.bias, buffer=block) for layer in layers]
 
     return {"whole": run_whole, "blocked": run_blocked}
 
 
 def ratios_to_dense(runs: dict, rounds: int, layers: int, prepare=None) -> dict:
-    """Time the callables of ``runs`` (one of them named ``"dense"``) in ``rounds`` interleaved rounds, the order
-    rotating; ``prepare(name)``, if given, runs before each one untimed. Returns ``dense_ms`` (per layer of a stack of
-    ``layers``) and, for every other run, the median over rounds of its time / the dense time of the same round."""
-    names = list(runs)
-    times = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            if prepare is not None:
-                prepare(name)
-            start = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - start)
-    result = {"dense_ms": statistics.median(times["dense"]) * 1e3 / layers}
-    for name in names:
-        if name != "dense":
-            result[name] = statistics.median(t / base for t, base in zip(times[name], times["dense"]))
-    return result
+    """Time the callables of ``runs`` (one of them named ``"dense"``) in ``rounds`` interleaved rounds
+    (``harness.interleave``); ``prepare(name)``, if given, runs before each one untimed. Returns ``dense_ms`` (per
+    layer of a stack of ``layers``) and, for every other run, the median over rounds of its time / the dense time of
+    the same round."""
+    timings = harness.interleave(runs, rounds, warmup=0, before=prepare)
+    return {"dense_ms": timings.median("dense") * 1e3 / layers,
+            **{name: timings.ratio(name, "dense") for name in runs if name != "dense"}}
 
 
 def measure(d: int, k: int, n: int, rows: int, layers: int, rounds: int) -> dict:
@@ -124,10 +118,11 @@ def parse_grid(argv: list[str] | None, doc: str, ns: list[int], rows: list[int],
 def main(argv: list[str] | None = None) -> dict:
     args = parse_grid(argv, __doc__, ns=[2, 4, 8], rows=[160, 640, 1280],
                       rows_help="input rows (default 160 640 1280: MiniLM at batch 8 to 64)")
-    print(f"# bench_formation — torch {torch.__version__}, {torch.get_num_threads()} thread(s); blocked_min_columns = "
-          f"{PHMLinear.path_settings.blocked_min_columns}, blocked_max_weight = {PHMLinear.path_settings.blocked_max_weight}; "
-          f"{args.layers} layers, "
-          f"{args.rounds} rounds; ratios = time / dense (both forms with a reused buffer)")
+    settings = PHMLinear.path_settings
+    print(f"# bench_formation — blocked_min_columns = {settings.blocked_min_columns}, blocked_max_weight = "
+          f"{settings.blocked_max_weight}; {args.layers} layers, {args.rounds} rounds; ratios = time / dense (both "
+          "forms with a reused buffer)")
+    print(f"# {harness.header(harness.machine())}")
     print("| D×K | n | d/n | rows | dense ms/layer | whole × | blocked × | PHMLinear takes |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     return run_grid(args, measure, lambda d, k, n, rows, r: (

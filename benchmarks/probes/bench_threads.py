@@ -3,8 +3,8 @@
 
 Usage (from the repository root)::
 
-    PYTHONPATH=src python benchmarks/bench_threads.py --quick      # about a minute on 2 cores
-    PYTHONPATH=src python benchmarks/bench_threads.py --threads 1 4 --widths 64 512 --rows 32 4096
+    PYTHONPATH=src python benchmarks/probes/bench_threads.py --quick      # about a minute on 2 cores
+    PYTHONPATH=src python benchmarks/probes/bench_threads.py --threads 1 4 --widths 64 512 --rows 32 4096
 
 Workloads, each timed at every thread count of ``--threads`` in interleaved rounds (the count
 rotating every round, so drift on a shared machine hits all counts alike):
@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import statistics
-import time
+import sys
 from pathlib import Path
 
 import torch
@@ -36,6 +34,9 @@ from torch import nn
 
 from hyperplex.experiments.demo import learn_rotation, learn_rule
 from hyperplex.threads import WORK_PER_THREAD, available_cores, choose_threads
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness, run as a script or loaded by path
+import harness  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -90,31 +91,24 @@ def demo_steps():
 def measure(call, counts: list[int], rounds: int, seconds: float) -> tuple[float, dict[int, tuple[float, float]]]:
     """Time ``call`` at each thread count; returns (seconds per call at counts[0], {count: (median, best)})."""
     torch.set_num_threads(counts[0])
-    call()  # warm-up, and a calibration of how many calls fill ``seconds``
-    start = time.perf_counter()
-    call()
-    repeat = max(1, min(200, int(seconds / max(time.perf_counter() - start, 1e-6))))
-    times: dict[int, list[float]] = {c: [] for c in counts}
-    for r in range(rounds):
-        for count in counts[r % len(counts):] + counts[:r % len(counts)]:
-            torch.set_num_threads(count)
-            call()
-            start = time.perf_counter()
-            for _ in range(repeat):
-                call()
-            times[count].append((time.perf_counter() - start) / repeat)
-    base = times[counts[0]]
-    ratios = {c: (statistics.median(a / b for a, b in zip(t, base)), min(t) / min(base)) for c, t in times.items()}
-    return statistics.median(base), ratios
+    repeat = harness.calls_per_block(call, seconds, limit=200)[0]  # a warm-up, and how many calls fill ``seconds``
+
+    def threads(count):
+        torch.set_num_threads(count)
+        call()  # one untimed call at the new count
+
+    timings = harness.interleave({count: call for count in counts}, rounds, number=repeat, warmup=0, before=threads)
+    base = timings.samples[counts[0]]
+    ratios = {c: (timings.ratio(c, counts[0]), min(t) / min(base)) for c, t in timings.samples.items()}
+    return timings.median(counts[0]), ratios
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     cores = available_cores()
     before = cpu_idle_share()
-    print(f"# bench_threads: torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{cores} available cores, load average {os.getloadavg()[0]:.2f}, "
-          f"WORK_PER_THREAD = {WORK_PER_THREAD:,}")
+    print(f"# bench_threads: {cores} available cores, WORK_PER_THREAD = {WORK_PER_THREAD:,}")
+    print(f"# {harness.header(harness.machine())}")
     others = args.threads[1:]
     header = f"{'workload':<16} {'work R·W²':>13} {'rule':>4} {f'ms @{args.threads[0]}':>9}"
     for c in others:

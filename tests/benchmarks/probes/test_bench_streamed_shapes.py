@@ -1,4 +1,4 @@
-"""benchmarks/bench_streamed_shapes.py: a tiny run gives both ratios and auto's path for every point, and bad
+"""benchmarks/probes/bench_streamed_shapes.py: a tiny run gives both ratios and auto's path for every point, and bad
 arguments stop it before anything is timed. Skips where the native kernel cannot be built."""
 
 from __future__ import annotations

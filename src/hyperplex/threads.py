@@ -14,7 +14,7 @@ and ``cores`` the CPUs this process may run on (``os.sched_getaffinity``, which 
 Why: torch splits one operation over its threads and waits for all of them at the end. A thread
 that is descheduled — another process holds its core — stalls the others for a time slice, and a
 small model runs hundreds of such operations per step, so on a shared 2-core machine two threads
-made small models 5-100× slower than one (``benchmarks/bench_threads.py``). A second thread only
+made small models 5-100× slower than one (``benchmarks/probes/bench_threads.py``). A second thread only
 pays when each thread gets at least ``WORK_PER_THREAD`` multiply-adds per product. The load of
 other processes is deliberately *not* an input: the load average lags by a minute, counts the
 whole host inside containers, and would make a training run's thread count (and with it its float
@@ -31,7 +31,7 @@ import torch
 __all__ = ["WORK_PER_THREAD", "TOKENS_PER_SENTENCE", "available_cores", "choose_threads", "model_width", "parse_threads", "set_threads"]
 
 #: Multiply-adds of one matrix product below which a further thread costs more than it saves
-#: (2²⁴ ≈ 16.8 M, e.g. 256 rows × 256²; measured by ``benchmarks/bench_threads.py``).
+#: (2²⁴ ≈ 16.8 M, e.g. 256 rows × 256²; measured by ``benchmarks/probes/bench_threads.py``).
 WORK_PER_THREAD = 1 << 24
 
 #: Rows one sentence contributes when only sentence counts are known (sentence-sized batches of an

@@ -8,7 +8,7 @@ the range is about 6σ, so the error is (6σ/127)/√12 ≈ 1.4% of σ. Together
 output; the tests allow 5% per layer (measured: 0.4–2.0% over the layers below). The tiny random BERT
 is allowed 1% on its last hidden state (measured: 0.02%): its weights (std 0.02) leave the residual
 stream dominated by the embeddings, so that test checks the wiring; the error on a trained model
-(MiniLM) is measured by benchmarks/check_deploy.py and given in docs/compress.md.
+(MiniLM) is measured by benchmarks/probes/check_deploy.py and given in docs/compress.md.
 """
 
 import json

@@ -15,7 +15,7 @@ def test_a_report_regenerated_from_records_is_byte_identical(tmp_path, write_pla
     args = [str(plan), "--out", str(out), "--records", str(records), "--report-only", "--append-to", str(page)]
     assert main([str(plan), "--out", str(out), "--records", str(records), "--no-report"]) == 0
     assert main(args) == 0  # evaluated and reported from the model folder
-    saved = {p: p.read_bytes() for p in (records / "results.json", page, out / "results.md")}
+    saved = {p: p.read_bytes() for p in (records / "results.json", records / "results.md", page, out / "results.md")}
     shutil.rmtree(out / "dense")  # the machine that trained it is gone; the record remains
     assert main(args) == 0
     assert {p: p.read_bytes() for p in saved} == saved
@@ -28,7 +28,23 @@ def test_a_report_regenerated_from_records_is_byte_identical(tmp_path, write_pla
     results = json.loads((records / "results.json").read_text())
     assert results["rows"][0]["runs"][0]["metrics"]["loss"] == evaluation["result"]["metrics"]["loss"]
     assert results["recorded"] == [str(records / "dense" / "seed1")]
-    assert "1 model(s) reported from their records" in page.read_text()
+    assert "1 model(s) reported from their records" in (records / "results.md").read_text()
+    assert "1 model(s) reported from their records" not in page.read_text()
+
+
+def test_the_page_links_to_the_records_for_commands_machines_and_dates(tmp_path, write_plan):
+    plan = write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml", "seeds": [1],
+                                       "overrides": ["--model.linear.kind=dense"]}])
+    out, records, page = tmp_path / "out", tmp_path / "records", tmp_path / "docs" / "results.md"
+    assert main([str(plan), "--out", str(out), "--records", str(records), "--append-to", str(page)]) == 0
+    results = json.loads((records / "results.json").read_text())
+    full, shown = (records / "results.md").read_text(), page.read_text()
+    for text in (results["date"], "Training machine:", "Report written on:", "Command (from the repository root)"):
+        assert text in full and text not in shown, text
+    assert "- Commands, machines and dates: [../records/results.md](../records/results.md)" in shown
+    # apart from the provenance, the page shows what the full report shows: the table and the rows
+    assert shown.split("| row |", 1)[1] == full.split("| row |", 1)[1]
+    assert (out / "results.md").read_text() == full  # the run's own report keeps its provenance
 
 
 def test_only_the_report_provenance_is_kept(tmp_path):

@@ -34,7 +34,7 @@ __all__ = ["capture_inputs", "refine", "relative_output_error", "whitened_layer"
 #: ``convert_linears`` inits built by :func:`whitened_layer`; ``_als`` adds alternating least squares (PHM).
 WHITENED_INITS = ("whitened", "whitened_als")
 #: Default ridge ``λ`` per kind of the whitened fits, which use ``G + λ (tr G / d) I`` (:func:`whitened_layer`).
-#: On all-MiniLM-L6-v2 (``benchmarks/compare_inits.py``, PHM n = 4, 64 calibration captions) PHM with
+#: On all-MiniLM-L6-v2 (``benchmarks/probes/compare_inits.py``, PHM n = 4, 64 calibration captions) PHM with
 #: alternating least squares reaches a sentence cosine of 0.00 / 0.44 / 0.36 at λ = 1e-6 / 0.1 / 1: an
 #: unregularised fit drifts far from ``W`` in input directions of little calibration variance, which the
 #: converted model's shifted inputs then excite. Low-rank: 0.66 / 0.65 / 0.56, so it keeps SVD-LLM's tiny ridge.

@@ -82,7 +82,7 @@ def unsupported_layers(model: nn.Module) -> list[tuple[str, str]]:
 #: graph forms ``H`` with a matmul and a transpose, then one dense matmul; onnxruntime folds ``H`` into a
 #: constant when it opens the session (dense speed, dense memory while running). In onnxruntime on MiniLM
 #: (n = 4, one thread) premixed ran 1.25× / 0.71× the dense teacher's sentences/s at batch 1 / 32,
-#: structured 0.69× / 0.34×, materialized 0.96× / 1.19× (benchmarks/check_deploy.py, docs/compress.md).
+#: structured 0.69× / 0.34×, materialized 0.96× / 1.19× (benchmarks/probes/check_deploy.py, docs/compress.md).
 PHM_MODES = ("premixed", "structured", "materialized")
 
 

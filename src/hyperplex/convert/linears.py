@@ -231,9 +231,9 @@ def convert_linears(
 
     Raises:
         ValueError: bad ``kind``/``init``/``n``/``rank``; an include pattern that matches no layer
-        (the message shows real layer names); an ``n`` that divides no selected layer; nothing
-        left to convert; a selected layer with NaN/inf values or on the meta device. Raised before the
-        model is changed.
+            (the message shows real layer names); an ``n`` that divides no selected layer; nothing
+            left to convert; a selected layer with NaN/inf values or on the meta device. Raised before the
+            model is changed.
     """
     _check_arguments(kind, n, rank, rule, init, calibrate, als_sweeps, ridge)
     rows, layers = _plan(module, kind, n, rank, list(glob_patterns(include, "include")),

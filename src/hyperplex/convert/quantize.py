@@ -228,7 +228,7 @@ class QuantizedPHMLinear(nn.Module):
 
     The mixing costs scale with ``k`` (``int8``, after the GEMM) or ``d`` (``premixed``, before it), so
     :func:`quantize` takes ``"premixed"`` when ``d ≤ k`` and ``"int8"`` otherwise. Measured at MiniLM's
-    shapes (n = 4; 12, 128, 800 rows; one thread; ``benchmarks/check_quantize.py``), as a ratio to the
+    shapes (n = 4; 12, 128, 800 rows; one thread; ``benchmarks/probes/check_quantize.py``), as a ratio to the
     float dense layer: 384×384 premixed 1.5–2.0 vs int8 2.0–2.4; 1536×384 (k×d) premixed 0.46–0.80 vs
     int8 1.0–2.7; 384×1536 int8 0.59–1.3 vs premixed 1.1–1.9; ``"dequantized"`` was the slowest
     everywhere (1.8–4.8). PyTorch's int8 dense layer ran 0.29–0.77 there.

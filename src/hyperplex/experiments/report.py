@@ -68,13 +68,19 @@ def _range_cell(values: list[int]) -> str:
     return format_count(lo) if lo == hi else f"{format_count(lo)}–{format_count(hi)}"
 
 
-def render_markdown(results: dict) -> str:
+def render_markdown(results: dict, provenance_link: str | None = None) -> str:
     """The plan's results section (without the markers) from a ``results.json`` dict: the header, the
-    table, the parameter-match and sweep tables, the list of rows and the models missing from the table."""
+    table, the parameter-match and sweep tables, the list of rows and the models missing from the table.
+
+    With ``provenance_link`` (a relative link to the plan's full report beside its records) the header
+    names no command, machine or date but links there: a user's page states today's figures, and the
+    record says how, where and when they were measured."""
     lines = [f"### {results['plan']['title']}", ""]
     if results["plan"].get("description"):
         lines += [results["plan"]["description"].strip(), ""]
-    lines += _header_lines(results) + [""]
+    provenance = _provenance_lines(results) if provenance_link is None else \
+        [f"- Commands, machines and dates: [{provenance_link}]({provenance_link})"]
+    lines += provenance + _header_lines(results) + [""]
     table, notes = _table_lines(results)
     lines += table
     matches = param_match_lines(results)
@@ -89,9 +95,8 @@ def render_markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _header_lines(results: dict) -> list[str]:
-    """The bullet list under the title: commands, machines, dates, budget, what the cells mean."""
-    plan = results["plan"]
+def _provenance_lines(results: dict) -> list[str]:
+    """The first bullets under the title: the commands, machines and dates that produced the report."""
     lines = [f"- Command (from the repository root): `{results['command']}`"]
     for command in results.get("training_commands", []):
         if command != results["command"]:
@@ -105,6 +110,13 @@ def _header_lines(results: dict) -> list[str]:
                      "evaluated), not re-evaluated for this report")
     if results.get("trained_between"):
         lines.append(f"- Models trained between {results['trained_between'][0]} and {results['trained_between'][1]}")
+    return lines
+
+
+def _header_lines(results: dict) -> list[str]:
+    """The bullets after the provenance: budget, what the cells mean, the quality metrics, sacreBLEU signatures."""
+    plan = results["plan"]
+    lines = []
     budget = " ".join(plan.get("budget", [])) or "(none: each config's own)"
     lines.append(f"- Budget and settings applied to every row: `{budget}`")
     lines.append(f"- Metrics on the validation split, checkpoint `{plan['checkpoint']}`, beam from each row's config; "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from pathlib import Path
 
 from hyperplex.experiments import report
@@ -147,8 +148,9 @@ def keep_report_provenance(results: dict, previous_path: Path) -> dict:
 
 def write_results(results: dict, out: Path, append_to: str | None, records: Path | None = None) -> str:
     """``OUT/results.json``, ``OUT/results.md``, a sweep plot per swept key, and optionally the plan's
-    section of ``append_to``; with ``records``, ``results.json`` is also written there (what the summary
-    reads from a checkout). Returns the markdown."""
+    section of ``append_to``; with ``records``, ``results.json`` and the full ``results.md`` are also written
+    there (what the summary reads from a checkout), and the section of ``append_to`` links to that
+    ``results.md`` for the commands, machines and dates instead of printing them. Returns the markdown."""
     previous = records / "results.json" if records else out / "results.json"
     results = keep_report_provenance(results, previous)
     body = report.render_markdown(results)
@@ -157,9 +159,19 @@ def write_results(results: dict, out: Path, append_to: str | None, records: Path
         report.plot_sweep(results, key, out / report.sweep_plot_name(key))
     text = json.dumps(results, indent=1, ensure_ascii=False) + "\n"
     atomic_write_text(out / "results.json", text)
+    name = results["plan"]["name"]
+    report.write_section(out / "results.md", name, body)
+    page_body = body
     if records:
         atomic_write_text(records / "results.json", text)
-    report.write_section(out / "results.md", results["plan"]["name"], body)
+        report.write_section(records / "results.md", name, body)
+        if append_to:
+            page_body = report.render_markdown(results, _relative_link(records / "results.md", Path(append_to)))
     if append_to:
-        report.write_section(append_to, results["plan"]["name"], body)
+        report.write_section(append_to, name, page_body)
     return body
+
+
+def _relative_link(target: Path, page: Path) -> str:
+    """``target`` as a markdown link from the page ``page`` (a relative posix path)."""
+    return Path(os.path.relpath(target.resolve(), page.resolve().parent)).as_posix()

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hyperplex.convert import convert_linears
-from hyperplex.convert.quantize import (
+from hyperplex.int8 import (
     QUANT_SPEC_NAME, QUANT_WEIGHTS_NAME, QuantizationError, QuantizedLinear, QuantizedLowRankLinear,
     QuantizedPHMLinear, load_quantized, model_bytes, quantize, relative_error, save_quantized,
 )
@@ -151,7 +151,7 @@ def test_bad_arguments_change_nothing():
 def test_missing_engine_is_a_clear_error(monkeypatch, tmp_path):
     import importlib
 
-    qmod = importlib.import_module("hyperplex.convert.quantize")  # the attribute of hyperplex.convert is the function
+    qmod = importlib.import_module("hyperplex.int8.layers")  # where quantized_engine looks up the engines
 
     m = quantize(plain_model())
     save_quantized(m, tmp_path / "q")

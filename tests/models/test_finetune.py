@@ -1,4 +1,4 @@
-"""adapters/finetune.py: the model.adapter section applied to a tiny random BERT — exactly the right
+"""models/finetune.py: the model.adapter section applied to a tiny random BERT — exactly the right
 parameters train, peft's own layers are present, LoRA/LoKr trainable counts match PHM's by the stated
 rule (checked against an exhaustive search), the adapted encoder starts equal to the base, and bad
 input names its key."""
@@ -11,7 +11,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from hyperplex.adapters import PHMAdaptedLinear, adapter_parameter_count
-from hyperplex.adapters.finetune import (
+from hyperplex.models.finetune import (
     FINETUNE_KINDS,
     LOKR_FACTORS,
     FineTuneConfig,

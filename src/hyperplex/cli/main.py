@@ -53,14 +53,14 @@ def _score_encoder(args: argparse.Namespace) -> int:
 
 
 def _corpus(args: argparse.Namespace) -> int:
-    from hyperplex.cli.corpus import run_corpus
+    from hyperplex.cli.corpus_verb import run_corpus
 
     run_corpus(args.out, args.data_root, args.exclude, args.min_sentences, args.shuffle_seed, quiet=args.quiet)
     return 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from hyperplex.train.inference import evaluate
+    from hyperplex.inference.verbs import evaluate
 
     metrics = evaluate(args.model_dir, args.checkpoint, args.split, args.data_root, args.beam_size,
                        threads=args.threads)
@@ -69,7 +69,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from hyperplex.train.inference import translate
+    from hyperplex.inference.verbs import translate
 
     translate(args.model_dir, args.input, args.output, args.checkpoint, args.beam_size, args.plot_attention,
               threads=args.threads)
@@ -77,7 +77,7 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def _params(args: argparse.Namespace) -> int:
-    from hyperplex.train.params import params
+    from hyperplex.inference.parameters import params
 
     print(params(args.config, args.overrides, args.vocab_size, args.tgt_vocab_size, args.num_classes))
     return 0
@@ -91,7 +91,7 @@ def _average(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from hyperplex.train.export import export
+    from hyperplex.inference.export import export
 
     result, tensor_bytes = export(args.model, args.output, args.checkpoint, args.token_embeddings, args.opset,
                                   args.data_root, args.phm, args.st_folder)

@@ -183,7 +183,7 @@ class TestingConfig:
                                                       "replace_unk"})
     quantize: Literal["none", "int8"] = field(default="none", metadata={
         "help": "the form a trained model is evaluated and served in: int8 = PyTorch's dynamic int8 quantisation "
-                "of its dense, low-rank and PHM layers (hyperplex.convert.quantize), applied after loading, no "
+                "of its dense, low-rank and PHM layers (hyperplex.int8), applied after loading, no "
                 "training; `hyperplex compress` then writes student/ in int8 (load_quantized)"})
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyperplex.config import ConfigError, dump_yaml, load_yaml
-from hyperplex.experiments import quality as quality_metrics
+from hyperplex.scoring import plan_metrics as quality_metrics
 from hyperplex.experiments.matching import check_param_matches
 from hyperplex.experiments.plan import TASK_METRICS, Plan, PlanError, Row
 from hyperplex.experiments.state import RECORD_FILE, folder_status, read_record, trained
@@ -135,7 +135,7 @@ def _check_row(plan: Plan, row: Row, out: Path, extra: list[str], resume: bool, 
     model, whose parameter table and counts are kept in ``row.params_table`` / ``row.params``. Fills
     ``resolved`` (row name → config) and ``all_runs`` (model folder → Run)."""
     from hyperplex.config.experiment import load_experiment
-    from hyperplex.train.params import params_report
+    from hyperplex.inference.parameters import params_report
 
     errors: list[str] = []
     where = f"{plan.path}: row {row.name!r} ({row.config})"

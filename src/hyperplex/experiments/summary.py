@@ -39,7 +39,7 @@ from pathlib import Path
 
 from hyperplex.experiments.intervals import summarize
 from hyperplex.experiments.plan import RowSpec
-from hyperplex.experiments.report import format_count
+from hyperplex.experiments.markdown import format_count
 from hyperplex.fileio import atomic_write_text
 
 #: How the summary names the command that generated it.

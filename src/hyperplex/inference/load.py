@@ -126,11 +126,11 @@ def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str |
 def inference_form(cfg: ExperimentConfig, model):
     """``model`` in the form ``testing.quantize`` names: unchanged for ``none``; for ``int8``, moved to the CPU
     (PyTorch's int8 kernels run there only: a model loaded on a GPU is scored on the CPU) and its dense,
-    low-rank and PHM layers quantised in place by :func:`hyperplex.convert.quantize` (a model already
+    low-rank and PHM layers quantised in place by :func:`hyperplex.int8` (a model already
     quantised is returned as it is)."""
     if cfg.testing.quantize == "none":
         return model
-    from hyperplex.convert.quantize import is_quantized, quantize
+    from hyperplex.int8 import is_quantized, quantize
 
     return model if is_quantized(model) else quantize(model.cpu())
 

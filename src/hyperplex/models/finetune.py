@@ -19,7 +19,7 @@ LoRA takes the ``r`` whose count is closest to it (ties: the smaller ``r``). LoK
 (peft's default), 2, 4, 8, 16, 32 (those dividing every adapted layer's sizes; or only ``factor`` when
 it is set); ties: the smaller ``r``, then the earlier factor. LoKr's count is piecewise affine in ``r``
 (a layer's ``w₂`` becomes a full matrix at about half its larger side), so the search evaluates each
-piece's ends and the ``r`` nearest its crossing of the target (``tests/adapters/test_finetune.py``
+piece's ends and the ``r`` nearest its crossing of the target (``tests/models/test_finetune.py``
 checks it against every ``r``). Counts come from peft layers built on the ``meta`` device (no memory),
 one per distinct layer size.
 """

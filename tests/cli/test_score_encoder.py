@@ -212,7 +212,7 @@ def compressed(setup, tmp_path_factory):
         "name": "tiny_compress", "seed": 1, "model_dir": os.fspath(folder / "model"),
         "data": {"task": "distillation", "train": "train.txt", "dev": "dev.txt"},
         "model": {"architecture": "pretrained_student", "path": os.fspath(teacher), "kind": "phm", "n": 2,
-                  "include": [INCLUDE], "min_features": 8},
+                  "targets": [INCLUDE], "min_features": 8},
         "training": {"lr": 3e-3, "batch_size": 8, "max_steps": 2, "validation_every": 2, "log_every": 1,
                      "num_threads": 1, "progress_bar": False, "plots": False, "device": "cpu"},
         "testing": {"batch_size": 8}}))
@@ -393,7 +393,7 @@ def test_compress_into_a_folder_another_run_holds_stops_and_writes_nothing(setup
         "name": "busy", "seed": 2, "model_dir": os.fspath(model_dir),
         "data": {"task": "distillation", "train": "train.txt", "dev": "dev.txt"},
         "model": {"architecture": "pretrained_student", "path": os.fspath(teacher), "kind": "phm", "n": 2,
-                  "include": [INCLUDE], "min_features": 8},
+                  "targets": [INCLUDE], "min_features": 8},
         "training": {"max_steps": 1, "device": "cpu", "progress_bar": False, "plots": False}}))
     code = ("import sys, time\nfrom hyperplex.fileio import folder_lock\n"
             "with folder_lock(sys.argv[1], 'hyperplex compress seed1.yaml'):\n    print('held', flush=True)\n"

@@ -76,7 +76,7 @@ def setup(tmp_path_factory):
         "name": "tiny_compress", "seed": 1,
         "data": {"task": "distillation", "train": "train.txt", "dev": "dev.txt"},
         "model": {"architecture": "pretrained_student", "path": str(teacher), "kind": "phm", "n": 2,
-                  "include": [INCLUDE], "min_features": 8},
+                  "targets": [INCLUDE], "min_features": 8},
         "training": {"lr": 3e-3, "batch_size": 8, "max_steps": 200, "log_every": 1, "num_threads": 1,
                      "progress_bar": False, "plots": False, "device": "cpu"},
         "testing": {"batch_size": 8}}))

@@ -58,16 +58,35 @@ def _model_config(folder: Path, path: Path, info: dict) -> tuple[ExperimentConfi
         if isinstance(data, dict) and "split_seed" not in data and "seed" in raw:
             data["split_seed"] = raw["seed"]  # a config without data.split_seed carved with seed (carve_seed)
     raw["model_dir"] = str(folder)
+    _upgrade_saved(raw)
     try:
         return build_experiment(raw), source
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
 
 
+#: Model keys a saved folder of an earlier version may hold, read under their new name (a config a user writes
+#: is refused with the new name instead: ``renamed_keys``). ``include`` became ``targets`` when conversion,
+#: int8 and adapters took one selection vocabulary.
+SAVED_KEY_RENAMES = {"pretrained_student": {"include": "targets"}}
+
+
+def _upgrade_saved(raw: dict) -> None:
+    """Rename, in place, the model keys of :data:`SAVED_KEY_RENAMES` in the config of a saved model folder."""
+    model = raw.get("model")
+    if not isinstance(model, dict):
+        return
+    for old, new in SAVED_KEY_RENAMES.get(model.get("name"), {}).items():
+        if old in model and new not in model:
+            model[new] = model.pop(old)
+
+
 def _check_model_section(cfg: ExperimentConfig, source: str, path: Path, stored: dict) -> None:
     """A ``config.yaml`` whose model section differs from the one the checkpoint was trained with is an
     error even when the tensor shapes happen to fit (an activation, a linear kind with equal shapes):
     the checkpoint's own config is the truth for its weights."""
+    stored = copy.deepcopy(stored)
+    _upgrade_saved(stored)
     try:
         saved = flatten(experiment_dict(build_experiment({**stored, "model_dir": cfg.model_dir}))["model"])
     except (ConfigError, TypeError):

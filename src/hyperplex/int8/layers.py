@@ -11,13 +11,12 @@
 "Dynamic" means the weights are int8 at rest and each input is quantised per call (per tensor, from its
 min/max); the matmul runs on int8 with int32 accumulation and the output is float. A quantised layer is for
 inference: a forward in training mode raises.
+
+PyTorch has deprecated these quantised tensors in favour of torchao and says so once per process; the notice is
+not filtered. Why int8 stays on ``torch.ao``: ``docs/compress.md``, "int8: torch.ao or torchao".
 """
 
 from __future__ import annotations
-
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -72,14 +71,6 @@ def quantized_engine() -> str:
     return engine
 
 
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence PyTorch's deprecation notice for quantised tensors (raised on every quantize call)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated.*")
-        yield
-
-
 def _per_channel_int8(weight: Tensor) -> Tensor:
     """``weight`` ``(out, in)`` as a per-channel (axis 0) symmetric ``qint8`` tensor, as PyTorch's
     ``per_channel_dynamic_qconfig`` quantises it."""
@@ -107,12 +98,11 @@ class QuantizedLinear(_TorchDynamicLinear):
     """
 
     def __init__(self, in_features: int, out_features: int, bias_: bool = True, dtype: torch.dtype = torch.qint8) -> None:
-        with _quiet():
-            super().__init__(in_features, out_features, bias_=bias_, dtype=dtype)
-            placeholder = torch._make_per_channel_quantized_tensor(  # per-channel from the start, values loaded later
-                torch.zeros(out_features, in_features, dtype=torch.int8), torch.ones(out_features, dtype=torch.float64),
-                torch.zeros(out_features, dtype=torch.int64), 0)
-            self.set_weight_bias(placeholder, self._weight_bias()[1])
+        super().__init__(in_features, out_features, bias_=bias_, dtype=dtype)
+        placeholder = torch._make_per_channel_quantized_tensor(  # per-channel from the start, values loaded later
+            torch.zeros(out_features, in_features, dtype=torch.int8), torch.ones(out_features, dtype=torch.float64),
+            torch.zeros(out_features, dtype=torch.int64), 0)
+        self.set_weight_bias(placeholder, self._weight_bias()[1])
         self.eval()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -124,9 +114,8 @@ class QuantizedLinear(_TorchDynamicLinear):
     def from_weight(cls, weight: Tensor, bias: Tensor | None) -> "QuantizedLinear":
         """Quantise a float ``weight`` ``(out, in)`` per output channel; ``bias`` ``(out,)`` or ``None``."""
         out_features, in_features = weight.shape
-        with _quiet():
-            layer = cls(in_features, out_features, bias_=bias is not None, dtype=torch.qint8)
-            layer.set_weight_bias(_per_channel_int8(weight), None if bias is None else bias.detach().float())
+        layer = cls(in_features, out_features, bias_=bias is not None, dtype=torch.qint8)
+        layer.set_weight_bias(_per_channel_int8(weight), None if bias is None else bias.detach().float())
         return layer.eval()
 
     def int8_state(self) -> dict[str, Tensor]:
@@ -141,11 +130,10 @@ class QuantizedLinear(_TorchDynamicLinear):
 
     def load_int8_state(self, state: dict[str, Tensor]) -> None:
         """Set the weight (and bias) from :meth:`int8_state`'s tensors, exactly."""
-        with _quiet():
-            weight = torch._make_per_channel_quantized_tensor(
-                state["weight_int8"].to(torch.int8), state["weight_scales"].double(),
-                state["weight_zero_points"].long(), 0)
-            self.set_weight_bias(weight, state.get("bias"))
+        weight = torch._make_per_channel_quantized_tensor(
+            state["weight_int8"].to(torch.int8), state["weight_scales"].double(),
+            state["weight_zero_points"].long(), 0)
+        self.set_weight_bias(weight, state.get("bias"))
 
     def dequantized_weight(self) -> Tensor:
         """The int8 weight as float, ``(out_features, in_features)``."""
@@ -168,9 +156,8 @@ class QuantizedLowRankLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = True) -> None:
         super().__init__()
         self.in_features, self.out_features, self.rank = in_features, out_features, rank
-        with _quiet():
-            self.right = QuantizedLinear(in_features, rank, bias_=False, dtype=torch.qint8).eval()
-            self.left = QuantizedLinear(rank, out_features, bias_=bias, dtype=torch.qint8).eval()
+        self.right = QuantizedLinear(in_features, rank, bias_=False, dtype=torch.qint8).eval()
+        self.left = QuantizedLinear(rank, out_features, bias_=bias, dtype=torch.qint8).eval()
 
     @classmethod
     def from_float(cls, layer: LowRankLinear) -> "QuantizedLowRankLinear":
@@ -226,11 +213,10 @@ class QuantizedPHMLinear(nn.Module):
         self.rule_name = rule_name
         self.register_buffer("phm_rule", torch.zeros(n, n, n))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
-        with _quiet():
-            if path == "premixed":
-                self.blocks = QuantizedLinear(in_features, out_features // n, bias_=False, dtype=torch.qint8).eval()
-            else:
-                self.blocks = QuantizedLinear(in_features // n, out_features, bias_=False, dtype=torch.qint8).eval()
+        if path == "premixed":
+            self.blocks = QuantizedLinear(in_features, out_features // n, bias_=False, dtype=torch.qint8).eval()
+        else:
+            self.blocks = QuantizedLinear(in_features // n, out_features, bias_=False, dtype=torch.qint8).eval()
 
     @classmethod
     def from_float(cls, layer: PHMLinear, path: str = "auto") -> "QuantizedPHMLinear":
@@ -320,8 +306,7 @@ def empty_layer(entry: dict) -> nn.Module:
                                   path=entry["path"]).eval()
     if entry["kind"] == "lowrank":
         return QuantizedLowRankLinear(d, k, entry["rank"], bias=bias).eval()
-    with _quiet():
-        return QuantizedLinear(d, k, bias_=bias, dtype=torch.qint8).eval()
+    return QuantizedLinear(d, k, bias_=bias, dtype=torch.qint8).eval()
 
 
 def quantized_layers(model: nn.Module) -> dict[str, nn.Module]:

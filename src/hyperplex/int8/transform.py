@@ -62,12 +62,14 @@ def _eligible(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             yield name, layer
 
 
-def _config_of(config, phm_path: str | None) -> Int8Config:
+def _config_of(config, phm_path: str | None, dtype: torch.dtype | None = None) -> Int8Config:
     """The :class:`Int8Config` of a call, new or old style (a dtype second argument, or ``phm_path=``: deprecated)."""
     if isinstance(config, Int8Config):
         if phm_path is not None:
             raise ValueError("quantize: give phm_path in the Int8Config, not beside it")
         return config
+    if config is None and dtype is not None:
+        config = dtype
     if config is None and phm_path is None:
         return Int8Config()
     if config is not None and not isinstance(config, torch.dtype):
@@ -79,7 +81,8 @@ def _config_of(config, phm_path: str | None) -> Int8Config:
     return Int8Config(phm_path="auto" if phm_path is None else phm_path)
 
 
-def quantize(model: nn.Module, config: Int8Config | None = None, *, phm_path: str | None = None) -> nn.Module:
+def quantize(model: nn.Module, config: Int8Config | None = None, *, phm_path: str | None = None,
+             dtype: torch.dtype | None = None) -> nn.Module:
     """Quantise ``model``'s selected dense, low-rank and PHM layers to int8 in place; return ``model`` in eval mode.
 
     Args:
@@ -89,7 +92,8 @@ def quantize(model: nn.Module, config: Int8Config | None = None, *, phm_path: st
             :class:`QuantizedLowRankLinear`; :class:`PHMLinear` (any ``n``) → :class:`QuantizedPHMLinear`.
             Everything else (embeddings, layer norms, GPT-2's ``Conv1D``) stays float.
         config: an :class:`Int8Config` (``None``: every eligible layer, ``phm_path="auto"``). The deprecated old
-            form ``quantize(model, torch.qint8, phm_path=...)`` still works for one release, with a warning.
+            form ``quantize(model, torch.qint8, phm_path=...)`` (also ``dtype=``) still works for one release, with
+            a warning.
 
     Outputs: what PyTorch's dynamic int8 gives. One layer on Gaussian inputs: 1–2% relative error (tested below
     5%); a 2-layer random BERT's last hidden state: tested below 1%. A trained model can lose more: measure on
@@ -101,7 +105,7 @@ def quantize(model: nn.Module, config: Int8Config | None = None, *, phm_path: st
         ValueError: a pattern of ``targets`` / ``exclude`` that matches no eligible layer (naming it); a bad
             ``phm_path``. All raised before ``model`` is changed.
     """
-    config = _config_of(config, phm_path)
+    config = _config_of(config, phm_path, dtype)
     already = next((name or type(m).__name__ for name, m in model.named_modules() if is_int8_module(m)), None)
     if already is not None:
         raise QuantizationError(f"{type(model).__name__} is already quantised (layer {already!r} is int8); "

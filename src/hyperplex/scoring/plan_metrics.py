@@ -140,9 +140,9 @@ def evaluate_quality(task, model, quality: dict, data_root: str | None) -> dict[
 def model_size(model) -> dict:
     """:func:`hyperplex.scoring.quality.encoder_size` of a loaded ``pretrained_student``'s encoder, its
     selected layers those its conversion selected; for ``kind: none`` (the dense teacher copy), those a
-    conversion with the same include/exclude/min_features would replace. An int8 form of the dense copy
+    conversion with the same targets/exclude/min_features would replace. An int8 form of the dense copy
     has no float layers left to select from: its ``selected_params`` are ``None``."""
-    from hyperplex.convert import convert_linears
+    from hyperplex.convert.compress import PHMConfig, compress
     from hyperplex.scoring.quality import encoder_size
     from hyperplex.int8 import is_quantized
 
@@ -151,6 +151,6 @@ def model_size(model) -> dict:
         return encoder_size(model.encoder, []) | {"selected_params": None, "selected_params_dense": None}
     if report is None:  # what a conversion would select (n = 1 divides every size)
         cfg = model.config
-        report = convert_linears(copy.deepcopy(model.encoder), "phm", 1, include=cfg.include or None,
-                                 exclude=cfg.exclude or None, min_features=cfg.min_features)
+        report = compress(copy.deepcopy(model.encoder), PHMConfig(n=1, targets=cfg.targets or None,
+                                                                   exclude=cfg.exclude, min_features=cfg.min_features))
     return encoder_size(model.encoder, [layer.name for layer in report.converted])

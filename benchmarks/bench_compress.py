@@ -47,7 +47,7 @@ teacher. Memory ``×`` columns are the model's figure minus the teacher's (negat
 size of the weight files the folder holds (``*.safetensors``; the teacher: written by ``save_converted``,
 float32, like the converted rows). ``--json FILE`` writes the rows, each memory sample included (and the run's
 date, machine, threads, rounds, memory samples)
-for ``python -m hyperplex.experiments.frontier --serving FILE``.
+for ``hyperplex report frontier --serving FILE``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Command-line interface: ``hyperplex {demo,train,compress,score-encoder,corpus,evaluate,translate,params,average,
-experiment,export}``. Benchmarks are scripts of a source checkout (``python benchmarks/bench_phm.py``), not verbs.
+experiment,report,export,native,config-reference}``. Benchmarks are scripts of a source checkout (``python benchmarks/bench_phm.py``), not verbs.
 
 Errors end with one line on stderr saying what is wrong and where, and exit code 1 (2 for
 usage errors); ``--debug`` shows the traceback instead.
@@ -400,6 +400,18 @@ def _add_native(sub, common: argparse.ArgumentParser) -> None:
     native.set_defaults(func=_native)
 
 
+def _add_report(sub, common: argparse.ArgumentParser) -> None:
+    from hyperplex.cli.report import add_report
+
+    add_report(sub, common)
+
+
+def _add_config_reference(sub, common: argparse.ArgumentParser) -> None:
+    from hyperplex.cli.report import add_config_reference
+
+    add_config_reference(sub, common)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``hyperplex`` parser: one subparser per verb, each added by its ``_add_VERB`` function."""
     common = argparse.ArgumentParser(add_help=False)
@@ -410,8 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Parameterized hypercomplex multiplication (PHM) layers and quaternion networks for NLP.")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_demo, _add_train, _add_compress, _add_score_encoder, _add_corpus, _add_evaluate, _add_translate,
-                _add_params, _add_average, _add_experiment, _add_export,
-                _add_native):  # the order `hyperplex --help` lists
+                _add_params, _add_average, _add_experiment, _add_report, _add_export,
+                _add_native, _add_config_reference):  # the order `hyperplex --help` lists
         add(sub, common)
     return parser
 

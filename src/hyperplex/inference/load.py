@@ -66,8 +66,8 @@ def _model_config(folder: Path, path: Path, info: dict) -> tuple[ExperimentConfi
 
 
 #: Model keys a saved folder of an earlier version may hold, read under their new name (a config a user writes
-#: is refused with the new name instead: ``renamed_keys``). ``include`` became ``targets`` when conversion,
-#: int8 and adapters took one selection vocabulary.
+#: is refused with the new name instead: ``renamed_keys``). ``include`` is ``targets``, the one selection
+#: vocabulary of conversion, int8 and adapters.
 SAVED_KEY_RENAMES = {"pretrained_student": {"include": "targets"}}
 
 

@@ -216,6 +216,13 @@ def test_old_package_names_warn_and_still_work():
     with pytest.warns(DeprecationWarning, match=r"hyperplex\.convert\.quantize is deprecated.*hyperplex\.quantize\("):
         from hyperplex.convert import quantize
     assert quantize is hp.quantize
+    import importlib
+    with pytest.warns(DeprecationWarning, match=r"hyperplex\.convert\.quantize is deprecated.*use hyperplex\.int8"):
+        module = importlib.import_module("hyperplex.convert.quantize")  # the old module path
+    assert module.save_quantized is hp.save_quantized
+    with pytest.warns(DeprecationWarning):
+        from hyperplex.convert import quantize as again  # still the function, not the module
+    assert again is hp.quantize
     with pytest.warns(DeprecationWarning, match=r"use hyperplex\.metrics\.accuracy"):
         from hyperplex.train import accuracy
     from hyperplex.metrics import accuracy as new

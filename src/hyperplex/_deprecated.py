@@ -16,6 +16,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import types
 import warnings
 
 __all__ = ["MOVED_MODULES", "MOVED_NAMES", "attribute_getter", "install"]
@@ -56,9 +57,23 @@ def _warn(old: str, new: str) -> None:
                   DeprecationWarning, stacklevel=3)
 
 
+class _PackageWithMovedNames(types.ModuleType):
+    """A package whose old name is both a moved module and a moved function (``hyperplex.convert.quantize``):
+    importing the old module path must not replace the package attribute, which stays the function."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if isinstance(value, types.ModuleType) and value.__name__ in MOVED_MODULES and \
+                name in MOVED_NAMES.get(self.__name__, {}):
+            return  # the old module stays importable through sys.modules
+        super().__setattr__(name, value)
+
+
 def attribute_getter(package: str):
-    """The module ``__getattr__`` of ``package``: a name it no longer exports, from its new home, with a warning."""
+    """The module ``__getattr__`` of ``package`` (called while it is being imported): a name it no longer exports,
+    from its new home, with a warning."""
     moved = MOVED_NAMES.get(package, {})
+    if package in sys.modules:
+        sys.modules[package].__class__ = _PackageWithMovedNames
 
     def __getattr__(name: str):
         if name not in moved:

@@ -401,13 +401,13 @@ def _add_native(sub, common: argparse.ArgumentParser) -> None:
 
 
 def _add_report(sub, common: argparse.ArgumentParser) -> None:
-    from hyperplex.cli.report import add_report
+    from hyperplex.cli.report_verb import add_report
 
     add_report(sub, common)
 
 
 def _add_config_reference(sub, common: argparse.ArgumentParser) -> None:
-    from hyperplex.cli.report import add_config_reference
+    from hyperplex.cli.report_verb import add_config_reference
 
     add_config_reference(sub, common)
 

@@ -1,4 +1,4 @@
-"""``hyperplex report summary|frontier|budget|sweep`` and ``hyperplex config-reference`` (hyperplex/cli/report.py),
+"""``hyperplex report summary|frontier|budget|sweep`` and ``hyperplex config-reference`` (hyperplex/cli/report_verb.py),
 called in process on the committed records: each verb gives what its module gives."""
 
 from __future__ import annotations

@@ -33,8 +33,9 @@ def _check_common(config, name: str) -> None:
         raise ValueError(f"{name}.min_features must be an integer ≥ 0, got {config.min_features!r}")
     if isinstance(config.refine_steps, bool) or not isinstance(config.refine_steps, int) or config.refine_steps < 0:
         raise ValueError(f"{name}.refine_steps must be an integer ≥ 0, got {config.refine_steps!r}")
-    if isinstance(config.als_sweeps, bool) or not isinstance(config.als_sweeps, int) or config.als_sweeps < 0:
-        raise ValueError(f"{name}.als_sweeps must be an integer ≥ 0, got {config.als_sweeps!r}")
+    sweeps = getattr(config, "als_sweeps", 0)  # PHM only: low-rank's whitened fit is already exact
+    if isinstance(sweeps, bool) or not isinstance(sweeps, int) or sweeps < 0:
+        raise ValueError(f"{name}.als_sweeps must be an integer ≥ 0, got {sweeps!r}")
     check_number(config.ridge, f"{name}.ridge", minimum=0, none=True)
 
 
@@ -82,7 +83,6 @@ class LowRankConfig(TransformConfig):
     init: str = field(default="svd", metadata={"help": f"one of {', '.join(INITS)}; see hyperplex.convert.linears"})
     min_features: int = field(default=32, metadata={"help": "layers with min(in, out) below this stay dense"})
     refine_steps: int = field(default=200, metadata={"help": "Adam steps per layer for init='activation'"})
-    als_sweeps: int = field(default=4, metadata={"help": "kept for symmetry; low-rank's whitened fit is exact"})
     ridge: float | None = field(default=None, metadata={"help": "whitened inits' ridge λ; None = the kind's default"})
 
     def __post_init__(self) -> None:
@@ -117,5 +117,6 @@ def compress(model: nn.Module, config: PHMConfig | LowRankConfig, *,
                         f"hyperplex.quantize(model, Int8Config(...)), adapters hyperplex.add_adapter")
     return convert_layers(model, kind, config.n, rank=rank, rule=rule, include=config.targets,
                           exclude=config.exclude, min_features=config.min_features, init=config.init,
-                          calibrate=calibrate, refine_steps=config.refine_steps, als_sweeps=config.als_sweeps,
+                          calibrate=calibrate, refine_steps=config.refine_steps,
+                          als_sweeps=getattr(config, "als_sweeps", 4),
                           ridge=config.ridge, key=type(config).__name__)

@@ -4,11 +4,11 @@ For each layer kind at MiniLM's shapes (dense, low-rank at PHM n=4's parameter c
 (rows of 32 tokens), the float layer, hyperplex's int8 layer (``torch.ao`` dynamic int8: per-channel int8
 weights, per-tensor dynamic int8 activations) and the same computation with torchao's int8 tensors
 (``Int8DynamicActivationInt8WeightConfig`` and ``Int8WeightOnlyConfig`` through ``quantize_``) are timed in
-interleaved rounds (median of the rounds). torchao quantises ``nn.Linear`` weights, so its low-rank layer is
+interleaved rounds (each variant's per-call time in a round of back-to-back calls; median of the rounds). torchao quantises ``nn.Linear`` weights, so its low-rank layer is
 two ``nn.Linear`` and its PHM layer the stacked (or side-by-side) ``Sᵢ`` as one ``nn.Linear``, mixed by the rule
 in float exactly as :class:`hyperplex.int8.QuantizedPHMLinear` does.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/int8_torchao.py            # ≈ 1 min
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/int8_torchao.py            # ≈ 1 min on one core
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/int8_torchao.py --rounds 3 --shapes 384x384
 """
 
@@ -78,13 +78,17 @@ def relative_error(ref, out) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
-def median_ms(fn, x, rounds: int) -> list[float]:
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
+def per_call_ms(fn, x, calls: int) -> float:
+    """Mean milliseconds of one call over ``calls`` back-to-back calls."""
+    start = time.perf_counter()
+    for _ in range(calls):
         fn(x)
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
+    return (time.perf_counter() - start) * 1e3 / calls
+
+
+def calls_for(fn, x, target_ms: float) -> int:
+    """How many back-to-back calls take about ``target_ms`` (at least one)."""
+    return max(1, int(target_ms / max(per_call_ms(fn, x, 3), 1e-3)))
 
 
 def main(argv=None) -> None:
@@ -92,6 +96,7 @@ def main(argv=None) -> None:
     parser.add_argument("--shapes", nargs="+", default=["384x384", "1536x384", "384x1536"], help="KxD (out x in)")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--round-ms", type=float, default=20.0, help="time of each variant in one round (ms)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     import torchao
@@ -99,7 +104,8 @@ def main(argv=None) -> None:
 
     print(f"# torch {torch.__version__}, torchao {torchao.__version__}, {platform.processor() or platform.machine()}, "
           f"1 thread, engine {torch.backends.quantized.engine}; rows = batch x {TOKENS} tokens; median of "
-          f"{args.rounds} interleaved rounds; time as a ratio to the float layer (lower is faster)")
+          f"{args.rounds} interleaved rounds of ~{args.round_ms:g} ms per variant; time as a ratio to the float "
+          f"layer (lower is faster)")
     print(f"{'shape':>9} {'layer':>7} {'batch':>5} | {'float ms':>8} | {'rel.err torch.ao':>16} {'torchao-dyn':>11} "
           f"{'torchao-wo':>10} | {'x torch.ao':>10} {'x ao-dyn':>8} {'x ao-wo':>8}")
     for shape in args.shapes:
@@ -118,12 +124,11 @@ def main(argv=None) -> None:
                 with torch.inference_mode():
                     ref = layer(x)
                     errors = {name: relative_error(ref, f(x)) for name, f in variants.items() if name != "float"}
-                    for f in variants.values():
-                        f(x)  # warm-up
+                    calls = {name: calls_for(f, x, args.round_ms) for name, f in variants.items()}  # + warm-up
                     times = {name: [] for name in variants}
                     for _ in range(args.rounds):  # interleaved: every variant once per round
                         for name, f in variants.items():
-                            times[name] += median_ms(f, x, 1)
+                            times[name].append(per_call_ms(f, x, calls[name]))
                 med = {name: statistics.median(t) for name, t in times.items()}
                 print(f"{shape:>9} {kind:>7} {batch:>5} | {med['float']:8.3f} | {errors['torch.ao']:16.4f} "
                       f"{errors['ao-dyn']:11.4f} {errors['ao-wo']:10.4f} | {med['torch.ao'] / med['float']:10.2f} "

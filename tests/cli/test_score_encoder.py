@@ -69,10 +69,11 @@ def write_data(root: Path) -> None:
 
 
 def converted(teacher: Path, folder: Path, kind: str, n: int) -> Path:
-    from hyperplex.convert import convert_linears, save_converted
+    from hyperplex import LowRankConfig, PHMConfig, compress
+    from hyperplex.convert import save_converted
 
     model = sentence_transformers.SentenceTransformer(os.fspath(teacher), device="cpu")
-    convert_linears(model, kind, n, include=INCLUDE, min_features=8)
+    compress(model, (PHMConfig if kind == "phm" else LowRankConfig)(n=n, targets=INCLUDE, min_features=8))
     save_converted(model, folder)
     return folder
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from hyperplex.convert import convert_linears
+from hyperplex import LowRankConfig, PHMConfig, compress
 from hyperplex.int8 import (
     QUANT_SPEC_NAME, QUANT_WEIGHTS_NAME, Int8Config, QuantizationError, QuantizedLinear, QuantizedLowRankLinear,
     QuantizedPHMLinear, load_quantized, model_bytes, quantize, relative_error, save_quantized,
@@ -219,8 +219,8 @@ def test_tiny_bert_close_to_float_and_round_trip(tmp_path, bert_folder):
     from hyperplex.convert import save_converted
 
     model = transformers.BertModel.from_pretrained(bert_folder).eval()
-    convert_linears(model, "phm", n=4, include="*encoder.layer.0.*", min_features=8)
-    convert_linears(model, "lowrank", n=4, include="*encoder.layer.1.attention*", min_features=8)
+    compress(model, PHMConfig(n=4, targets="*encoder.layer.0.*", min_features=8))
+    compress(model, LowRankConfig(n=4, targets="*encoder.layer.1.attention*", min_features=8))
     ids = torch.randint(5, 20, (3, 10))
     with torch.no_grad():
         expected = model(ids).last_hidden_state
@@ -246,7 +246,7 @@ def test_tiny_bert_close_to_float_and_round_trip(tmp_path, bert_folder):
 
 def test_sentence_transformer_round_trip(tmp_path, tiny_sentence_transformer):
     model = tiny_sentence_transformer()
-    convert_linears(model, "phm", n=4, include="*encoder.layer*", min_features=8)
+    compress(model, PHMConfig(n=4, targets="*encoder.layer*", min_features=8))
     quantize(model)
     sentences = ["the cat sat on the mat", "blue"]
     expected = model.encode(sentences, convert_to_tensor=True)

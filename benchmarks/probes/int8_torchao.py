@@ -4,8 +4,8 @@ For each layer kind at MiniLM's shapes (dense, low-rank at PHM n=4's parameter c
 (rows of 32 tokens), the float layer, hyperplex's int8 layer (``torch.ao`` dynamic int8: per-channel int8
 weights, per-tensor dynamic int8 activations) and the same computation with torchao's int8 tensors
 (``Int8DynamicActivationInt8WeightConfig`` and ``Int8WeightOnlyConfig`` through ``quantize_``) are timed in
-interleaved rounds (each variant's per-call time in a round of back-to-back calls; median of the rounds). torchao quantises ``nn.Linear`` weights, so its low-rank layer is
-two ``nn.Linear`` and its PHM layer the stacked (or side-by-side) ``Sᵢ`` as one ``nn.Linear``, mixed by the rule
+interleaved rounds (each variant's per-call time in a round of back-to-back calls; median of the rounds).
+torchao quantises ``nn.Linear`` weights, so its low-rank layer is two ``nn.Linear`` and its PHM layer the stacked (or side-by-side) ``Sᵢ`` as one ``nn.Linear``, mixed by the rule
 in float exactly as :class:`hyperplex.int8.QuantizedPHMLinear` does.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/int8_torchao.py            # ≈ 1 min on one core
@@ -113,7 +113,8 @@ def main(argv=None) -> None:
         for kind, layer in layers(d, k).items():
             variants = {"float": layer.eval()}
             variants["torch.ao"] = quantize(copy.deepcopy(nn.Sequential(layer)), Int8Config())
-            for name, config in (("ao-dyn", Int8DynamicActivationInt8WeightConfig()), ("ao-wo", Int8WeightOnlyConfig())):
+            torchao_configs = (("ao-dyn", Int8DynamicActivationInt8WeightConfig()), ("ao-wo", Int8WeightOnlyConfig()))
+            for name, config in torchao_configs:
                 form = torchao_form(layer).eval()
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")

@@ -4,7 +4,8 @@ Nothing here imports ``transformers`` or ``sentence-transformers`` at import tim
 only for the models that come from them. From Python, use :func:`hyperplex.compress` with a
 :class:`hyperplex.PHMConfig` or :class:`hyperplex.LowRankConfig`; this package holds the parts.
 
-* :func:`convert_linears` / :func:`to_dense` — in-place conversion and its exact inverse (:mod:`.linears`);
+* :func:`compress` with :class:`PHMConfig` / :class:`LowRankConfig` (:mod:`.compress`), and :func:`to_dense`, its exact
+  inverse (:mod:`.linears`); :func:`convert_linears` is the deprecated form of :func:`compress`;
 * :func:`save_converted` / :func:`load_converted` — safetensors + JSON spec, no pickle (:mod:`.serialize`);
 * :func:`export_onnx` / :func:`export_onnx_folder` — ONNX graphs of the factors (:mod:`.onnx`).
 

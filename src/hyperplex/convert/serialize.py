@@ -192,7 +192,7 @@ def non_persistent_buffers(model: nn.Module, *, meta: bool = False) -> dict[str,
 
 
 def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None, overwrite: bool = False) -> str:
-    """Write ``model`` (converted by :func:`~hyperplex.convert.convert_linears`, or not) to ``folder``.
+    """Write ``model`` (converted by :func:`hyperplex.compress`, or not) to ``folder``.
 
     Args:
         model: a ``transformers`` ``PreTrainedModel`` (class exported by ``transformers``), a

@@ -2,7 +2,7 @@
 that ``hyperplex compress`` heals by distillation (:mod:`hyperplex.tasks.distillation`).
 
 The model is a copy of the teacher (a SentenceTransformer folder) passed through
-:func:`~hyperplex.convert.convert_linears`. With ``init: svd`` or ``random`` (seeded by the trainer) the
+:func:`hyperplex.compress`. With ``init: svd`` or ``random`` (seeded by the trainer) the
 structure depends on the config alone, so resuming rebuilds the same layers before loading the weights.
 ``transformers`` / ``sentence-transformers`` are imported only when a model is built.
 """

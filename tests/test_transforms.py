@@ -252,11 +252,24 @@ def test_yaml_selection_key_include_is_refused_naming_targets():
 
 
 def test_a_saved_folder_config_with_include_is_read_as_targets():
-    from hyperplex.inference.load import _upgrade_saved
+    from hyperplex.inference.load import upgrade_saved_config
 
-    raw = {"model": {"name": "pretrained_student", "include": ["*encoder.layer*"]}}
-    _upgrade_saved(raw)
-    assert raw == {"model": {"name": "pretrained_student", "targets": ["*encoder.layer*"]}}
-    other = {"model": {"name": "transformer", "include": ["x"]}}
-    _upgrade_saved(other)
-    assert other == {"model": {"name": "transformer", "include": ["x"]}}
+    raw = {"model": {"architecture": "pretrained_student", "include": ["*encoder.layer*"]}}
+    upgrade_saved_config(raw)
+    assert raw == {"model": {"architecture": "pretrained_student", "targets": ["*encoder.layer*"]}}
+    other = {"model": {"architecture": "transformer", "include": ["x"]}}
+    upgrade_saved_config(other)
+    assert other == {"model": {"architecture": "transformer", "include": ["x"]}}
+
+
+def test_a_committed_record_with_include_compares_as_targets():
+    """An experiment record written before the rename still matches the plan that made it (no "different
+    config" refusal on --resume)."""
+    from pathlib import Path
+
+    from hyperplex.experiments.runs import saved_config
+
+    record = Path(__file__).resolve().parents[1] / "experiments" / "records" / "minilm_frontier" / "phm4" / "seed1"
+    assert "include:" in (record / "config.yaml").read_text()
+    model = saved_config(record)["model"]
+    assert model["targets"] == ["*encoder.layer*"] and "include" not in model

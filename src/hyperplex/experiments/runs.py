@@ -66,8 +66,10 @@ def saved_config(model_dir: Path) -> dict:
     was written compare as their defaults. A config without ``data.split_seed`` carved (and generated)
     its data with ``seed``, which is what it is set to here."""
     from hyperplex.config.experiment import build_experiment, experiment_dict
+    from hyperplex.inference.load import upgrade_saved_config
 
     raw = load_yaml(model_dir / "config.yaml")
+    upgrade_saved_config(raw)  # keys renamed since it was written (model.include → model.targets)
     if isinstance(raw.get("data"), dict):
         raw["data"].setdefault("split_seed", raw.get("seed", 1))
     try:

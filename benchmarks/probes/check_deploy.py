@@ -4,7 +4,7 @@
 For the dense teacher, PHM n = 4 and low-rank at PHM n = 4's parameters (straight after conversion, no
 healing), on the first ``--sentences`` distinct English sentences of ``tatoeba_en_fr/dev.en.gz``:
 
-* ``model_bytes`` of the float and the int8 model (``hyperplex.convert.quantize``), and the mean cosine
+* ``model_bytes`` of the float and the int8 model (``hyperplex.int8``), and the mean cosine
   between the float and the int8 model's sentence embeddings;
 * the size of the ONNX file ``export_onnx`` writes, the max |onnxruntime − PyTorch| on those sentences,
   and onnxruntime's sentences/s at batch 1 and 32 as a ratio to the teacher's own ONNX export in the same
@@ -45,8 +45,9 @@ def main() -> None:
     import onnxruntime
     from sentence_transformers import SentenceTransformer
 
-    from hyperplex.convert import convert_linears, model_bytes, quantize
-    from hyperplex.convert.export import export_onnx
+    from hyperplex.convert import convert_linears
+    from hyperplex.int8 import model_bytes, quantize
+    from hyperplex.convert.onnx import export_onnx
 
     with gzip.open(os.path.join(args.data_root, "tatoeba_en_fr", "dev.en.gz"), "rt", encoding="utf-8") as handle:
         sentences = list(dict.fromkeys(line.strip() for line in handle if line.strip()))[: args.sentences]

@@ -1,4 +1,4 @@
-"""Speed check behind :class:`hyperplex.convert.quantize.QuantizedPHMLinear`'s default path (not a benchmark
+"""Speed check behind :class:`hyperplex.int8.QuantizedPHMLinear`'s default path (not a benchmark
 the docs quote): the int8 GEMM path against the dequantised-blocks path at MiniLM's shapes, with the float
 structured product, the float dense layer and PyTorch's int8 dense layer as references.
 
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hyperplex.convert.quantize import QuantizedLinear, QuantizedPHMLinear
+from hyperplex.int8 import QuantizedLinear, QuantizedPHMLinear
 from hyperplex.layers import PHMLinear
 from hyperplex.layers.functional import phm_linear_structured
 

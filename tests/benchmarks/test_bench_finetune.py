@@ -17,7 +17,7 @@ pytest.importorskip("peft")
 
 from conftest import TINY_BERT_WORDS, load_benchmark, write_tiny_bert
 
-from hyperplex.train.params import params
+from hyperplex.inference.parameters import params
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = ROOT / "experiments" / "sst2_adapters.yaml"

@@ -12,7 +12,7 @@ import torch
 from hyperplex import cli
 from hyperplex.config import load_yaml
 from hyperplex.train.checkpoint import load_model_weights
-from hyperplex.train.load import load_model
+from hyperplex.inference.load import load_model
 
 from conftest import without_compiler
 

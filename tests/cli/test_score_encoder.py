@@ -1,4 +1,4 @@
-"""``hyperplex score-encoder`` (hyperplex/scoring.py, its table hyperplex/cli/score_encoder.py) on a tiny random
+"""``hyperplex score-encoder`` (hyperplex/scoring/encoders.py, its table hyperplex/cli/score_encoder.py) on a tiny random
 BERT teacher saved as a SentenceTransformer folder and its PHM / low-rank conversions, with tiny synthetic
 agreement, WikiQA and SST-2 files: the teacher row, the n = 1 conversion scoring exactly as the teacher, parameter counts and file sizes
 against an independent count, the JSON equal to the printed table, `hyperplex compress` folders (student/
@@ -69,10 +69,11 @@ def write_data(root: Path) -> None:
 
 
 def converted(teacher: Path, folder: Path, kind: str, n: int) -> Path:
-    from hyperplex.convert import convert_linears, save_converted
+    from hyperplex import LowRankConfig, PHMConfig, compress
+    from hyperplex.convert import save_converted
 
     model = sentence_transformers.SentenceTransformer(os.fspath(teacher), device="cpu")
-    convert_linears(model, kind, n, include=INCLUDE, min_features=8)
+    compress(model, (PHMConfig if kind == "phm" else LowRankConfig)(n=n, targets=INCLUDE, min_features=8))
     save_converted(model, folder)
     return folder
 
@@ -131,9 +132,9 @@ def test_teacher_row_first_and_the_n1_student_scores_as_the_teacher(scored, setu
 
 
 def test_the_metrics_are_those_of_the_library_functions(scored, setup):
-    """The verb's numbers are hyperplex.convert.quality's, computed here directly on a reloaded student."""
+    """The verb's numbers are hyperplex.scoring.quality's, computed here directly on a reloaded student."""
     from hyperplex.convert import load_converted
-    from hyperplex.convert.quality import (
+    from hyperplex.scoring.quality import (
         mean_cosine,
         sentence_transformer_embedder,
         sst2_probe,
@@ -212,7 +213,7 @@ def compressed(setup, tmp_path_factory):
         "name": "tiny_compress", "seed": 1, "model_dir": os.fspath(folder / "model"),
         "data": {"task": "distillation", "train": "train.txt", "dev": "dev.txt"},
         "model": {"architecture": "pretrained_student", "path": os.fspath(teacher), "kind": "phm", "n": 2,
-                  "include": [INCLUDE], "min_features": 8},
+                  "targets": [INCLUDE], "min_features": 8},
         "training": {"lr": 3e-3, "batch_size": 8, "max_steps": 2, "validation_every": 2, "log_every": 1,
                      "num_threads": 1, "progress_bar": False, "plots": False, "device": "cpu"},
         "testing": {"batch_size": 8}}))
@@ -393,7 +394,7 @@ def test_compress_into_a_folder_another_run_holds_stops_and_writes_nothing(setup
         "name": "busy", "seed": 2, "model_dir": os.fspath(model_dir),
         "data": {"task": "distillation", "train": "train.txt", "dev": "dev.txt"},
         "model": {"architecture": "pretrained_student", "path": os.fspath(teacher), "kind": "phm", "n": 2,
-                  "include": [INCLUDE], "min_features": 8},
+                  "targets": [INCLUDE], "min_features": 8},
         "training": {"max_steps": 1, "device": "cpu", "progress_bar": False, "plots": False}}))
     code = ("import sys, time\nfrom hyperplex.fileio import folder_lock\n"
             "with folder_lock(sys.argv[1], 'hyperplex compress seed1.yaml'):\n    print('held', flush=True)\n"
@@ -415,8 +416,8 @@ def test_an_int8_student_folder_is_scored_in_int8(setup, tmp_path, capsys):
     """A save_quantized folder scores as its int8 model (load_quantized), labelled ', int8', with the int8 weight
     file's bytes; load_converted refuses it by name instead of calling its weights missing."""
     from hyperplex.convert import load_converted
-    from hyperplex.convert.quantize import factorised_layers, load_quantized, quantize, save_quantized
-    from hyperplex.convert.quality import embed_batched, read_sentences, sentence_transformer_embedder
+    from hyperplex.int8 import factorised_layers, load_quantized, quantize, save_quantized
+    from hyperplex.scoring.quality import embed_batched, read_sentences, sentence_transformer_embedder
     from hyperplex.convert.serialize import LoadError
 
     import torch
@@ -446,7 +447,7 @@ def test_an_int8_student_folder_is_scored_in_int8(setup, tmp_path, capsys):
 def test_compress_refuses_an_int8_teacher_before_creating_its_folder(setup, tmp_path, capsys):
     """Healing asked of an int8 model: one line naming model.path, no model folder."""
     from hyperplex.convert import load_converted
-    from hyperplex.convert.quantize import quantize, save_quantized
+    from hyperplex.int8 import quantize, save_quantized
 
     teacher, data, folders = setup
     int8 = tmp_path / "int8"

@@ -22,7 +22,7 @@ ARCH_TASKS = [(a, t) for a, arch in ARCHITECTURES.items() for t, task in TASKS.i
 
 def test_config_reference_is_up_to_date():
     # docs/config.md is generated from the config classes; regenerate with
-    # `python -m hyperplex.config.reference > docs/config.md` after changing any config field.
+    # `hyperplex config-reference > docs/config.md` after changing any config field.
     assert DOC.read_text(encoding="utf-8") == config_reference()
 
 
@@ -177,7 +177,7 @@ def test_cli_check_then_annotate(tmp_path, capsys):
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_shipped_config_comments_are_current_and_change_nothing(tmp_path, path):
     text = path.read_text(encoding="utf-8")
-    assert annotate_files([path], check=True) == [], f"run: python -m hyperplex.config.reference --annotate {path}"
+    assert annotate_files([path], check=True) == [], f"run: hyperplex config-reference --annotate {path}"
     # The same config with and without the generated lines.
     bare = tmp_path / path.name
     bare.write_text(strip_generated(text), encoding="utf-8")

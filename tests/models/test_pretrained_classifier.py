@@ -20,8 +20,8 @@ from conftest import assert_same_training_state, write_tiny_bert
 
 from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
 from hyperplex.train import run
-from hyperplex.train.load import load_model
-from hyperplex.train.params import params
+from hyperplex.inference.load import load_model
+from hyperplex.inference.parameters import params
 from hyperplex.cli.main import main
 from hyperplex.config.experiment import load_experiment
 from hyperplex.tasks import task_class

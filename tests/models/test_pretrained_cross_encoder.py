@@ -21,8 +21,8 @@ from conftest import TINY_BERT_WORDS as WORDS
 from conftest import assert_same_training_state
 
 from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
-from hyperplex.train.load import load_model
-from hyperplex.train.params import params
+from hyperplex.inference.load import load_model
+from hyperplex.inference.parameters import params
 from hyperplex.train.run import train
 from hyperplex.cli.main import main
 from hyperplex.config import ConfigError

@@ -45,7 +45,7 @@ def student(teacher, **keys) -> PretrainedStudent:
 @pytest.mark.parametrize("kind", ["none", "phm", "lowrank"])
 def test_kept_layers_are_the_teachers_and_the_student_reloads(tmp_path, teacher4, kind):
     teacher = load_sentence_transformer(os.fspath(teacher4))
-    model = student(teacher4, kind=kind, n=2, keep_layers=[0, 2, 3], include=["*encoder.layer*"])
+    model = student(teacher4, kind=kind, n=2, keep_layers=[0, 2, 3], targets=["*encoder.layer*"])
     layers = transformer_layers(model.encoder)
     assert len(layers) == 3 and model.encoder[0].auto_model.config.num_hidden_layers == 3
     assert model.layer_map == [0, 2, 3]
@@ -142,8 +142,8 @@ def test_balanced_factor_scales_keep_h_bit_for_bit(n):
 
 
 def test_the_student_balances_its_phm_factors_unless_told_not_to(teacher4):
-    balanced = student(teacher4, kind="phm", n=2, include=["*encoder.layer*"])
-    plain = student(teacher4, kind="phm", n=2, include=["*encoder.layer*"], balance_factors=False)
+    balanced = student(teacher4, kind="phm", n=2, targets=["*encoder.layer*"])
+    plain = student(teacher4, kind="phm", n=2, targets=["*encoder.layer*"], balance_factors=False)
     pairs = [(a, b) for a, b in zip(balanced.modules(), plain.modules()) if isinstance(a, PHMLinear)]
     assert len(pairs) == 24
     for a, b in pairs:
@@ -165,7 +165,7 @@ def test_blockwise_fitting_lowers_each_blocks_error_on_the_calibration_inputs(te
                 result.append(float(((out - outputs[t]) * mask).square().sum() / (outputs[t] * mask).square().sum()))
             return result
 
-    keys = dict(kind="phm", n=4, include=["*encoder.layer*"], keep_layers=[0, 1, 3])
+    keys = dict(kind="phm", n=4, targets=["*encoder.layer*"], keep_layers=[0, 1, 3])
     torch.manual_seed(0)
     start = student(teacher4, **keys)
     torch.manual_seed(0)

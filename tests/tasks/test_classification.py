@@ -8,7 +8,7 @@ import random
 import pytest
 import yaml
 
-from hyperplex.train.inference import evaluate
+from hyperplex.inference.verbs import evaluate
 from hyperplex.train.run import train
 
 WORDS = "the a cat dog bird runs sits sees big small red blue".split()

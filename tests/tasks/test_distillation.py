@@ -12,8 +12,8 @@ import yaml
 pytest.importorskip("sentence_transformers")
 transformers = pytest.importorskip("transformers")
 
-from hyperplex.train.load import load_model
-from hyperplex.train.params import params
+from hyperplex.inference.load import load_model
+from hyperplex.inference.parameters import params
 from hyperplex.train.run import train
 from hyperplex.cli.main import main
 from hyperplex.config.experiment import load_experiment

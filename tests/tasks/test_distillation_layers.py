@@ -91,7 +91,7 @@ def test_padding_changes_no_sentences_layer_losses(tmp_path, teacher_folder):
 
 
 def test_compress_with_dropped_layers_layer_losses_and_blockwise_fitting(tmp_path, teacher_folder):
-    from hyperplex.train.load import load_model
+    from hyperplex.inference.load import load_model
     from hyperplex.convert import load_converted
 
     path = write_config(tmp_path, teacher_folder, steps=6, extra={**LAYERED, "model.keep_layers": [1],

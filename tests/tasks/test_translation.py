@@ -4,7 +4,8 @@ memorises generated arithmetic expressions (003 §4.4 format) to exact-match acc
 import pytest
 import yaml
 
-from hyperplex.train import inference, run
+from hyperplex.inference import verbs as inference
+from hyperplex.train import run
 from hyperplex.data.arithmetic import evaluate_arithmetic_input, generate_arithmetic
 
 

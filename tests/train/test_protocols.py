@@ -252,7 +252,7 @@ class OwnWordsDescribed(OwnWordsClassifier, DescribedClassifier):
 
 
 def params_of(tmp_path, monkeypatch, model_class: type) -> str:
-    from hyperplex.train.params import params
+    from hyperplex.inference.parameters import params
 
     monkeypatch.setitem(ARCHITECTURES, "toy", Architecture(__name__, "TransformerConfig", model_class.__name__,
                                                            "cross_encoder", "a test model"))
@@ -307,7 +307,7 @@ CFG = SimpleNamespace(data=SimpleNamespace(task="toy"), testing=SimpleNamespace(
 
 
 def test_scoring_a_file_needs_the_task_hook():
-    from hyperplex.train.inference import evaluate_split
+    from hyperplex.inference.verbs import evaluate_split
 
     with pytest.raises(ValueError, match="--split test.tsv: a toy model is scored on its validation data only"):
         evaluate_split(CFG, Scored(), None, "test.tsv", False)
@@ -317,7 +317,7 @@ def test_scoring_a_file_needs_the_task_hook():
 
 
 def test_a_decoding_task_is_scored_with_the_evaluation_beam_and_reports_its_signatures():
-    from hyperplex.train.inference import evaluate_split
+    from hyperplex.inference.verbs import evaluate_split
 
     task = Decoding()
     assert isinstance(task, Translates) and isinstance(task, SignsMetrics)
@@ -327,7 +327,7 @@ def test_a_decoding_task_is_scored_with_the_evaluation_beam_and_reports_its_sign
 
 
 def test_translate_refuses_a_task_that_does_not_decode(monkeypatch):
-    from hyperplex.train import inference
+    from hyperplex.inference import verbs as inference
 
     cfg = SimpleNamespace(data=CFG.data, testing=SimpleNamespace(with_beam_size=lambda beam: CFG.testing))
     monkeypatch.setattr(inference, "load_model", lambda *args, **kwargs: (cfg, Scored(), None))

@@ -15,7 +15,7 @@ import yaml
 from conftest import SUBPROCESS_ENV as ENV, torchrun, write_tiny_config
 
 from hyperplex.train.checkpoint import load_checkpoint, load_model_weights
-from hyperplex.train.load import load_model
+from hyperplex.inference.load import load_model
 from hyperplex.train.run import train
 
 

@@ -27,7 +27,7 @@ from hyperplex.adapters.model import (
     trainable_parameters,
     unmerge,
 )
-from hyperplex.adapters.state import adapter_state_dict, base_signature, load_adapter_state_dict
+from hyperplex.adapters.state_dict import adapter_state_dict, base_signature, load_adapter_state_dict
 from hyperplex.adapters.targets import resolve_modules_to_save, resolve_targets
 
 __all__ = [

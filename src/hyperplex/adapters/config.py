@@ -8,9 +8,10 @@ The adapter adds ``s · ΔW x`` to a frozen layer ``W x + b`` with ``ΔW = Σᵢ
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 
 from hyperplex.layers.selection import glob_patterns
+from hyperplex.transforms import TransformConfig
 
 __all__ = ["PHMAdapterConfig", "adapter_parameter_count", "check_adapter_fields", "check_int", "check_dropout"]
 
@@ -40,15 +41,15 @@ def check_adapter_fields(prefix: str, n, rank, targets, dropout, none_rank: str)
             glob_patterns(targets, f"{prefix}targets", required=True), check_dropout(dropout, f"{prefix}dropout"))
 
 
-@dataclass
-class PHMAdapterConfig:
+@dataclass(frozen=True)
+class PHMAdapterConfig(TransformConfig):
     """Hyper-parameters of one PHM delta adapter; invalid values raise ``ValueError`` naming the field.
 
-    A module is adapted when it is an ``nn.Linear`` (or ``transformers``' ``Conv1D``) and its dotted
-    name matches one of ``targets`` (the dialect of :mod:`hyperplex.layers.selection`: ``fnmatch``, and a
-    pattern ``P`` also matches any name ending in ``.P``, so ``"query"`` finds
-    ``encoder.layer.0.attention.self.query``). Modules matching ``modules_to_save`` (same dialect; e.g. a
-    new classification head) are trained in full by this adapter and saved with it.
+    A module is adapted when it is an ``nn.Linear`` (or ``transformers``' ``Conv1D``), its dotted name matches
+    one of ``targets`` (``None``: every linear layer) and none of ``exclude`` — the one selection dialect of
+    :mod:`hyperplex.transforms` (``fnmatch``, and a pattern ``P`` also matches any name ending in ``.P``, so
+    ``"query"`` finds ``encoder.layer.0.attention.self.query``). Modules matching ``modules_to_save`` (same
+    dialect; e.g. a new classification head) are trained in full by this adapter and saved with it.
     """
 
     n: int = field(default=4, metadata={"help": "Kronecker terms; must divide in and out features of every "
@@ -56,8 +57,11 @@ class PHMAdapterConfig:
     rank: int | None = field(default=None, metadata={"help": "None: full Sᵢ (k/n × d/n); r: Sᵢ = Lᵢ Rᵢ with "
                                                              "Lᵢ = left[i] (k/n × r), Rᵢ = right[i] (r × d/n); "
                                                              "default None"})
-    targets: tuple[str, ...] = field(default=("*",), metadata={"help": "glob patterns on dotted module names; "
-                                                                       "each must match at least one linear layer"})
+    targets: tuple[str, ...] | None = field(default=None, metadata={
+        "help": "glob patterns on dotted module names; each must match at least one linear layer; None = every "
+                "linear layer"})
+    exclude: tuple[str, ...] = field(default=(), metadata={
+        "help": "glob patterns of linear layers left alone; each must match one; default none"})
     scale: float = field(default=1.0, metadata={"help": "s in y = W x + b + s·ΔW x; default 1.0"})
     shared_rule: bool = field(default=False, metadata={"help": "one set of Aᵢ for every adapted layer (Compacter); "
                                                                "default false: a rule per layer"})
@@ -67,35 +71,24 @@ class PHMAdapterConfig:
                 "per adapter, and saves with its weights; each must match a module; default none"})
 
     def __post_init__(self) -> None:
-        self.n, self.rank, self.targets, self.dropout = check_adapter_fields(
-            "PHMAdapterConfig.", self.n, self.rank, self.targets, self.dropout, none_rank="None (full Sᵢ)")
-        self.modules_to_save = glob_patterns(self.modules_to_save, "PHMAdapterConfig.modules_to_save")
+        set_ = lambda key, value: object.__setattr__(self, key, value)  # noqa: E731  (frozen)
+        self._normalise_selection()
+        set_("n", check_int(self.n, "PHMAdapterConfig.n"))
+        set_("rank", check_int(self.rank, "PHMAdapterConfig.rank", none="None (full Sᵢ)"))
+        set_("dropout", check_dropout(self.dropout, "PHMAdapterConfig.dropout"))
+        set_("modules_to_save", glob_patterns(self.modules_to_save, "PHMAdapterConfig.modules_to_save"))
         if isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)) or not math.isfinite(self.scale):
             raise ValueError(f"PHMAdapterConfig.scale must be a finite number, got {self.scale!r}")
-        self.scale = float(self.scale)
+        set_("scale", float(self.scale))
         if not isinstance(self.shared_rule, bool):
             raise ValueError(f"PHMAdapterConfig.shared_rule must be true or false, got {self.shared_rule!r}")
-
-    def to_dict(self) -> dict:
-        """JSON-ready dict (``targets`` as a list)."""
-        data = asdict(self)
-        data["targets"], data["modules_to_save"] = list(self.targets), list(self.modules_to_save)
-        return data
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "adapter config") -> "PHMAdapterConfig":
         """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming them and ``where``; a missing key
-        takes its default (a spec without ``modules_to_save`` saves no module)."""
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected a mapping of PHMAdapterConfig fields, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{where}: unknown PHMAdapterConfig key(s) {unknown}; valid: {sorted(known)}")
-        try:
-            return cls(**data)
-        except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
+        takes its default (a spec without ``modules_to_save`` saves no module, one without ``exclude``
+        excludes none)."""
+        return super().from_dict(data, where)
 
 
 def adapter_parameter_count(in_features: int, out_features: int, n: int, rank: int | None = None,

@@ -4,7 +4,7 @@ tensor shapes, a record of the base model, the weights file's SHA-256).
 
 The base record (``base_model``) holds the base model's name (``name_or_path`` of a ``transformers`` model,
 else its class name), its class, and ``weights_sha256``, the signature of the base weights under the
-adapted layers (:func:`~hyperplex.adapters.state.base_signature`). Loading refuses a model whose adapted
+adapted layers (:func:`~hyperplex.adapters.state_dict.base_signature`). Loading refuses a model whose adapted
 layers or modules to save have other shapes, always, and one whose base weights differ from the record
 unless ``allow_other_base_weights=True``.
 
@@ -27,7 +27,7 @@ from hyperplex.adapters.config import PHMAdapterConfig
 from hyperplex.adapters.layer import AdapterWrapper, PHMAdaptedLinear
 from hyperplex.adapters.model import (active_adapter, adapter_config, adapter_layer_sizes, adapter_names,
                                       adapter_saved_modules, add_adapter, set_active)
-from hyperplex.adapters.state import (adapter_state_dict, base_signature, expected_adapter_shapes,
+from hyperplex.adapters.state_dict import (adapter_state_dict, base_signature, expected_adapter_shapes,
                                       load_adapter_state_dict, state_mismatch)
 from hyperplex.adapters.targets import check_adapter_name, outer_modules
 from hyperplex.fileio import atomic_write, atomic_write_text, read_bounded, sha256_file

@@ -65,9 +65,9 @@ def resolve_modules_to_save(model: nn.Module, patterns: Sequence[str],
 
 def select_targets(model: nn.Module, config: PHMAdapterConfig, key: str = "PHMAdapterConfig",
                    saved: Sequence[str] = ()) -> list[str]:
-    """Dotted names of the linear layers ``config.targets`` select outside the modules ``saved``, in module
-    order; errors name ``key``, a pattern that matched nothing and every selected layer whose sizes ``n``
-    does not divide."""
+    """Dotted names of the linear layers ``config.targets`` select (all when ``None``) and ``config.exclude`` does
+    not, outside the modules ``saved``, in module order; errors name ``key``, a pattern that matched nothing and
+    every selected layer whose sizes ``n`` does not divide."""
     candidates: list[tuple[str, nn.Module]] = []
     others: dict[str, str] = {}
     for path, module in outer_modules(model):
@@ -77,14 +77,18 @@ def select_targets(model: nn.Module, config: PHMAdapterConfig, key: str = "PHMAd
             candidates.append((path, module.base_layer if isinstance(module, PHMAdaptedLinear) else module))
         elif path:
             others[path] = type(module).__name__
-    for pattern in config.targets:
-        if not any(name_matches(p, pattern) for p, _ in candidates):
-            hit = [f"{p} ({t})" for p, t in others.items() if name_matches(p, pattern)][:3]
-            why = f"; it matches only modules that are not linear layers: {', '.join(hit)}" if hit else ""
-            sample = ", ".join(p for p, _ in candidates[:6]) + (", …" if len(candidates) > 6 else "")
-            raise ValueError(f"{key}.targets: pattern {pattern!r} matches no nn.Linear/Conv1D module{why}; "
-                             f"linear layers in the model: {sample or 'none'}")
-    selected = [(p, m) for p, m in candidates if any(name_matches(p, t) for t in config.targets)]
+    targets = config.targets if config.targets is not None else ()
+    for field, patterns in (("targets", targets), ("exclude", config.exclude)):
+        for pattern in patterns:
+            if not any(name_matches(p, pattern) for p, _ in candidates):
+                hit = [f"{p} ({t})" for p, t in others.items() if name_matches(p, pattern)][:3]
+                why = f"; it matches only modules that are not linear layers: {', '.join(hit)}" if hit else ""
+                sample = ", ".join(p for p, _ in candidates[:6]) + (", …" if len(candidates) > 6 else "")
+                raise ValueError(f"{key}.{field}: pattern {pattern!r} matches no nn.Linear/Conv1D module{why}; "
+                                 f"linear layers in the model: {sample or 'none'}")
+    selected = [(p, m) for p, m in candidates
+                if (config.targets is None or any(name_matches(p, t) for t in targets))
+                and not any(name_matches(p, e) for e in config.exclude)]
     bad = [f"{p} ({d} → {k})" for p, m in selected for d, k in [dense_sizes(m)] if d % config.n or k % config.n]
     if bad:
         raise ValueError(f"{key}.n={config.n} must divide in and out features of every target layer; "
@@ -92,9 +96,9 @@ def select_targets(model: nn.Module, config: PHMAdapterConfig, key: str = "PHMAd
     return [p for p, _ in selected]
 
 
-def resolve_targets(model: nn.Module, targets, n: int = 1, key: str = "PHMAdapterConfig") -> list[str]:
+def resolve_targets(model: nn.Module, targets, n: int = 1, key: str = "PHMAdapterConfig", exclude=()) -> list[str]:
     """Dotted names of the ``nn.Linear`` / ``Conv1D`` layers of ``model`` that the glob patterns ``targets``
-    select (the rule of :class:`PHMAdapterConfig`), in module order. ``ValueError`` (its message starts with
+    select and the patterns ``exclude`` do not (the rule of :class:`PHMAdapterConfig`), in module order. ``ValueError`` (its message starts with
     ``key``, e.g. ``model.adapter``) naming a pattern that matches no linear layer, or every selected
     layer whose in/out features ``n`` does not divide."""
-    return select_targets(model, PHMAdapterConfig(n=n, targets=tuple(targets)), key)
+    return select_targets(model, PHMAdapterConfig(n=n, targets=tuple(targets), exclude=tuple(exclude)), key)

@@ -2,8 +2,8 @@
 experiment,export}``.
 
 - :mod:`~hyperplex.cli.main`: argument parsing, printing and the one-line error contract. What each verb does
-  is a library function: :mod:`hyperplex.train.run` (``train``, ``compress``), :mod:`hyperplex.train.inference`
-  (``evaluate``, ``translate``), :func:`hyperplex.train.checkpoint.write_average`, :mod:`hyperplex.train.params`,
+  is a library function: :mod:`hyperplex.train.run` (``train``, ``compress``), :mod:`hyperplex.inference.verbs`
+  (``evaluate``, ``translate``), :func:`hyperplex.train.checkpoint.write_average`, :mod:`hyperplex.inference.parameters`,
   :mod:`hyperplex.scoring`, :mod:`hyperplex.experiments` (with ``demo``: :mod:`hyperplex.experiments.demo`).
 """
 

@@ -1,5 +1,5 @@
 """Command-line interface: ``hyperplex {demo,train,compress,score-encoder,corpus,evaluate,translate,params,average,
-experiment,export}``. Benchmarks are scripts of a source checkout (``python benchmarks/bench_phm.py``), not verbs.
+experiment,report,export,native,config-reference}``. Benchmarks are scripts of a source checkout (``python benchmarks/bench_phm.py``), not verbs.
 
 Errors end with one line on stderr saying what is wrong and where, and exit code 1 (2 for
 usage errors); ``--debug`` shows the traceback instead.
@@ -53,14 +53,14 @@ def _score_encoder(args: argparse.Namespace) -> int:
 
 
 def _corpus(args: argparse.Namespace) -> int:
-    from hyperplex.cli.corpus import run_corpus
+    from hyperplex.cli.corpus_verb import run_corpus
 
     run_corpus(args.out, args.data_root, args.exclude, args.min_sentences, args.shuffle_seed, quiet=args.quiet)
     return 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from hyperplex.train.inference import evaluate
+    from hyperplex.inference.verbs import evaluate
 
     metrics = evaluate(args.model_dir, args.checkpoint, args.split, args.data_root, args.beam_size,
                        threads=args.threads)
@@ -69,7 +69,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from hyperplex.train.inference import translate
+    from hyperplex.inference.verbs import translate
 
     translate(args.model_dir, args.input, args.output, args.checkpoint, args.beam_size, args.plot_attention,
               threads=args.threads)
@@ -77,7 +77,7 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def _params(args: argparse.Namespace) -> int:
-    from hyperplex.train.params import params
+    from hyperplex.inference.parameters import params
 
     print(params(args.config, args.overrides, args.vocab_size, args.tgt_vocab_size, args.num_classes))
     return 0
@@ -91,7 +91,7 @@ def _average(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from hyperplex.train.export import export
+    from hyperplex.inference.export import export
 
     result, tensor_bytes = export(args.model, args.output, args.checkpoint, args.token_embeddings, args.opset,
                                   args.data_root, args.phm, args.st_folder)
@@ -400,6 +400,18 @@ def _add_native(sub, common: argparse.ArgumentParser) -> None:
     native.set_defaults(func=_native)
 
 
+def _add_report(sub, common: argparse.ArgumentParser) -> None:
+    from hyperplex.cli.report_verb import add_report
+
+    add_report(sub, common)
+
+
+def _add_config_reference(sub, common: argparse.ArgumentParser) -> None:
+    from hyperplex.cli.report_verb import add_config_reference
+
+    add_config_reference(sub, common)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``hyperplex`` parser: one subparser per verb, each added by its ``_add_VERB`` function."""
     common = argparse.ArgumentParser(add_help=False)
@@ -410,8 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Parameterized hypercomplex multiplication (PHM) layers and quaternion networks for NLP.")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_demo, _add_train, _add_compress, _add_score_encoder, _add_corpus, _add_evaluate, _add_translate,
-                _add_params, _add_average, _add_experiment, _add_export,
-                _add_native):  # the order `hyperplex --help` lists
+                _add_params, _add_average, _add_experiment, _add_report, _add_export,
+                _add_native, _add_config_reference):  # the order `hyperplex --help` lists
         add(sub, common)
     return parser
 

@@ -183,7 +183,7 @@ class TestingConfig:
                                                       "replace_unk"})
     quantize: Literal["none", "int8"] = field(default="none", metadata={
         "help": "the form a trained model is evaluated and served in: int8 = PyTorch's dynamic int8 quantisation "
-                "of its dense, low-rank and PHM layers (hyperplex.convert.quantize), applied after loading, no "
+                "of its dense, low-rank and PHM layers (hyperplex.int8), applied after loading, no "
                 "training; `hyperplex compress` then writes student/ in int8 (load_quantized)"})
 
     def __post_init__(self) -> None:
@@ -301,6 +301,22 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+#: Model keys a saved folder of an earlier version may hold, read under their new name (a config a user writes
+#: is refused with the new name instead: ``renamed_keys``). ``include`` is ``targets``, the one selection
+#: vocabulary of conversion, int8 and adapters.
+SAVED_KEY_RENAMES = {"pretrained_student": {"include": "targets"}}
+
+
+def upgrade_saved_config(raw: dict) -> None:
+    """Rename, in place, the model keys of :data:`SAVED_KEY_RENAMES` in the config of a saved model folder."""
+    model = raw.get("model")
+    if not isinstance(model, dict):
+        return
+    for old, new in SAVED_KEY_RENAMES.get(model.get("architecture"), {}).items():
+        if old in model and new not in model:
+            model[new] = model.pop(old)
+
+
 def resume_experiment(model_dir: str | Path, path: str | Path, overrides: list[str] | None = None) -> tuple[
         ExperimentConfig, list[str]]:
     """The config of a resumed run: the saved ``config.yaml`` of ``model_dir``, with the budget keys
@@ -314,6 +330,7 @@ def resume_experiment(model_dir: str | Path, path: str | Path, overrides: list[s
     model_dir = Path(model_dir)
     saved_path = model_dir / "config.yaml"
     saved_raw = load_yaml(saved_path)
+    upgrade_saved_config(saved_raw)
     saved_raw["model_dir"] = str(model_dir)
     try:
         saved = build_experiment(saved_raw)

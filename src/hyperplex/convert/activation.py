@@ -31,7 +31,7 @@ from hyperplex.layers.phm import RuleSpec
 
 __all__ = ["capture_inputs", "refine", "relative_output_error", "whitened_layer", "WHITENED_INITS", "RIDGE"]
 
-#: ``convert_linears`` inits built by :func:`whitened_layer`; ``_als`` adds alternating least squares (PHM).
+#: Conversion inits built by :func:`whitened_layer`; ``_als`` adds alternating least squares (PHM).
 WHITENED_INITS = ("whitened", "whitened_als")
 #: Default ridge ``λ`` per kind of the whitened fits, which use ``G + λ (tr G / d) I`` (:func:`whitened_layer`).
 #: On all-MiniLM-L6-v2 (``benchmarks/probes/compare_inits.py``, PHM n = 4, 64 calibration captions) PHM with

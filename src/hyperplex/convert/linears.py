@@ -59,8 +59,10 @@ def _relative_error(weight: Tensor, effective: Tensor) -> float:
 
 
 def _plan(module: nn.Module, kind: str, n: int, rank: int | None, include: list[str], exclude: list[str],
-          min_features: int) -> tuple[list[LayerReport], dict[str, nn.Module]]:
-    """Decide, without touching the model, which layers to convert; raise for bad selections."""
+          min_features: int, key: str | None = None) -> tuple[list[LayerReport], dict[str, nn.Module]]:
+    """Decide, without touching the model, which layers to convert; raise for bad selections. ``key`` (a config
+    name, :func:`hyperplex.compress`) makes an ``exclude`` pattern that matches no layer an error too, and the
+    errors name ``key.targets`` / ``key.exclude``."""
     owners: dict[int, list[str]] = {}  # parameter id -> every dotted name it is registered under
     for name, param in module.named_parameters(remove_duplicate=False):
         owners.setdefault(id(param), []).append(name)
@@ -69,7 +71,7 @@ def _plan(module: nn.Module, kind: str, n: int, rank: int | None, include: list[
         module_names.setdefault(id(sub), []).append(name)
     parents = {id(child): parent for _, parent in module.named_modules() for child in parent.children()}
 
-    rows, layers, matched = [], {}, {p: 0 for p in include}
+    rows, layers, matched, excluded = [], {}, {p: 0 for p in include}, {p: 0 for p in exclude}
     for name, layer in module.named_modules():
         source = dense_source(layer)
         if source is None:
@@ -81,11 +83,13 @@ def _plan(module: nn.Module, kind: str, n: int, rank: int | None, include: list[
         hits = [p for p in include if name_matches(name, p)]
         for p in hits:
             matched[p] += 1
+        for p in exclude:
+            excluded[p] += name_matches(name, p)
         tied = [o for o in owners[id(layer.weight)] if o != (f"{name}.weight" if name else "weight")]
         if name == "":
             row.reason = "the root module cannot be replaced in place"
         elif include and not hits:
-            row.reason = "not matched by include"
+            row.reason = "not matched by " + ("include" if key is None else "targets")
         elif any(name_matches(name, p) for p in exclude):
             row.reason = f"excluded by {next(p for p in exclude if name_matches(name, p))!r}"
         elif min(d, k) < min_features:
@@ -106,11 +110,13 @@ def _plan(module: nn.Module, kind: str, n: int, rank: int | None, include: list[
             continue
 
     names = [r.name for r in rows]
-    for pattern, count in matched.items():
-        if count == 0:
-            shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
-            raise ValueError(f"include pattern {pattern!r} matches no nn.Linear/Conv1D layer; the "
-                             f"{len(names)} layers are named like: {shown or '(none)'}")
+    unmatched = [("include" if key is None else f"{key}.targets", p) for p, c in matched.items() if c == 0]
+    unmatched += [(f"{key}.exclude", p) for p, c in excluded.items() if c == 0 and key is not None]
+    for field, pattern in unmatched[:1]:
+        shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+        what = "include pattern" if key is None else f"{field}: pattern"
+        raise ValueError(f"{what} {pattern!r} matches no nn.Linear/Conv1D layer; the "
+                         f"{len(names)} layers are named like: {shown or '(none)'}")
     if not names:
         raise ValueError(f"{type(module).__name__} holds no nn.Linear or Conv1D layer to convert")
     if not layers:
@@ -226,6 +232,9 @@ def convert_linears(
     ``lm_head``), a module registered twice, ``nn.MultiheadAttention.out_proj``. Dtype, device,
     bias, train/eval mode and ``requires_grad`` (weight and bias separately) are kept.
 
+    Deprecated: use ``hyperplex.compress(model, PHMConfig(...))`` (or ``LowRankConfig``), which takes the same
+    options as a typed config and selects layers with ``targets`` / ``exclude``.
+
     Returns:
         a :class:`ConversionReport`.
 
@@ -235,9 +244,26 @@ def convert_linears(
             left to convert; a selected layer with NaN/inf values or on the meta device. Raised before the
             model is changed.
     """
+    import warnings
+
+    warnings.warn("hyperplex.convert.convert_linears is deprecated and will be removed in the next release; use "
+                  "hyperplex.compress(model, PHMConfig(...)) or hyperplex.compress(model, LowRankConfig(...))",
+                  DeprecationWarning, stacklevel=2)
+    return convert_layers(module, kind, n, rank=rank, rule=rule, include=include, exclude=exclude,
+                          min_features=min_features, init=init, calibrate=calibrate, refine_steps=refine_steps,
+                          als_sweeps=als_sweeps, ridge=ridge)
+
+
+def convert_layers(module: nn.Module, kind: str, n: int, *, rank: int | None = None, rule: RuleSpec = "learned",
+                   include=None, exclude=None, min_features: int = 32, init: str = "svd",
+                   calibrate: Callable[[nn.Module], object] | None = None, refine_steps: int = 200,
+                   als_sweeps: int = 4, ridge: float | None = None, key: str | None = None) -> ConversionReport:
+    """The conversion itself, shared by :func:`hyperplex.compress` and the deprecated :func:`convert_linears`
+    (whose arguments it takes); ``key`` names the config in selection errors and makes ``exclude`` patterns
+    that match nothing an error (:func:`_plan`)."""
     _check_arguments(kind, n, rank, rule, init, calibrate, als_sweeps, ridge)
     rows, layers = _plan(module, kind, n, rank, list(glob_patterns(include, "include")),
-                         list(glob_patterns(exclude, "exclude")), min_features)
+                         list(glob_patterns(exclude, "exclude")), min_features, key)
     _check_weights(layers, {r.name: r.source for r in rows})
     before = _param_count(module)
     factors = None

@@ -23,7 +23,7 @@ class LayerReport:
             (measured in float64 on the stored factors); ``None`` when skipped.
         reason: why a layer was skipped (``""`` when converted).
         output_error: ``‖(W − H) F‖_F / ‖W F‖_F`` on the calibration inputs (``F Fᵀ = Xᵀ X``), when
-            ``convert_linears`` was given ``calibrate=``; else ``None``.
+            the conversion was given ``calibrate=``; else ``None``.
         output_error_svd: the same for the SVD start, with ``init="activation"`` (before refinement).
     """
 
@@ -45,7 +45,7 @@ class LayerReport:
 
 @dataclass
 class ConversionReport:
-    """The layers a :func:`~hyperplex.convert.convert_linears` (or ``to_dense``) call met, and totals.
+    """The layers a :func:`hyperplex.compress` (or ``to_dense``) call met, and totals.
 
     Attributes:
         layers: one :class:`LayerReport` per candidate layer, in module order.

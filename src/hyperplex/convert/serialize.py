@@ -40,10 +40,11 @@ from hyperplex.fileio import (
     sha256_file,
 )
 
-__all__ = ["save_converted", "load_converted", "SPEC_NAME", "WEIGHTS_NAME", "FORMAT", "FORMAT_VERSION", "LoadError"]
+__all__ = ["save_converted", "load_converted", "read_spec", "model_skeleton", "read_tensors",
+           "non_persistent_buffers", "SPEC_NAME", "WEIGHTS_NAME", "FORMAT", "FORMAT_VERSION", "LoadError"]
 
 SPEC_NAME = "hyperplex_convert.json"
-#: The spec of an int8 folder (:func:`hyperplex.convert.quantize.save_quantized`), which load_converted refuses.
+#: The spec of an int8 folder (:func:`hyperplex.int8.save_quantized`), which load_converted refuses.
 QUANTIZED_SPEC_NAME = QUANTIZED_SPEC
 WEIGHTS_NAME = "model.safetensors"
 FORMAT = "hyperplex-converted"
@@ -177,20 +178,21 @@ def _foreign_weights(folder: str) -> list[str]:
     return sorted(f for f in os.listdir(folder) if f.endswith(_WEIGHT_SUFFIXES))
 
 
-def _non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Buffers outside the state dict (position ids, rotary frequencies): saved too, so a load that builds
-    the skeleton on the ``meta`` device restores them exactly instead of recomputing them."""
+def non_persistent_buffers(model: nn.Module, *, meta: bool = False) -> dict[str, torch.Tensor]:
+    """Buffers outside the state dict (position ids, rotary frequencies), by dotted name: saved too, so a load
+    that builds the skeleton on the ``meta`` device restores them exactly instead of recomputing them. The
+    tensors themselves (not copies); those on the ``meta`` device only when ``meta`` (a skeleton's places)."""
     found = {}
     for prefix, module in model.named_modules():
         for name in getattr(module, "_non_persistent_buffers_set", ()):
             tensor = module._buffers.get(name)
-            if tensor is not None and tensor.device.type != "meta":
-                found[f"{prefix}.{name}" if prefix else name] = tensor.detach().contiguous().cpu()
+            if tensor is not None and (meta or tensor.device.type != "meta"):
+                found[f"{prefix}.{name}" if prefix else name] = tensor
     return found
 
 
 def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None, overwrite: bool = False) -> str:
-    """Write ``model`` (converted by :func:`~hyperplex.convert.convert_linears`, or not) to ``folder``.
+    """Write ``model`` (converted by :func:`hyperplex.compress`, or not) to ``folder``.
 
     Args:
         model: a ``transformers`` ``PreTrainedModel`` (class exported by ``transformers``), a
@@ -223,7 +225,7 @@ def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None, 
     if any(t.device.type == "meta" for t in model.state_dict().values()):
         raise ValueError(f"{type(model).__name__} has tensors on the meta device (no values); load its weights first")
     tensors, aliases = _deduplicated_state(model)
-    buffers = {k: v for k, v in _non_persistent_buffers(model).items() if k not in tensors}
+    buffers = {k: v.detach().contiguous().cpu() for k, v in non_persistent_buffers(model).items() if k not in tensors}
     floating = {t.dtype for t in tensors.values() if t.is_floating_point()}
     # One floating dtype is restored by casting the rebuilt model; a mixed model is loaded as built.
     dtype = str(next(iter(floating))).removeprefix("torch.") if len(floating) == 1 else None
@@ -488,8 +490,7 @@ def load_converted(folder: str | os.PathLike, model: nn.Module | None = None) ->
         raise LoadError(f"{weights_path}: SHA-256 does not match the one {SPEC_NAME} records (key 'sha256'); the "
                         f"file is damaged or was changed after saving")
     if model is None:
-        model = (_skeleton_transformers(folder, spec["model"]) if library == "transformers"
-                 else _skeleton_sentence_transformer(folder))
+        model = model_skeleton(folder, spec)
         meta = True
     else:
         meta = False
@@ -561,8 +562,6 @@ def _initialise_buffers(model: nn.Module, path: str) -> None:
 def _load_tensors(model: nn.Module, path: str, spec: dict, assign: bool, check_only: bool = False) -> None:
     """Check every stored tensor against ``model`` (names, shapes, dtypes), then load them: copied into
     the model's tensors, or (``assign``, a ``meta`` skeleton) assigned in their place, ties restored."""
-    from safetensors import SafetensorError, safe_open
-
     aliases, buffers = spec.get("aliases", {}), spec.get("buffers", [])
     expected = model.state_dict()
     extra = {}
@@ -577,40 +576,16 @@ def _load_tensors(model: nn.Module, path: str, spec: dict, assign: bool, check_o
                             f"{type(model).__name__}")
         extra[key] = module._buffers[leaf]
     targets = {**expected, **extra}
-    try:
-        handle = safe_open(path, framework="pt")
-    except (SafetensorError, OSError) as err:
-        raise LoadError(f"{path}: not a safetensors file ({_short(str(err))})") from None
-    with handle:
-        stored = set(handle.keys())
-        unexpected = sorted(stored - set(targets))
-        if unexpected:
-            raise LoadError(f"{path}: tensor {unexpected[0]!r} has no place in the rebuilt {type(model).__name__}"
-                            f" ({len(unexpected)} such tensors); a model folder of another architecture?")
-        missing = sorted(k for k in targets if k not in stored and aliases.get(k) not in stored)
-        if missing:
-            raise LoadError(f"{path}: tensor {missing[0]!r} of the rebuilt {type(model).__name__} is not in the file "
-                            f"({len(missing)} missing)")
-        for key, target in targets.items():
-            source = handle.get_slice(key if key in stored else aliases[key])
-            shape = tuple(source.get_shape())
-            if shape != tuple(target.shape):
-                raise LoadError(f"{path}: tensor {key!r} has shape {shape} in the file but {tuple(target.shape)} "
-                                f"in the rebuilt model")
-            dtype = _SAFETENSORS_DTYPES.get(source.get_dtype())
-            if dtype != target.dtype:  # a silent cast would break bit-identity
-                raise LoadError(f"{path}: tensor {key!r} is {source.get_dtype()} in the file but {target.dtype} in the "
-                                f"rebuilt model")
-        values = {key: handle.get_tensor(key) for key in stored}
+    values = read_tensors(path, targets, aliases, type(model).__name__)
     _check_rules(values, spec["layers"], path)
     if check_only:
         return
     if not assign:
         with torch.no_grad():
             for key, target in targets.items():
-                target.copy_(values[key if key in stored else aliases[key]])
+                target.copy_(values[key])
         return
-    state = {key: values[key if key in stored else aliases[key]] for key in expected}
+    state = {key: values[key] for key in expected}
     model.load_state_dict(state, strict=True, assign=True)
     for key, tensor in extra.items():
         owner, _, leaf = key.rpartition(".")
@@ -633,3 +608,62 @@ def _check_rules(values: dict[str, torch.Tensor], layers: list[dict], path: str)
         if rule.shape != table.shape or not torch.equal(rule, table):
             raise LoadError(f"{path}: tensor {entry['name'] + '.phm_rule'!r} does not hold the {entry['rule']} table "
                             f"the spec names (layers: rule {entry['rule']!r}); was the rule changed?")
+
+
+def read_spec(folder: str | os.PathLike) -> dict:
+    """The checked ``hyperplex_convert.json`` of ``folder`` (:class:`LoadError` naming the key otherwise)."""
+    return _read_spec(os.fspath(folder))
+
+
+def model_skeleton(folder: str | os.PathLike, spec: dict) -> nn.Module:
+    """The dense architecture ``spec`` (:func:`read_spec`) describes, built from ``folder``'s config files on the
+    ``meta`` device (no weights, no hub access): the one loader of model folders that :func:`load_converted`,
+    :func:`hyperplex.int8.load_quantized` and the ONNX export share. :class:`LoadError` for a plain
+    ``nn.Module``, whose architecture the folder cannot rebuild."""
+    folder = os.fspath(folder)
+    library = spec["model"].get("library")
+    if library == "transformers":
+        return _skeleton_transformers(folder, spec["model"])
+    if library == "sentence-transformers":
+        return _skeleton_sentence_transformer(folder)
+    raise LoadError(f"{os.path.join(folder, SPEC_NAME)}: the model is a plain {_short(spec['model'].get('class'))}; "
+                    f"pass its architecture as model=...")
+
+
+def read_tensors(path: str, targets: dict[str, torch.Tensor], aliases: dict[str, str] | None = None,
+                 owner: str = "model") -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors file ``path``, checked strictly against ``targets`` (name → a tensor of
+    the expected shape and dtype, ``meta`` ones too) and returned under the target names; ``aliases`` maps a
+    target name to the key it is stored under (a tied tensor saved once). :class:`LoadError` naming the file
+    and the tensor for a file that is not safetensors, a tensor with no place in ``owner``, one missing, or
+    one of another shape or dtype (a silent cast would break bit-identity). Nothing is changed."""
+    from safetensors import SafetensorError, safe_open
+
+    aliases = aliases or {}
+    try:
+        handle = safe_open(path, framework="pt")
+    except (SafetensorError, OSError) as err:
+        raise LoadError(f"{path}: not a safetensors file ({_short(str(err))})") from None
+    with handle:
+        stored = set(handle.keys())
+        unexpected = sorted(stored - set(targets))
+        if unexpected:
+            raise LoadError(f"{path}: tensor {unexpected[0]!r} has no place in the rebuilt {owner}"
+                            f" ({len(unexpected)} such tensors); a model folder of another architecture?")
+        keys = {key: key if key in stored else aliases.get(key) for key in targets}
+        missing = sorted(k for k, source in keys.items() if source not in stored)
+        if missing:
+            raise LoadError(f"{path}: tensor {missing[0]!r} of the rebuilt {owner} is not in the file "
+                            f"({len(missing)} missing)")
+        for key, target in targets.items():
+            source = handle.get_slice(keys[key])
+            shape = tuple(source.get_shape())
+            if shape != tuple(target.shape):
+                raise LoadError(f"{path}: tensor {key!r} has shape {shape} in the file but {tuple(target.shape)} "
+                                f"in the rebuilt model")
+            dtype = _SAFETENSORS_DTYPES.get(source.get_dtype())
+            if dtype != target.dtype:
+                raise LoadError(f"{path}: tensor {key!r} is {source.get_dtype()} in the file but {target.dtype} in the "
+                                f"rebuilt model")
+        loaded = {key: handle.get_tensor(key) for key in stored}
+    return {key: loaded[source] for key, source in keys.items()}

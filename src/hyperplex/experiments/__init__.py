@@ -13,9 +13,9 @@
 - :mod:`~hyperplex.experiments.evaluation`: evaluating a model, cached per row in its folder;
 - :mod:`~hyperplex.experiments.records`: a finished model's small files kept without its checkpoint;
 - :mod:`~hyperplex.experiments.stability`: divergence and gradient-norm spikes of sweep models;
-- :mod:`~hyperplex.experiments.quality`: the ``quality:`` key (sentence-encoder metrics of distilled models);
+- :mod:`~hyperplex.scoring.plan_metrics`: the ``quality:`` key (sentence-encoder metrics of distilled models);
 - :mod:`~hyperplex.experiments.intervals`: mean ± std with a 95% t-interval over seeds;
-- :mod:`~hyperplex.experiments.results` and :mod:`~hyperplex.experiments.report`: ``results.json`` and its
+- :mod:`~hyperplex.experiments.results` and :mod:`~hyperplex.experiments.markdown`: ``results.json`` and its
   markdown; :mod:`~hyperplex.experiments.plot`: the sweep figure;
 - :mod:`~hyperplex.experiments.summary`: the cross-plan table (PHM vs low-rank vs dense);
 - :mod:`~hyperplex.experiments.frontier`: the size–quality frontier of a compression plan;

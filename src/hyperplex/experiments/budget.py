@@ -1,6 +1,6 @@
 """The budget curve of a healing plan: quality against sentences seen, from its ``results.json`` and records:
 
-    python -m hyperplex.experiments.budget experiments/records/minilm_frontier/results.json \\
+    hyperplex report budget experiments/records/minilm_frontier/results.json \\
         --curve "PHM n=4=phm4,phm4_40k,phm4_400k" --curve "Low-rank=lowrank4,lowrank4_40k,lowrank4_400k" \\
         --figure docs/figures/budget.png
 
@@ -30,6 +30,9 @@ __all__ = ["BudgetError", "parse_curve", "budget_points", "budget_table", "budge
 
 class BudgetError(ValueError):
     """A results.json, record or ``--curve`` that cannot give a budget curve (the message names what)."""
+
+#: The command that runs this report.
+PROG = "hyperplex report budget"
 
 
 def parse_curve(text: str) -> tuple[str, list[str]]:
@@ -185,8 +188,8 @@ def budget_figure(points: list[dict], dev_metric: str = "cosine", metrics=METRIC
     return fig
 
 
-def build_parser(prog: str = "python -m hyperplex.experiments.budget") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``hyperplex report budget``."""
     parser.add_argument("results", help="a plan's results.json (its rows' records beside it)")
     parser.add_argument("--curve", action="append", required=True, metavar="LABEL=ROW,ROW,…",
                         help="rows healing one recipe on growing budgets, e.g. 'PHM n=4=phm4,phm4_40k' (repeatable)")
@@ -194,11 +197,16 @@ def build_parser(prog: str = "python -m hyperplex.experiments.budget") -> argpar
     parser.add_argument("--metrics", nargs="+", default=list(METRICS), help=f"default {' '.join(METRICS)}")
     parser.add_argument("--figure", help="write the figure to this PNG")
     parser.add_argument("--table", help="write the markdown table to this file (default: print it)")
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
     return parser
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m hyperplex.experiments.budget") -> int:
-    args = build_parser(prog).parse_args(argv)
+def run(args: argparse.Namespace, prog: str = PROG) -> int:
     try:
         curves = [parse_curve(text) for text in args.curve]
         with open(args.results, encoding="utf-8") as handle:
@@ -218,5 +226,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m hyperplex.experim
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """:func:`run` on the command line ``argv`` (``hyperplex report budget ...`` from the shell)."""
+    return run(build_parser(prog).parse_args(argv), prog)

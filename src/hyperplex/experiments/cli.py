@@ -37,7 +37,7 @@ def _csv(kind):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of ``hyperplex experiment`` (also those of the ``experiments/run.py`` script)."""
+    """The arguments of ``hyperplex experiment`` ."""
     p.add_argument("plan", help="plan YAML file (experiments/*.yaml)")
     p.add_argument("--rows", type=_csv(str), help="train only these rows (comma-separated); the report covers all")
     p.add_argument("--seeds", type=_csv(int), help="train only these of the planned seeds (comma-separated)")
@@ -70,7 +70,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
-    """Run the command line ``argv``; ``prog`` (``hyperplex experiment`` or ``python experiments/run.py``) is
+    """Run the command line ``argv``; ``prog`` (``hyperplex experiment`` or ``hyperplex experiment``) is
     how the report records the command. Returns the exit status: 1 on a plan error or a failed model, 128 + the
     signal number when a signal stopped training."""
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from hyperplex.config import from_dict, merge, parse_overrides, to_dict
-from hyperplex.experiments import quality as quality_metrics
+from hyperplex.scoring import plan_metrics as quality_metrics
 from hyperplex.experiments.plan import Plan, Row
 from hyperplex.experiments.records import recorded_evaluation, write_record
 from hyperplex.experiments.runs import Run
@@ -25,15 +25,15 @@ __all__ = ["evaluate_model", "evaluation_key", "cached_evaluation", "evaluate_ea
 def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval_overrides: list[str],
                    eval_split: str = "", quality: dict | None = None) -> dict:
     """``{"metrics", "params", "signatures", "beam_size"}`` of one model folder: the steps of
-    :func:`hyperplex.train.inference.evaluate` (load, validation split or the file ``eval_split``, the configured
+    :func:`hyperplex.inference.verbs.evaluate` (load, validation split or the file ``eval_split``, the configured
     beam) with ``eval_overrides`` (``testing.*``) applied to the saved config first, and
     :func:`~hyperplex.models.params.parameter_breakdown` of the loaded model. With a plan's ``quality``
     (distillation models): its metrics join ``metrics``, and ``size`` / ``quality_details`` are added
-    (:mod:`hyperplex.experiments.quality`)."""
+    (:mod:`hyperplex.scoring.plan_metrics`)."""
     from hyperplex.config.experiment import TestingConfig
     from hyperplex.models.params import parameter_breakdown
-    from hyperplex.train.inference import score
-    from hyperplex.train.load import inference_form, load_model
+    from hyperplex.inference.verbs import score
+    from hyperplex.inference.load import inference_form, load_model
     from hyperplex.train.protocols import SignsMetrics
 
     cfg, task, model = load_model(str(model_dir), checkpoint, data_root)
@@ -59,7 +59,7 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
 def evaluation_key(run: Run, row: Row, checkpoint: str, quality: dict | None = None) -> dict:
     """What an evaluation depends on: the checkpoint chosen and its file (name, size, modification time; none
     for a record), the row's eval overrides and split, and the plan's ``quality`` settings when it has any."""
-    from hyperplex.train.load import checkpoint_path
+    from hyperplex.inference.load import checkpoint_path
 
     if run.record is not None:
         stat, name = None, None

@@ -1,6 +1,6 @@
 """The size–quality frontier of a compression plan, from its ``results.json``:
 
-    python -m hyperplex.experiments.frontier experiments/records/minilm_frontier/results.json \\
+    hyperplex report frontier experiments/records/minilm_frontier/results.json \\
         --figure docs/figures/frontier.png
 
 For every row with evaluated seeds: the bytes its weights hold in memory (``size.held_bytes``, the mean over
@@ -31,6 +31,9 @@ __all__ = ["FrontierPoint", "mean_std", "frontier_points", "pareto_front", "atta
 
 #: The quality metrics a frontier is drawn for, in table order.
 METRICS = ("agreement", "wikiqa_map", "sst2_probe")
+
+#: The command that runs this report.
+PROG = "hyperplex report frontier"
 
 
 class FrontierError(ValueError):
@@ -178,8 +181,8 @@ def frontier_figure(points: list[FrontierPoint], metrics=METRICS):
     return fig
 
 
-def build_parser(prog: str = "python -m hyperplex.experiments.frontier") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``hyperplex report frontier``."""
     parser.add_argument("results", help="a plan's results.json (a plan with quality: metrics)")
     parser.add_argument("--teacher", default="teacher", help="the row whose models are the teacher (default teacher)")
     parser.add_argument("--figure", help="write the figure to this PNG")
@@ -188,6 +191,12 @@ def build_parser(prog: str = "python -m hyperplex.experiments.frontier") -> argp
     parser.add_argument("--serving-row", action="append", default=[], metavar="ROW=VARIANT",
                         help="the bench variant that serves a row, e.g. phm4=phm4, phm4_int8=phm4+int8, "
                              "teacher=dense (repeatable; needs --serving)")
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
     return parser
 
 
@@ -203,8 +212,7 @@ def _serving_map(pairs: list[str]) -> dict[str, str]:
     return mapping
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m hyperplex.experiments.frontier") -> int:
-    args = build_parser(prog).parse_args(argv)
+def run(args: argparse.Namespace, prog: str = PROG) -> int:
     try:
         with open(args.results, encoding="utf-8") as handle:
             results = json.load(handle)
@@ -235,5 +243,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m hyperplex.experim
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """:func:`run` on the command line ``argv`` (``hyperplex report frontier ...`` from the shell)."""
+    return run(build_parser(prog).parse_args(argv), prog)

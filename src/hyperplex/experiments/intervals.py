@@ -1,6 +1,6 @@
 """Seeds → mean ± sample standard deviation with a two-sided 95% Student-t interval of the mean.
 
-Pure functions on lists of floats (one value per seed); :mod:`hyperplex.experiments.report` and
+Pure functions on lists of floats (one value per seed); :mod:`hyperplex.experiments.markdown` and
 :mod:`hyperplex.experiments.summary` print what they return.
 """
 

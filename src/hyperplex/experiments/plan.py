@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from hyperplex.config import ConfigError, from_dict, load_yaml
-from hyperplex.experiments import quality as quality_metrics
+from hyperplex.scoring import plan_metrics as quality_metrics
 
 __all__ = ["PlanError", "TASK_METRICS", "SweepSpec", "RowSpec", "PlanFile", "Row", "Plan", "load_plan",
            "expand_sweep", "resolve_config", "value_text"]
@@ -127,7 +127,7 @@ class PlanFile:
     checkpoint: Literal["last", "best"] = field(default="last", metadata={"help": "the checkpoint evaluated"})
     digits: int = field(default=2, metadata={"help": "decimals in the table (0…6)"})
     quality: dict | None = field(default=None, metadata={
-        "help": "sentence-encoder quality metrics of distillation models (hyperplex.experiments.quality)"})
+        "help": "sentence-encoder quality metrics of distillation models (hyperplex.scoring.plan_metrics)"})
 
     def __post_init__(self) -> None:
         if not self.title or not self.rows:
@@ -176,7 +176,7 @@ class Plan:
     checkpoint: str = "last"
     digits: int = 2
     description: str = ""
-    quality: dict = field(default_factory=dict)  # hyperplex.experiments.quality.parse_quality of `quality:`
+    quality: dict = field(default_factory=dict)  # hyperplex.scoring.plan_metrics.parse_quality of `quality:`
 
 
 def value_text(value) -> str:

@@ -1,6 +1,6 @@
 """The stability figure of a sweep plan, from its ``results.json``:
 
-    python -m hyperplex.experiments.plot runs/stability/results.json docs/figures/stability.png
+    hyperplex report sweep runs/stability/results.json docs/figures/stability.png
 
 Top panel: the plan's first metric (or ``--metric``) against the swept value (log axis for positive
 numbers), one line per model (the rows expanded from one ``sweep:`` row, ``sweep_of``) at the mean over the
@@ -21,6 +21,9 @@ from pathlib import Path
 from hyperplex.fileio import atomic_write
 
 __all__ = ["main", "save_sweep_figure", "sweep_figure", "sweep_keys", "sweep_series"]
+
+#: The command that runs this report.
+PROG = "hyperplex report sweep"
 
 
 class SweepPlotError(ValueError):
@@ -150,22 +153,26 @@ def save_sweep_figure(results: dict, out_png: str | Path, key: str | None = None
     return out_png
 
 
-def build_parser(prog: str = "python -m hyperplex.experiments.plot") -> argparse.ArgumentParser:
-    """The command line of :func:`main`."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``hyperplex report sweep``."""
     p.add_argument("results", help="results.json of a sweep plan (hyperplex experiment)")
     p.add_argument("out", help="PNG file to write, e.g. docs/figures/stability.png")
     p.add_argument("--key", help="swept config key (default: the only one)")
     p.add_argument("--metric", help="metric to plot (default: the plan's first)")
     p.add_argument("--no-spikes", action="store_true", help="leave out the gradient-norm spike panel")
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    add_arguments(p)
     return p
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m hyperplex.experiments.plot") -> int:
+def run(args: argparse.Namespace, prog: str = PROG) -> int:
     """Draw the figure a command line asks for; returns the exit status (2 for an unusable results.json)."""
     import json
 
-    args = build_parser(prog).parse_args(argv)
     try:
         results = json.loads(Path(args.results).read_text(encoding="utf-8"))
         if not isinstance(results, dict) or "rows" not in results or "plan" not in results:
@@ -178,5 +185,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m hyperplex.experim
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """:func:`run` on the command line ``argv`` (``hyperplex report sweep ...`` from the shell)."""
+    return run(build_parser(prog).parse_args(argv), prog)

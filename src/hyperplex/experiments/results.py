@@ -4,7 +4,7 @@ then ``OUT/results.{json,md}``, the sweep plots, and the plan's section of a mar
 ``results.json`` holds, per row, each seed's status, metrics, parameters, training time and stability,
 and the row's :func:`~hyperplex.experiments.intervals.summarize` per metric; at the top, the plan, the
 report's command, date and machine, and the training commands, machines and dates read from the models'
-``experiment.json``. :mod:`hyperplex.experiments.report` renders it as markdown.
+``experiment.json``. :mod:`hyperplex.experiments.markdown` renders it as markdown.
 
 A report that repeats the one saved before it (same command, same models, same numbers) leaves that
 report as it is — its date, machine, and whether each model was read from its folder or from its record
@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from hyperplex.experiments import report
+from hyperplex.experiments import markdown as report
 from hyperplex.experiments.evaluation import cached_evaluation
 from hyperplex.experiments.intervals import summarize
 from hyperplex.experiments.plan import Plan, Row

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyperplex.config import ConfigError, dump_yaml, load_yaml
-from hyperplex.experiments import quality as quality_metrics
+from hyperplex.scoring import plan_metrics as quality_metrics
 from hyperplex.experiments.matching import check_param_matches
 from hyperplex.experiments.plan import TASK_METRICS, Plan, PlanError, Row
 from hyperplex.experiments.state import PLAN_MARK, RECORD_FILE, folder_status, read_record, trained
@@ -66,9 +66,10 @@ def saved_config(model_dir: Path) -> dict:
     """A model folder's ``config.yaml`` resolved through today's config classes, so keys added since it
     was written compare as their defaults. A config without ``data.split_seed`` carved (and generated)
     its data with ``seed``, which is what it is set to here."""
-    from hyperplex.config.experiment import build_experiment, experiment_dict
+    from hyperplex.config.experiment import build_experiment, experiment_dict, upgrade_saved_config
 
     raw = load_yaml(model_dir / "config.yaml")
+    upgrade_saved_config(raw)  # keys renamed since it was written (model.include → model.targets)
     if isinstance(raw.get("data"), dict):
         raw["data"].setdefault("split_seed", raw.get("seed", 1))
     try:
@@ -142,7 +143,7 @@ def _check_row(plan: Plan, row: Row, out: Path, extra: list[str], resume: bool, 
     model, whose parameter table and counts are kept in ``row.params_table`` / ``row.params``. Fills
     ``resolved`` (row name → config) and ``all_runs`` (model folder → Run)."""
     from hyperplex.config.experiment import load_experiment
-    from hyperplex.train.params import params_report
+    from hyperplex.inference.parameters import params_report
 
     errors: list[str] = []
     where = f"{plan.path}: row {row.name!r} ({row.config})"

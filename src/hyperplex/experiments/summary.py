@@ -1,8 +1,8 @@
 """Cross-plan summary: for each plan, PHM against the low-rank row at its parameters and against the
 dense row it replaces, with the difference of means and whether it exceeds the seed spread.
 
-    python -m hyperplex.experiments.summary runs/agreement/results.json runs/sst2/results.json ...
-    python -m hyperplex.experiments.summary runs/*/results.json --write docs/results.md
+    hyperplex report summary runs/agreement/results.json runs/sst2/results.json ...
+    hyperplex report summary runs/*/results.json --write docs/results.md
 
 Reads the ``results.json`` files that ``hyperplex experiment`` writes and prints the markdown (between
 ``<!-- summary -->`` and ``<!-- /summary -->``); ``--write FILE`` replaces that section of FILE (inserted
@@ -39,11 +39,11 @@ from pathlib import Path
 
 from hyperplex.experiments.intervals import summarize
 from hyperplex.experiments.plan import RowSpec
-from hyperplex.experiments.report import format_count
+from hyperplex.experiments.markdown import format_count
 from hyperplex.fileio import atomic_write_text
 
 #: How the summary names the command that generated it.
-PROG = "python -m hyperplex.experiments.summary"
+PROG = "hyperplex report summary"
 START, END = "<!-- summary -->", "<!-- /summary -->"
 #: Metrics where smaller is better (as hyperplex.train.task.MINIMISED_METRICS; not imported: it pulls in torch).
 MINIMISED = ("loss", "ppl")
@@ -334,20 +334,24 @@ def write_summary(path: str | Path, body: str) -> Path:
     return path
 
 
-def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    """The command line of :func:`main`."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``hyperplex report summary``."""
     p.add_argument("results", nargs="+", help="results.json files of hyperplex experiment (a missing one is listed "
                                               "as not yet available)")
     p.add_argument("--write", metavar="FILE", help="replace the <!-- summary --> section of FILE (e.g. "
                                                    "docs/results.md) instead of printing it")
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    add_arguments(p)
     return p
 
 
-def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+def run(args: argparse.Namespace, prog: str = PROG) -> int:
     """Print (or ``--write``) the summary a command line asks for; ``prog`` is how the section names the
     command. Returns the exit status (2 for a results.json that cannot be summarised; nothing is written)."""
-    args = build_parser(prog).parse_args(argv)
     try:
         entries = [(path, load_results(path)) for path in args.results]
         body = render(entries, prog)
@@ -366,5 +370,6 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """:func:`run` on the command line ``argv`` (``hyperplex report summary ...`` from the shell)."""
+    return run(build_parser(prog).parse_args(argv), prog)

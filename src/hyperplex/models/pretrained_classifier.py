@@ -1,5 +1,5 @@
 """``pretrained_classifier``: a pretrained encoder (``transformers`` / SentenceTransformer folder, or
-``minilm``), pooled, plus a linear head, fine-tuned as ``model.adapter`` says (:mod:`hyperplex.adapters.finetune`).
+``minilm``), pooled, plus a linear head, fine-tuned as ``model.adapter`` says (:mod:`hyperplex.models.finetune`).
 It reads one text (``classification``) or a text pair as one sequence — a cross-encoder
 (``pair_classification``, ``ranking``; for ranking the head has one output, the relevance score).
 
@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from hyperplex.adapters.finetune import (
+from hyperplex.models.finetune import (
     FINETUNE_KINDS,
     FineTuneConfig,
     FineTuneReport,
@@ -116,12 +116,12 @@ class PretrainedClassifier(nn.Module):
 
     ``vocab_size`` is the registry's one constructor signature and unused (the tokenizer is the
     encoder's). After construction exactly the parameters that train have ``requires_grad`` (see
-    :func:`~hyperplex.adapters.finetune.attach`; the head always trains).
+    :func:`~hyperplex.models.finetune.attach`; the head always trains).
 
     Attributes:
         encoder: the ``transformers`` model with the adapter attached.
         head: ``nn.Linear(hidden, num_outputs)``.
-        report: :class:`~hyperplex.adapters.finetune.FineTuneReport`.
+        report: :class:`~hyperplex.models.finetune.FineTuneReport`.
         base_sha256: SHA-256 of the encoder's weights as loaded, before any adapter.
     """
 
@@ -162,7 +162,7 @@ class PretrainedClassifier(nn.Module):
     @property
     def adapter_only(self) -> bool:
         """Whether checkpoints hold only the trainable tensors (every kind whose base does not train, i.e. all but
-        ``full``: :attr:`~hyperplex.adapters.finetune.FineTuneKind.trains_base`)."""
+        ``full``: :attr:`~hyperplex.models.finetune.FineTuneKind.trains_base`)."""
         return not FINETUNE_KINDS[self.config.adapter.kind].trains_base
 
     def checkpoint_state_dict(self) -> dict[str, Tensor]:
@@ -194,7 +194,7 @@ class PretrainedClassifier(nn.Module):
     # ------------------------------------------------------------------ reporting
     def describe(self) -> str:
         """Trainable parameters and what trains, as the fine-tuning kind describes it
-        (:attr:`~hyperplex.adapters.finetune.FineTuneKind.describe`; peft rows: the matched PHM count), for
+        (:attr:`~hyperplex.models.finetune.FineTuneKind.describe`; peft rows: the matched PHM count), for
         ``train.log`` and ``params``."""
         head = sum(p.numel() for p in self.head.parameters())
         total = sum(p.numel() for p in self.parameters())

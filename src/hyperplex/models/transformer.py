@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from hyperplex.config.registry import ModelConfig
 from hyperplex.nn.linear import LinearSpec, make_linear
 from hyperplex.nn.masks import lengths_to_mask
-from hyperplex.nn.transformer import TransformerDecoder, TransformerEmbedding, TransformerEncoder, scoped_specs
+from hyperplex.nn.transformer_blocks import TransformerDecoder, TransformerEmbedding, TransformerEncoder, scoped_specs
 
 __all__ = ["TransformerConfig", "TransformerTranslator", "TransformerClassifier"]
 

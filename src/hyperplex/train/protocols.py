@@ -63,7 +63,7 @@ class PairTextTokenizer(TextTokenizer, Protocol):
 class OwnTokenizer(Protocol):
     """A model class that brings its own tokenizer (a pretrained encoder's vocabulary). Implemented by
     :class:`~hyperplex.models.pretrained_classifier.PretrainedClassifier`; called by the classification tasks
-    (to encode text) and by ``hyperplex params`` (:mod:`hyperplex.train.params`, for the vocabulary size).
+    (to encode text) and by ``hyperplex params`` (:mod:`hyperplex.inference.parameters`, for the vocabulary size).
     Check with ``issubclass(model_class, OwnTokenizer)``."""
 
     @classmethod
@@ -76,7 +76,7 @@ class OwnTokenizer(Protocol):
 class FitsWhenBuilt(Protocol):
     """A model class whose constructor fits weights to data (a distillation student with ``init: activation``
     or ``blockwise_steps``). Implemented by :class:`~hyperplex.models.pretrained_student.PretrainedStudent`;
-    called by ``hyperplex params`` (:mod:`hyperplex.train.params`), which counts parameters and needs the
+    called by ``hyperplex params`` (:mod:`hyperplex.inference.parameters`), which counts parameters and needs the
     layers only. Check with ``issubclass(model_class, FitsWhenBuilt)``."""
 
     @classmethod
@@ -132,7 +132,7 @@ class PretrainedEmbeddings(Protocol):
 class EvaluatesFiles(Protocol):
     """A task that can score any file in its data format, not only its validation split. Implemented by the
     classification and translation tasks; called by ``hyperplex evaluate --split FILE``
-    (:func:`hyperplex.train.inference.evaluate`) and by plan rows with ``eval_split``
+    (:func:`hyperplex.inference.verbs.evaluate`) and by plan rows with ``eval_split``
     (:mod:`hyperplex.experiments.evaluation`). ``--split FILE`` with a task without it is an error."""
 
     def use_evaluation_file(self, path: str) -> None:
@@ -154,7 +154,7 @@ class SignsMetrics(Protocol):
 class Translates(Protocol):
     """A task that decodes text into text. Implemented by :class:`~hyperplex.tasks.translation.TranslationTask`;
     called by ``hyperplex translate`` and by ``hyperplex evaluate``, which decodes with ``testing.beam_size``
-    (:func:`hyperplex.train.inference.translate`). ``translate`` on another task is an error."""
+    (:func:`hyperplex.inference.verbs.translate`). ``translate`` on another task is an error."""
 
     def translate(self, model: nn.Module, lines: list[str], beam_size: int | None = None, **kwargs):
         """Raw source lines → detokenised outputs, one per line (``return_attention``: with the details)."""

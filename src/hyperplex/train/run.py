@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from hyperplex.config.experiment import ExperimentConfig, default_data_root, load_experiment, resume_experiment
-from hyperplex.train.load import load_model
+from hyperplex.inference.load import load_model
 
 __all__ = ["compress", "own_model_dir", "train"]
 
@@ -95,7 +95,7 @@ def _save_student(cfg: ExperimentConfig, encoder, folder: Path) -> None:
     """The trained student as ``testing.quantize`` names: int8 (``save_quantized``) or as trained
     (``save_converted``)."""
     if cfg.testing.quantize == "int8":
-        from hyperplex.convert.quantize import save_quantized
+        from hyperplex.int8 import save_quantized
 
         save_quantized(encoder, folder)
     else:

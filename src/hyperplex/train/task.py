@@ -34,7 +34,7 @@ class Task:
     #: target tokens for sequence tasks, whole examples for classification.
     loss_unit = "tokens"
     #: The task metadata of the checkpoint being loaded (``extra.task`` of its header, what :meth:`metadata`
-    #: returned when it was saved), set by :func:`hyperplex.train.load.load_model` before ``prepare(fresh=False)``
+    #: returned when it was saved), set by :func:`hyperplex.inference.load.load_model` before ``prepare(fresh=False)``
     #: or :meth:`load_vocabularies`; ``None`` while training. Its ``"files"`` name the saved vocabulary files.
     checkpoint_record: dict | None = None
 
@@ -53,7 +53,7 @@ class Task:
     def load_vocabularies(self) -> None:
         """Load only what a saved model needs to read new input (tokenisers, vocabularies, labels), by the files
         :attr:`checkpoint_record` names, without the training data: enough to translate new text or score a
-        file. Called by :func:`hyperplex.train.load.load_model` with ``read_data=False``. This default reads
+        file. Called by :func:`hyperplex.inference.load.load_model` with ``read_data=False``. This default reads
         the data (``prepare(fresh=False)``); tasks that can do without override it."""
         self.prepare(fresh=False)
 

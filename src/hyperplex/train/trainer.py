@@ -33,7 +33,7 @@ from hyperplex.train.checkpoint import (
 from hyperplex.train.interrupts import InterruptFlag, TrainingInterrupted
 from hyperplex.train.optim import Schedule, apply_lr, build_optimizer, build_schedule
 from hyperplex.train.process import check_writable, distributed, resolve_device
-from hyperplex.train.records import MetricsWriter, setup_logger
+from hyperplex.train.logs import MetricsWriter, setup_logger
 
 
 

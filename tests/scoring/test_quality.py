@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from hyperplex.convert.quality import carve_train_test, embed_batched, mean_cosine, sst2_probe, wikiqa_ranking
+from hyperplex.scoring.quality import carve_train_test, embed_batched, mean_cosine, sst2_probe, wikiqa_ranking
 from hyperplex.metrics import ranking_metrics
 
 VECTORS = {"q1": [1.0, 0.0], "right": [0.9, 0.1], "wrong": [0.0, 1.0], "half": [0.6, 0.8],

@@ -1,4 +1,4 @@
-"""hyperplex.experiments.report: one table row per plan row, cells recomputed from results.json, and the
+"""hyperplex.experiments.markdown: one table row per plan row, cells recomputed from results.json, and the
 idempotent ``<!-- plan:NAME -->`` section of a page."""
 
 import math
@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from hyperplex.experiments.cli import main
-from hyperplex.experiments.report import replace_section
+from hyperplex.experiments.markdown import replace_section
 
 
 def test_table_has_one_row_per_plan_row(done):

@@ -16,7 +16,7 @@ code scores the dense teacher and any student: :func:`sentence_transformer_embed
   written and held.
 
 ``hyperplex score-encoder`` (:mod:`hyperplex.scoring`) and the ``quality:`` key of experiment plans
-(:mod:`hyperplex.experiments.quality`) both score through :func:`teacher_agreement`, :func:`score_embedder`
+(:mod:`hyperplex.scoring.plan_metrics`) both score through :func:`teacher_agreement`, :func:`score_embedder`
 and :func:`encoder_size`.
 """
 
@@ -308,17 +308,17 @@ def saved_file_bytes(model) -> int:
 def weight_file_bytes(model) -> int:
     """Bytes of the weight files ``model`` is written to: :func:`saved_quantized_file_bytes` for an int8 model,
     else :func:`saved_file_bytes`."""
-    from hyperplex.convert.quantize import is_quantized
+    from hyperplex.int8 import is_quantized
 
     return saved_quantized_file_bytes(model) if is_quantized(model) else saved_file_bytes(model)
 
 
 def saved_quantized_file_bytes(model) -> int:
-    """Bytes of the weight files (``*.safetensors``) that :func:`hyperplex.convert.quantize.save_quantized`
+    """Bytes of the weight files (``*.safetensors``) that :func:`hyperplex.int8.save_quantized`
     writes for an int8 ``model`` (written to a scratch folder and removed)."""
     from pathlib import Path
 
-    from hyperplex.convert.quantize import save_quantized
+    from hyperplex.int8 import save_quantized
 
     with tempfile.TemporaryDirectory(prefix="hyperplex-size-") as folder:
         save_quantized(model, os.path.join(folder, "model"))
@@ -327,9 +327,9 @@ def saved_quantized_file_bytes(model) -> int:
 
 def layer_parameters(model: torch.nn.Module, names: Sequence[str]) -> int:
     """Parameters (bias included) of the modules of ``model`` with these dotted ``names``, each counted
-    once; an int8 layer (:func:`hyperplex.convert.quantize`) counts the weights it holds. ``KeyError``
+    once; an int8 layer (:func:`hyperplex.int8`) counts the weights it holds. ``KeyError``
     naming a module that does not exist."""
-    from hyperplex.convert.quantize import factorised_layers, is_quantized
+    from hyperplex.int8 import factorised_layers, is_quantized
 
     modules = dict(model.named_modules())
     int8 = {entry["name"]: entry["params"] for entry in factorised_layers(model)} if is_quantized(model) else {}
@@ -362,10 +362,10 @@ def encoder_size(model: torch.nn.Module, selected: Sequence[str] | None = None) 
     * ``selected_params_dense``: the same layers as dense ``nn.Linear`` (``in · out + bias``);
     * ``file_bytes``: the weight files it is written to (:func:`weight_file_bytes`);
     * ``held_bytes``: parameters, buffers and packed int8 weights in memory
-      (:func:`hyperplex.convert.quantize.model_bytes`); and ``quantized: "int8"`` for an int8 model.
+      (:func:`hyperplex.int8.model_bytes`); and ``quantized: "int8"`` for an int8 model.
     """
     from hyperplex.convert.linears import conversion_spec
-    from hyperplex.convert.quantize import factorised_layers, is_quantized, model_bytes
+    from hyperplex.int8 import factorised_layers, is_quantized, model_bytes
 
     quantized = is_quantized(model)
     spec = factorised_layers(model) if quantized else conversion_spec(model)

@@ -50,21 +50,21 @@ def _converted_folder(model_path: Path) -> Path:
 
 
 def load_exportable(model_path: Path, checkpoint: str = "best", data_root: str | None = None):
-    """(model, keyword arguments for :func:`~hyperplex.convert.export.export_onnx`) for MODEL (a converted or
+    """(model, keyword arguments for :func:`~hyperplex.convert.onnx.export_onnx`) for MODEL (a converted or
     compress folder, or a ``hyperplex train`` model folder / checkpoint); ExportError for what cannot be exported."""
-    from hyperplex.convert.export import ExportError, unsupported_layers
-    from hyperplex.convert.quantize import QUANT_SPEC_NAME, load_quantized
-    from hyperplex.convert.serialize import SPEC_NAME, load_converted
+    from hyperplex.convert.onnx import ExportError, unsupported_layers
+    from hyperplex.convert.serialize import SPEC_NAME
+    from hyperplex.int8 import QUANT_SPEC_NAME, is_quantized, load_model_folder
 
     folder = _converted_folder(model_path)
-    if folder.is_dir() and (folder / QUANT_SPEC_NAME).is_file():
-        model = load_quantized(folder)  # checks the folder; then refused, naming its first int8 layer
-        name, reason = unsupported_layers(model)[0]
-        raise ExportError(f"cannot export {folder}: layer {name!r}: {reason} (the folder holds an int8 model; "
-                          f"export the float folder it was quantised from)")
-    if folder.is_dir() and (folder / SPEC_NAME).is_file():
-        return load_converted(folder), {}
-    from hyperplex.train.load import load_model
+    if folder.is_dir() and ((folder / QUANT_SPEC_NAME).is_file() or (folder / SPEC_NAME).is_file()):
+        model = load_model_folder(folder)  # checks the folder
+        if is_quantized(model):  # refused, naming its first int8 layer
+            name, reason = unsupported_layers(model)[0]
+            raise ExportError(f"cannot export {folder}: layer {name!r}: {reason} (the folder holds an int8 model; "
+                              f"export the float folder it was quantised from)")
+        return model, {}
+    from hyperplex.inference.load import load_model
 
     _, _, model = load_model(model_path, checkpoint, data_root, read_data=False)
     model = model.cpu().eval()
@@ -80,10 +80,10 @@ def export(model: str, output: str, checkpoint: str = "best", token_embeddings: 
            data_root: str | None = None, phm: str = "premixed", st_folder: bool = False):
     """Export MODEL to OUTPUT (see the module notes): ``(ExportResult, bytes of the model's tensors)``; nothing
     is written on any error. ``st_folder``: OUTPUT is a new folder that sentence-transformers' ONNX backend
-    loads (:func:`~hyperplex.convert.export.export_onnx_folder`; MODEL a SentenceTransformer folder), and the
+    loads (:func:`~hyperplex.convert.onnx.export_onnx_folder`; MODEL a SentenceTransformer folder), and the
     second value is ``None``."""
-    from hyperplex.convert.export import ExportError, export_onnx, export_onnx_folder
-    from hyperplex.convert.quantize import model_bytes
+    from hyperplex.convert.onnx import ExportError, export_onnx, export_onnx_folder
+    from hyperplex.int8 import model_bytes
 
     model_path = Path(model)
     if not model_path.exists():

@@ -9,7 +9,7 @@ PHM or low-rank) may ask for these metrics of every model, next to the task's ow
       sst2_probe: {file: sst2/train.tsv.gz, train_size: 2000, test_size: 1000, split_seed: 0, carve: sentences}
 
 and lists them in ``metrics:`` as ``agreement``, ``wikiqa_map``, ``wikiqa_mrr``, ``sst2_probe``. Relative
-files are read from the data root. The scoring is :mod:`hyperplex.convert.quality`'s, the same as
+files are read from the data root. The scoring is :mod:`hyperplex.scoring.quality`'s, the same as
 ``hyperplex score-encoder``'s (:mod:`hyperplex.scoring`); this module parses the plan key and says which
 teacher, files and layers a loaded model is scored with.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import os
 
-from hyperplex.convert.quality import BATCH_SIZE
+from hyperplex.scoring.quality import BATCH_SIZE
 
 #: quality kind → {key: default}; ``file`` is required.
 QUALITY_KEYS = {
@@ -112,11 +112,11 @@ def check_files(quality: dict, data_root: str | None) -> list[str]:
 
 
 def evaluate_quality(task, model, quality: dict, data_root: str | None) -> dict[str, float]:
-    """The quality metrics of a loaded distillation model (:func:`hyperplex.train.load.load_model`):
+    """The quality metrics of a loaded distillation model (:func:`hyperplex.inference.load.load_model`):
     ``model.encoder`` is the student SentenceTransformer, ``task.teacher`` the frozen teacher. Returns
     ``{metric: value}`` plus ``{"quality_details": {...}}`` (counts: sentences, questions, probe sizes), by
-    :func:`hyperplex.convert.quality.score_embedder`."""
-    from hyperplex.convert.quality import score_embedder, sentence_transformer_embedder, teacher_agreement
+    :func:`hyperplex.scoring.quality.score_embedder`."""
+    from hyperplex.scoring.quality import score_embedder, sentence_transformer_embedder, teacher_agreement
 
     agreement = wikiqa = sst2 = None
     if "agreement" in quality:
@@ -138,19 +138,19 @@ def evaluate_quality(task, model, quality: dict, data_root: str | None) -> dict[
 
 
 def model_size(model) -> dict:
-    """:func:`hyperplex.convert.quality.encoder_size` of a loaded ``pretrained_student``'s encoder, its
+    """:func:`hyperplex.scoring.quality.encoder_size` of a loaded ``pretrained_student``'s encoder, its
     selected layers those its conversion selected; for ``kind: none`` (the dense teacher copy), those a
-    conversion with the same include/exclude/min_features would replace. An int8 form of the dense copy
+    conversion with the same targets/exclude/min_features would replace. An int8 form of the dense copy
     has no float layers left to select from: its ``selected_params`` are ``None``."""
-    from hyperplex.convert import convert_linears
-    from hyperplex.convert.quality import encoder_size
-    from hyperplex.convert.quantize import is_quantized
+    from hyperplex.convert.compress import PHMConfig, compress
+    from hyperplex.scoring.quality import encoder_size
+    from hyperplex.int8 import is_quantized
 
     report = model.report
     if report is None and is_quantized(model.encoder):
         return encoder_size(model.encoder, []) | {"selected_params": None, "selected_params_dense": None}
     if report is None:  # what a conversion would select (n = 1 divides every size)
         cfg = model.config
-        report = convert_linears(copy.deepcopy(model.encoder), "phm", 1, include=cfg.include or None,
-                                 exclude=cfg.exclude or None, min_features=cfg.min_features)
+        report = compress(copy.deepcopy(model.encoder), PHMConfig(n=1, targets=cfg.targets or None,
+                                                                   exclude=cfg.exclude, min_features=cfg.min_features))
     return encoder_size(model.encoder, [layer.name for layer in report.converted])

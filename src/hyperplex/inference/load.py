@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hyperplex.config import ConfigError, load_yaml
 from hyperplex.config.experiment import (
-    ExperimentConfig, build_experiment, default_data_root, experiment_dict, flatten,
+    ExperimentConfig, build_experiment, default_data_root, experiment_dict, flatten, upgrade_saved_config,
 )
 from hyperplex.fileio import inside
 from hyperplex.train.checkpoint import BEST, LAST, checkpoint_info, load_into, load_model_weights
@@ -58,6 +58,7 @@ def _model_config(folder: Path, path: Path, info: dict) -> tuple[ExperimentConfi
         if isinstance(data, dict) and "split_seed" not in data and "seed" in raw:
             data["split_seed"] = raw["seed"]  # a config without data.split_seed carved with seed (carve_seed)
     raw["model_dir"] = str(folder)
+    upgrade_saved_config(raw)
     try:
         return build_experiment(raw), source
     except ConfigError as err:
@@ -68,6 +69,8 @@ def _check_model_section(cfg: ExperimentConfig, source: str, path: Path, stored:
     """A ``config.yaml`` whose model section differs from the one the checkpoint was trained with is an
     error even when the tensor shapes happen to fit (an activation, a linear kind with equal shapes):
     the checkpoint's own config is the truth for its weights."""
+    stored = copy.deepcopy(stored)
+    upgrade_saved_config(stored)
     try:
         saved = flatten(experiment_dict(build_experiment({**stored, "model_dir": cfg.model_dir}))["model"])
     except (ConfigError, TypeError):
@@ -126,11 +129,11 @@ def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str |
 def inference_form(cfg: ExperimentConfig, model):
     """``model`` in the form ``testing.quantize`` names: unchanged for ``none``; for ``int8``, moved to the CPU
     (PyTorch's int8 kernels run there only: a model loaded on a GPU is scored on the CPU) and its dense,
-    low-rank and PHM layers quantised in place by :func:`hyperplex.convert.quantize` (a model already
+    low-rank and PHM layers quantised in place by :func:`hyperplex.int8` (a model already
     quantised is returned as it is)."""
     if cfg.testing.quantize == "none":
         return model
-    from hyperplex.convert.quantize import is_quantized, quantize
+    from hyperplex.int8 import is_quantized, quantize
 
     return model if is_quantized(model) else quantize(model.cpu())
 

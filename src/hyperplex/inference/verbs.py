@@ -1,6 +1,6 @@
 """A trained model used, as Python calls: ``evaluate("runs/mt")`` is ``hyperplex evaluate``,
 ``translate("runs/mt", "in.txt", "out.txt")`` is ``hyperplex translate``. The model is rebuilt by
-:func:`hyperplex.train.load.load_model`; :func:`score` is the metrics of one already loaded."""
+:func:`hyperplex.inference.load.load_model`; :func:`score` is the metrics of one already loaded."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import sys
 
 from hyperplex.config.experiment import ExperimentConfig
-from hyperplex.train.load import load_model
+from hyperplex.inference.load import load_model
 
 __all__ = ["evaluate", "evaluate_split", "score", "translate"]
 
@@ -80,7 +80,7 @@ def evaluate_split(cfg: ExperimentConfig, task, model, split: str, progress: boo
 
 
 def score(cfg: ExperimentConfig, task, model, progress: bool = False) -> dict[str, float]:
-    """Validation metrics of a loaded model (:func:`~hyperplex.train.load.load_model`) on ``task``'s current
+    """Validation metrics of a loaded model (:func:`~hyperplex.inference.load.load_model`) on ``task``'s current
     evaluation split; translation decodes with ``cfg.testing.beam_size`` (the evaluation beam, not the
     validation one), with a progress bar on a terminal's stderr if ``progress``. sacreBLEU signatures of the
     last call are in ``task.signatures``."""

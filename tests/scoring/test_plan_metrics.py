@@ -1,4 +1,4 @@
-"""A ``quality:`` plan (hyperplex.experiments.quality) run by ``hyperplex experiment`` on a tiny random BERT teacher
+"""A ``quality:`` plan (hyperplex.scoring.plan_metrics) run by ``hyperplex experiment`` on a tiny random BERT teacher
 (a SentenceTransformer built from a config, no download): rows straight after conversion (``train: false``) and
 healed, agreement / zero-shot WikiQA / SST-2 probe per model, parameter counts and file sizes checked against an
 independent count, the n = 1 conversion scoring as the teacher, cached evaluations, and plan errors."""
@@ -22,8 +22,8 @@ pytest.importorskip("sklearn")
 
 from conftest import TINY_BERT_WORDS as WORDS
 from conftest import write_tiny_bert, write_tiny_config, write_tiny_sentence_transformer
-from hyperplex.experiments import quality as quality_metrics
-from hyperplex.experiments import report
+from hyperplex.scoring import plan_metrics as quality_metrics
+from hyperplex.experiments import markdown as report
 from hyperplex.experiments.cli import main
 from hyperplex.experiments.intervals import summarize
 from hyperplex.experiments.plan import PlanError, load_plan
@@ -76,7 +76,7 @@ def setup(tmp_path_factory):
         "name": "tiny_compress", "seed": 1,
         "data": {"task": "distillation", "train": "train.txt", "dev": "dev.txt"},
         "model": {"architecture": "pretrained_student", "path": str(teacher), "kind": "phm", "n": 2,
-                  "include": [INCLUDE], "min_features": 8},
+                  "targets": [INCLUDE], "min_features": 8},
         "training": {"lr": 3e-3, "batch_size": 8, "max_steps": 200, "log_every": 1, "num_threads": 1,
                      "progress_bar": False, "plots": False, "device": "cpu"},
         "testing": {"batch_size": 8}}))
@@ -294,7 +294,7 @@ def test_int8_rows_score_the_quantized_form_with_its_bytes(setup, tmp_path):
     """``models_from`` rows with ``--testing.quantize=int8`` score the same models in int8: agreement close to the
     float model's, fewer bytes held and written; a compress run with testing.quantize int8 writes an int8 student."""
     from hyperplex.train.run import compress
-    from hyperplex.convert.quantize import is_quantized, load_quantized
+    from hyperplex.int8 import is_quantized, load_quantized
 
     _, data, config = setup
     rows = [{"name": "teacher", "config": str(config), "overrides": ["--model.kind=none"], "train": False, "seeds": [1]},

@@ -199,7 +199,7 @@ def _row_line(row: dict) -> str:
 
 
 def quality_lines(results: dict) -> list[str]:
-    """What each quality metric of a ``quality:`` plan measures (:mod:`hyperplex.experiments.quality`), with the counts
+    """What each quality metric of a ``quality:`` plan measures (:mod:`hyperplex.scoring.plan_metrics`), with the counts
     the first evaluated model recorded; none for other plans."""
     quality = results["plan"].get("quality")
     if not quality:

@@ -1,12 +1,12 @@
-"""hyperplex.train.inference on a tiny trained translator: what ``evaluate`` and ``translate`` return equals
+"""hyperplex.inference.verbs on a tiny trained translator: what ``evaluate`` and ``translate`` return equals
 the task's own validation and decoding of the loaded model, which equals greedy search run directly.
-(The CLI verbs that print these are tested in tests/cli/test_main.py; loading in tests/train/test_load.py.)"""
+(The CLI verbs that print these are tested in tests/cli/test_main.py; loading in tests/inference/test_load.py.)"""
 
 import pytest
 import torch
 
-from hyperplex.train import inference
-from hyperplex.train.load import load_model
+from hyperplex.inference import verbs as inference
+from hyperplex.inference.load import load_model
 from hyperplex.train.run import train
 
 

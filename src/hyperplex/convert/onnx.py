@@ -8,10 +8,9 @@ or cache, so the graph stores the ``Sᵢ`` and ``Aᵢ``, never ``H``; a
 :class:`~hyperplex.layers.LowRankLinear` is stored as its factors ``left`` and ``right``. The file is therefore about
 the factors' bytes (:func:`~hyperplex.convert.model_bytes` of the float model plus the graph).
 
-Why TorchScript and not the dynamo exporter: both work here (``onnx``, ``onnxscript`` and
-``onnxruntime`` install from PyPI) and both give the same outputs, but on a 2-layer random BERT with
-PHM layers the dynamo exporter took 49 s against 2.6 s and wrote a 2.9× larger file (2026-11-25,
-torch 2.13.0+cpu). ``dynamo=True`` is accepted for users who want it.
+Why TorchScript and not the dynamo exporter: both give the same outputs, but on a 2-layer random BERT with
+PHM layers the dynamo exporter is about 20× slower and writes a file about 3× larger. ``dynamo=True`` is
+accepted for users who want it.
 
 The file is written atomically (a temporary file in the target folder, checked in onnxruntime when
 it is installed, then renamed), so an error leaves no file behind and an existing file unchanged.
@@ -80,9 +79,9 @@ def unsupported_layers(model: nn.Module) -> list[tuple[str, str]]:
 #: against the ``Sᵢ`` side by side. ``"structured"``: :func:`~hyperplex.layers.phm_linear_structured`, one
 #: GEMM over the input blocks, then the ``n²`` partial products mixed by the rule. ``"materialized"``: the
 #: graph forms ``H`` with a matmul and a transpose, then one dense matmul; onnxruntime folds ``H`` into a
-#: constant when it opens the session (dense speed, dense memory while running). In onnxruntime on MiniLM
-#: (n = 4, one thread) premixed ran 1.25× / 0.71× the dense teacher's sentences/s at batch 1 / 32,
-#: structured 0.69× / 0.34×, materialized 0.96× / 1.19× (benchmarks/probes/check_deploy.py, docs/compress.md).
+#: constant when it opens the session (dense speed, dense memory while running). In onnxruntime, premixed
+#: is the fastest of the three that keep the factors (benchmarks/probes/check_deploy.py; docs/compress.md has the
+#: ratios).
 PHM_MODES = ("premixed", "structured", "materialized")
 
 

@@ -19,7 +19,7 @@ LoRA takes the ``r`` whose count is closest to it (ties: the smaller ``r``). LoK
 (peft's default), 2, 4, 8, 16, 32 (those dividing every adapted layer's sizes; or only ``factor`` when
 it is set); ties: the smaller ``r``, then the earlier factor. LoKr's count is piecewise affine in ``r``
 (a layer's ``w₂`` becomes a full matrix at about half its larger side), so the search evaluates each
-piece's ends and the ``r`` nearest its crossing of the target (``tests/adapters/test_finetune.py``
+piece's ends and the ``r`` nearest its crossing of the target (``tests/models/test_finetune.py``
 checks it against every ``r``). Counts come from peft layers built on the ``meta`` device (no memory),
 one per distinct layer size.
 """
@@ -38,7 +38,7 @@ from hyperplex.adapters.config import PHMAdapterConfig, adapter_parameter_count,
 from hyperplex.adapters.layer import tensors_sha256
 from hyperplex.adapters.model import add_adapter
 from hyperplex.adapters.targets import resolve_targets
-from hyperplex.layers.selection import dense_sizes
+from hyperplex.layers.selection import dense_sizes, glob_patterns
 from hyperplex.pretrained import PEFT_EXTRA
 
 __all__ = [
@@ -124,6 +124,9 @@ class FineTuneConfig:
     targets: list[str] = field(default_factory=lambda: ["query", "value"], metadata={
         "help": "glob patterns on the encoder's module names (`query` also matches `….query`); every pattern must "
                 "match a linear layer (phm, lora, lokr)"})
+    exclude: list[str] = field(default_factory=list, metadata={
+        "help": "glob patterns of linear layers the targets select but that stay unadapted; every pattern must "
+                "match a linear layer"})
     shared_rule: bool = field(default=False, metadata={
         "help": "phm: one set of rules Aᵢ for every adapted layer (Compacter)"})
     scale: float = field(default=1.0, metadata={"help": "phm: s in y = W x + b + s·ΔW x"})
@@ -138,6 +141,7 @@ class FineTuneConfig:
         self.n, self.rank, targets, self.dropout = check_adapter_fields(
             "", self.n, self.rank, self.targets, self.dropout, none_rank="null (full Sᵢ)")
         self.targets = list(targets)
+        self.exclude = list(glob_patterns(self.exclude, "exclude"))
         check_int(self.peft_rank, "peft_rank", minimum=0)
         if isinstance(self.factor, bool) or not isinstance(self.factor, int) or self.factor < -1 or self.factor == 1:
             raise ValueError(f"factor must be 0 (chosen), -1 (peft's default) or an integer ≥ 2, got {self.factor!r}")
@@ -147,8 +151,8 @@ class FineTuneConfig:
     @property
     def phm(self) -> PHMAdapterConfig:
         """The PHM adapter this section describes (the one a ``phm`` run trains and ``peft_rank: 0`` matches)."""
-        return PHMAdapterConfig(n=self.n, rank=self.rank, targets=tuple(self.targets), scale=self.scale,
-                                shared_rule=self.shared_rule, dropout=self.dropout)
+        return PHMAdapterConfig(n=self.n, rank=self.rank, targets=tuple(self.targets), exclude=tuple(self.exclude),
+                                scale=self.scale, shared_rule=self.shared_rule, dropout=self.dropout)
 
     def describe_phm(self) -> str:
         return f"PHM n={self.n}, {'full Sᵢ' if self.rank is None else f'rank-{self.rank} Sᵢ'}" + \
@@ -292,7 +296,7 @@ def _lokr_breakpoints(sizes: list[tuple[int, int]], factor: int, full: int) -> l
 
 # ---------------------------------------------------------------------------- attach
 def _target_layers(encoder: nn.Module, config: FineTuneConfig, n: int) -> tuple[list[str], list[tuple[int, int]]]:
-    layers = resolve_targets(encoder, config.targets, n=n, key="model.adapter")
+    layers = resolve_targets(encoder, config.targets, n=n, key="model.adapter", exclude=config.exclude)
     modules = dict(encoder.named_modules())
     return layers, [dense_sizes(modules[name]) for name in layers]
 

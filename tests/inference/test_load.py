@@ -1,5 +1,5 @@
-"""hyperplex.train.load: a model loads from its folder or its checkpoint alone, driven through
-:func:`hyperplex.train.inference.evaluate` and :func:`~hyperplex.train.inference.translate`.
+"""hyperplex.inference.load: a model loads from its folder or its checkpoint alone, driven through
+:func:`hyperplex.inference.verbs.evaluate` and :func:`~hyperplex.inference.verbs.translate`.
 
 Both take a model folder or a checkpoint file. From a file, the config is the one the checkpoint stored
 and the tokeniser/vocabulary files are read from beside it, by the names the checkpoint records (the
@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from hyperplex.train import inference
+from hyperplex.inference import verbs as inference
 from hyperplex.train.checkpoint import checkpoint_info, load_checkpoint, save_checkpoint, save_model_weights
 from hyperplex.train.run import train
 

@@ -7,11 +7,11 @@ through its ``student/`` when there is one, else its best checkpoint, else its l
 plan's ``train: false`` rows have only that). The teacher is ``--teacher``, or the ``model.path`` the
 students' ``config.yaml`` records (a ``student/`` folder: its parent's); it is always the first row.
 
-The scoring is :mod:`hyperplex.convert.quality`'s, the same as an experiment plan's ``quality:`` key
-(:mod:`hyperplex.experiments.quality`): ``agreement`` (mean cosine to the teacher on held-out sentences,
-the teacher embedded once, :func:`~hyperplex.convert.quality.teacher_agreement`), ``wikiqa_map`` /
+The scoring is :mod:`hyperplex.scoring.quality`'s, the same as an experiment plan's ``quality:`` key
+(:mod:`hyperplex.scoring.plan_metrics`): ``agreement`` (mean cosine to the teacher on held-out sentences,
+the teacher embedded once, :func:`~hyperplex.scoring.quality.teacher_agreement`), ``wikiqa_map`` /
 ``wikiqa_mrr`` (zero-shot ranking by cosine), ``sst2_probe`` (a logistic-regression probe on frozen
-embeddings, whole sentences only); and the sizes (:func:`~hyperplex.convert.quality.encoder_size`):
+embeddings, whole sentences only); and the sizes (:func:`~hyperplex.scoring.quality.encoder_size`):
 ``params`` (whole model), ``converted_layers``, ``selected_params`` (the parameters of the layers the
 students converted; for the teacher the same layers dense) and ``file_bytes`` (``model.safetensors`` as
 ``save_converted`` writes it). Everything that can be checked without embedding is checked first, so
@@ -150,16 +150,11 @@ def _data_files(metrics: list[str], files: dict[str, str | None], data_root: str
 
 
 def _load_student(student: Student, data_root: str | None):
-    from hyperplex.convert import load_converted
-    from hyperplex.convert.serialize import QUANTIZED_SPEC_NAME
+    if student.checkpoint is None:  # a converted folder, or an int8 one (testing.quantize: int8)
+        from hyperplex.int8 import load_model_folder
 
-    if student.checkpoint is None:
-        if (Path(student.folder) / QUANTIZED_SPEC_NAME).is_file():  # an int8 student (testing.quantize: int8)
-            from hyperplex.convert.quantize import load_quantized
-
-            return load_quantized(student.folder)
-        return load_converted(student.folder)
-    from hyperplex.train.load import load_model
+        return load_model_folder(student.folder)
+    from hyperplex.inference.load import load_model
 
     _, _, model = load_model(student.folder, student.checkpoint, data_root, read_data=False)
     return model.encoder.cpu().eval()
@@ -227,7 +222,7 @@ def score_encoders(students: list[str], teacher: str | None = None, data_root: s
     data_root = data_root or default_data_root()
     paths = _data_files(metrics, files or {}, data_root)
     if "sst2" in metrics:
-        from hyperplex.convert.quality import sst2_pool
+        from hyperplex.scoring.quality import sst2_pool
 
         pool = len(sst2_pool(paths["sst2"], PROBE_CARVE))
         if probe_train + probe_test > pool:
@@ -275,7 +270,7 @@ def _check_arguments(students: list[str], teacher: str | None, metrics: list[str
 def _load_models(found: list[Student], teacher: str, data_root: str | None, threads: int):
     """(teacher, students) loaded on the CPU, each student checked to embed in the teacher's width; the
     torch threads set for their size."""
-    from hyperplex.convert.quality import BATCH_SIZE, sentence_transformer_embedder
+    from hyperplex.scoring.quality import BATCH_SIZE, sentence_transformer_embedder
     from hyperplex.pretrained import load_sentence_transformer
     from hyperplex.threads import TOKENS_PER_SENTENCE, model_width, set_threads
 
@@ -293,13 +288,13 @@ def _load_models(found: list[Student], teacher: str, data_root: str | None, thre
 
 def _score_rows(teacher: str, teacher_model, found: list[Student], models: list, paths: dict[str, str],
                 probe: dict | None, progress: bool) -> tuple[list[dict], dict]:
-    """One row per model, the teacher first: the metrics of :func:`~hyperplex.convert.quality.score_embedder`
-    and the sizes of :func:`~hyperplex.convert.quality.encoder_size` (the teacher's selected layers: every
+    """One row per model, the teacher first: the metrics of :func:`~hyperplex.scoring.quality.score_embedder`
+    and the sizes of :func:`~hyperplex.scoring.quality.encoder_size` (the teacher's selected layers: every
     layer a student converted). Also the details (counts) of the last row."""
-    from hyperplex.convert.quality import (
+    from hyperplex.scoring.quality import (
         BATCH_SIZE, encoder_size, score_embedder, sentence_transformer_embedder, teacher_agreement,
     )
-    from hyperplex.convert.quantize import is_quantized
+    from hyperplex.int8 import is_quantized
     from hyperplex.pretrained import resolve_model_path
 
     specs = [_converted_spec(model) for model in models]
@@ -346,6 +341,6 @@ def _score_rows(teacher: str, teacher_model, found: list[Student], models: list,
 def _converted_spec(model) -> list[dict]:
     """The PHM and low-rank layers of a student (int8 ones too), as :func:`hyperplex.convert.conversion_spec`."""
     from hyperplex.convert import conversion_spec
-    from hyperplex.convert.quantize import factorised_layers, is_quantized
+    from hyperplex.int8 import factorised_layers, is_quantized
 
     return factorised_layers(model) if is_quantized(model) else conversion_spec(model)

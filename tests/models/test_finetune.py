@@ -1,4 +1,4 @@
-"""adapters/finetune.py: the model.adapter section applied to a tiny random BERT — exactly the right
+"""models/finetune.py: the model.adapter section applied to a tiny random BERT — exactly the right
 parameters train, peft's own layers are present, LoRA/LoKr trainable counts match PHM's by the stated
 rule (checked against an exhaustive search), the adapted encoder starts equal to the base, and bad
 input names its key."""
@@ -11,7 +11,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from hyperplex.adapters import PHMAdaptedLinear, adapter_parameter_count
-from hyperplex.adapters.finetune import (
+from hyperplex.models.finetune import (
     FINETUNE_KINDS,
     LOKR_FACTORS,
     FineTuneConfig,
@@ -205,3 +205,18 @@ def test_every_kind_resolves_through_the_registry(bert_folder, monkeypatch):
     assert not FINETUNE_KINDS["bias"].trains_base and FINETUNE_KINDS["full"].trains_base
     with pytest.raises(ConfigError, match=r"model\.adapter\.kind: 'biass' is not one of .*'bias'"):
         from_dict(FineTuneConfig, {"kind": "biass"}, "model.adapter")
+
+
+@pytest.mark.parametrize("kind", ["phm", "lora"])
+def test_exclude_leaves_the_layers_it_names(bert_folder, kind):
+    """model.adapter.exclude: the selection vocabulary of conversion and int8; peft gets the exact names left."""
+    if kind == "lora":
+        pytest.importorskip("peft")
+    model = encoder(bert_folder)
+    report = attach(model, FineTuneConfig(kind=kind, n=4, targets=TARGETS, exclude=["intermediate.dense", "layer.0.*"]))
+    assert len(report.layers) == 4 and all(".layer.1." in name or name.startswith("encoder.layer.1.")
+                                           for name in report.layers)
+    assert not any(name.endswith("intermediate.dense") for name in report.layers)
+    assert FineTuneConfig(targets=TARGETS, exclude=["value"]).phm.exclude == ("value",)
+    with pytest.raises(ValueError, match=r"model\.adapter\.exclude: pattern 'gate' matches no nn\.Linear"):
+        attach(encoder(bert_folder), FineTuneConfig(kind=kind, n=4, targets=TARGETS, exclude=["gate"]))

@@ -271,3 +271,18 @@ def test_torch_ao_deprecation_notice_is_not_hidden(monkeypatch):
     monkeypatch.setattr(DynamicLinear, "set_weight_bias", noisy)
     with pytest.warns(UserWarning, match="quantized tensor creation functions"):
         quantize(plain_model())
+
+
+def test_a_phm_layer_with_low_rank_factors_quantises_through_its_formed_factors():
+    from torch import nn
+
+    from hyperplex import Int8Config, PHMLinear, quantize
+
+    torch.manual_seed(0)
+    model = nn.Sequential(PHMLinear(64, 32, 4, factor_rank=3), nn.ReLU()).eval()
+    x = torch.randn(5, 64)
+    expected = model(x)
+    quantize(model, Int8Config())
+    got = model(x)
+    assert type(model[0]).__name__ == "QuantizedPHMLinear"
+    assert (got - expected).norm() / expected.norm() < 0.05  # int8 rounding of the formed Sᵢ, not a wrong layer

@@ -92,13 +92,13 @@ def _phm_forward(model: nn.Module, mode: str) -> Iterator[None]:
     layers = [m for m in model.modules() if isinstance(m, PHMLinear) and m.n > 1]
 
     def structured(layer: PHMLinear):
-        return lambda x: phm_linear_structured(x, layer.phm_rule, layer.phm_weight, layer.bias)
+        return lambda x: phm_linear_structured(x, layer.phm_rule, layer.factors(), layer.bias)
 
     def materialized(layer: PHMLinear):
-        return lambda x: F.linear(x, materialize_weight(layer.phm_rule, layer.phm_weight), layer.bias)
+        return lambda x: F.linear(x, materialize_weight(layer.phm_rule, layer.factors()), layer.bias)
 
     def premixed(layer: PHMLinear):
-        return lambda x: phm_linear_premixed(x, layer.phm_rule, layer.phm_weight, layer.bias)
+        return lambda x: phm_linear_premixed(x, layer.phm_rule, layer.factors(), layer.bias)
 
     build = {"premixed": premixed, "structured": structured, "materialized": materialized}[mode]
     try:

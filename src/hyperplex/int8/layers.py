@@ -239,7 +239,7 @@ class QuantizedPHMLinear(nn.Module):
             new.phm_rule.copy_(layer.phm_rule.detach().float())
             if layer.bias is not None:
                 new.bias.copy_(layer.bias.detach().float())
-        weight = layer.phm_weight.detach()
+        weight = layer.factors().detach()  # Sᵢ of any layer (low-rank ones formed from their factors)
         stored = side_by_side(weight) if path == "premixed" else weight.reshape(k, d // n)
         new.blocks = QuantizedLinear.from_weight(stored, None)
         return new.eval()

@@ -4,6 +4,11 @@ from pathlib import Path
 import pytest
 import torch
 
+# Without a GPU the Triton kernel's tests run under Triton's interpreter. Triton decides at each @triton.jit whether
+# it interprets, so the switch must be on before anything (torch, peft, a test module) imports and decorates with it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Two CPU cores in CI: keep torch from oversubscribing them.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 

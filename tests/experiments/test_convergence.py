@@ -86,3 +86,25 @@ def test_the_section_reports_each_row_and_the_gap_beside_the_papers(tmp_path):
     assert f"| PHM-Tm n=4 − Transformer | {gap['diff']:+.2f} [{gap['ci95'][0]:+.2f}, {gap['ci95'][1]:+.2f}]" in text
     diffs = [x - y for x, y in zip(PAPER_TABLE2["PHM-Tm n=4"], PAPER_TABLE2["Transformer"])]
     assert f"{min(diffs):+.2f} … {max(diffs):+.2f} (mean {math.fsum(diffs) / 7:+.2f})" in text
+
+
+def test_the_report_verb_prints_and_writes_the_section_and_names_a_bad_row(tmp_path, capsys):
+    from hyperplex.cli import main
+
+    records, results = _results(tmp_path)
+    results["plan"] = {"name": "tiny_converged"}
+    (records / "results.json").write_text(json.dumps(results))
+    page = tmp_path / "page.md"
+    page.write_text("# Results\n\nkept\n")
+    argv = ["report", "convergence", str(records / "results.json"), "--compare", "phm4:tm:PHM-Tm n=4"]
+    assert main([*argv, "--append-to", str(page)]) == 0
+    printed = capsys.readouterr().out
+    assert "| PHM-Tm n=4 − Transformer |" in printed
+    text = page.read_text()
+    assert text.startswith("# Results\n\nkept\n") and "<!-- plan:tiny_converged.convergence -->" in text
+    assert printed.strip() in text
+    assert main([*argv, "--append-to", str(page)]) == 0 and page.read_text() == text  # idempotent
+    before = page.read_bytes()
+    assert main(["report", "convergence", str(records / "results.json"), "--compare", "phm5:tm",
+                 "--append-to", str(page)]) == 1
+    assert "no row 'phm5' in the plan" in capsys.readouterr().err and page.read_bytes() == before

@@ -1,4 +1,4 @@
-"""``hyperplex report {summary,frontier,budget,sweep}`` and ``hyperplex config-reference``: the tables and figures
+"""``hyperplex report {summary,frontier,budget,sweep,convergence}`` and ``hyperplex config-reference``: the tables and figures
 of experiment results, and the config reference, as verbs of the one command line. Each report's arguments and
 work are its module's (:mod:`hyperplex.experiments.summary`, ``.frontier``, ``.budget``, ``.plot``)."""
 
@@ -16,6 +16,9 @@ REPORTS = {
                  "quality against size (and serving cost) of compressed encoders: table and figure"),
     "budget": ("hyperplex.experiments.budget", "quality against training budget of healing recipes: table and figure"),
     "sweep": ("hyperplex.experiments.plot", "the figure of a sweep plan (metric and spikes against the swept key)"),
+    "convergence": ("hyperplex.experiments.convergence",
+                    "an early-stopped plan at convergence: steps to the best checkpoint, why each model stopped, "
+                    "gaps between rows with Welch intervals beside the paper's"),
 }
 
 

@@ -182,3 +182,57 @@ def convergence_section(results: dict, records: Path | None, comparisons: list[t
         lines.append(f"| {rows[name]['label']} − {rows[base]['label']} | {_gap_text(gap)} | "
                      f"{_paper_gap(paper, 'Transformer') if paper else '–'} |")
     return "\n".join(lines) + "\n"
+
+
+PROG = "hyperplex report convergence"
+
+
+def add_arguments(parser) -> None:
+    """The options of ``hyperplex report convergence``."""
+    parser.add_argument("results", help="a converged plan's results.json (e.g. experiments/records/PLAN/results.json)")
+    parser.add_argument("--records", help="its records folder (default: the folder of results.json)")
+    parser.add_argument("--metric", default="bleu", help="the validation metric early stopping watched (default bleu)")
+    parser.add_argument("--compare", action="append", default=[], metavar="ROW:BASE[:PAPER]",
+                        help="a gap to report, ROW minus BASE (row names of the plan); PAPER names the row of the "
+                             f"paper's Table 2 quoted beside it ({', '.join(k for k in PAPER_TABLE2 if k != 'corpora')})")
+    parser.add_argument("--append-to", metavar="FILE",
+                        help="also replace the <!-- plan:PLAN.convergence --> section of this markdown file")
+
+
+def _comparisons(specs: list[str], rows: set[str]) -> list[tuple[str, str, str]]:
+    out = []
+    for spec in specs:
+        parts = spec.split(":")
+        if len(parts) not in (2, 3) or not all(parts[:2]):
+            raise ValueError(f"--compare {spec!r}: expected ROW:BASE or ROW:BASE:PAPER")
+        row, base, paper = (*parts, "")[:3]
+        for name in (row, base):
+            if name not in rows:
+                raise ValueError(f"--compare {spec!r}: no row {name!r} in the plan (rows: {', '.join(sorted(rows))})")
+        if paper and paper not in PAPER_TABLE2:
+            raise ValueError(f"--compare {spec!r}: the paper's Table 2 has no row {paper!r}")
+        out.append((row, base, paper))
+    return out
+
+
+def run(args, prog: str = PROG) -> int:
+    """Print (and with ``--append-to`` write) the convergence section of one plan; 1 with a message on bad input."""
+    import json
+    import sys
+
+    from hyperplex.experiments.markdown import write_section
+
+    path = Path(args.results)
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+        rows = {row["name"] for row in results["rows"]}
+        comparisons = _comparisons(args.compare, rows)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        print(f"{prog}: {path}: {err}", file=sys.stderr)
+        return 1
+    records = Path(args.records) if args.records else path.parent
+    body = convergence_section(results, records, comparisons, args.metric)
+    print(body, end="")
+    if args.append_to:
+        write_section(args.append_to, f"{results['plan']['name']}.convergence", body)
+    return 0

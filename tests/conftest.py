@@ -37,7 +37,7 @@ INTEGRATION_MODULES = {
 #: Single tests, in files otherwise fast (node ids without parameters).
 INTEGRATION_TESTS = {
     "tests/layers/test_phm.py::test_torch_compile_fullgraph",  # inductor compiles C++ in worker processes
-    "tests/experiments/test_quality.py::test_bench_compress_counts_match_the_models",  # a process per model
+    "tests/scoring/test_plan_metrics.py::test_bench_compress_counts_match_the_models",  # a process per model
 }
 #: Folders whose tests are all integration tests, less :data:`FAST_IN_INTEGRATION_FOLDERS`.
 INTEGRATION_FOLDERS = ("tests/benchmarks/",)  # they run the benchmark scripts (worker processes, real models)

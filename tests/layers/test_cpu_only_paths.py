@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hyperplex.convert.quantize import QuantizedLinear, QuantizedPHMLinear
+from hyperplex.int8.layers import QuantizedLinear, QuantizedPHMLinear
 from hyperplex.layers import PHMLinear, native
 from hyperplex.layers.functional import phm_linear_blocked, refuse_off_cpu
 

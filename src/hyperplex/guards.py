@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from hyperplex.fileio import LOCK_NAME, WriteError, _fsync_dir, default_file_mode, temporary_sibling
 
 __all__ = ["OutputError", "check_output", "check_output_folder", "model_folder_kind", "write_set", "check_name",
-           "check_finite", "NonFiniteError", "describe_file_type"]
+           "check_finite", "NonFiniteError", "describe_file_type", "check_outputs", "check_distinct"]
 
 #: Files whose presence makes a folder a model folder, most specific first: (file name, what it is).
 MODEL_MARKERS = (
@@ -116,6 +116,15 @@ def check_distinct(outputs: dict[str, str | os.PathLike | None]) -> None:
         if key in seen:
             raise OutputError(f"{option} {path}: is also the output of {seen[key]}; give each output its own file")
         seen[key] = option
+
+
+def check_outputs(outputs: dict[str, str | os.PathLike | None], inputs: Iterable = (), owns: Sequence[str] = ()) -> None:
+    """:func:`check_distinct` and :func:`check_output` for each ``{option: path}`` (``None``: not written)."""
+    check_distinct(outputs)
+    inputs = [i for i in inputs if i is not None]
+    for option, path in outputs.items():
+        if path is not None:
+            check_output(path, option, inputs, owns)
 
 
 def check_output_folder(folder: str | os.PathLike, option: str, own_marker: str, inputs: Iterable = ()) -> str:

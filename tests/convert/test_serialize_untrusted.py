@@ -32,9 +32,23 @@ def snapshot(folder) -> dict[str, str]:
     return found
 
 
-def edit_spec(folder, **changes):
+def edit_spec(folder, resign=True, **changes):
+    """Change keys of the spec. ``resign``: also record the new spec's digest in the weights file and the
+    new weights checksum in the spec, as a deliberate forger would, so the checks behind the digest run."""
     spec = json.loads((folder / SPEC_NAME).read_text())
     spec.update(changes)
+    if resign and "sha256" not in changes and isinstance(spec.get("sha256"), dict) and (folder / WEIGHTS_NAME).is_file():
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        from hyperplex.convert.serialize import spec_digest
+        from hyperplex.fileio import sha256_file
+
+        with safe_open(os.fspath(folder / WEIGHTS_NAME), framework="pt") as handle:
+            metadata, tensors = handle.metadata() or {}, {k: handle.get_tensor(k) for k in handle.keys()}
+        if "spec_sha256" in metadata:
+            save_file(tensors, os.fspath(folder / WEIGHTS_NAME), metadata={**metadata, "spec_sha256": spec_digest(spec)})
+            spec["sha256"] = {**spec["sha256"], WEIGHTS_NAME: sha256_file(folder / WEIGHTS_NAME)}
     (folder / SPEC_NAME).write_text(json.dumps(spec))
     return spec
 
@@ -206,6 +220,8 @@ def test_a_learned_rule_relabelled_as_a_fixed_algebra_is_refused(tmp_path):
     spec = json.loads((tmp_path / SPEC_NAME).read_text())
     spec["layers"][0]["rule"] = "quaternion"
     (tmp_path / SPEC_NAME).write_text(json.dumps(spec))
+    refused_unchanged(tmp_path, plain_model, r"the spec hyperplex_convert.json was changed after saving")
+    edit_spec(tmp_path, layers=spec["layers"])  # the digest forged too: the rule's values still give it away
     refused_unchanged(tmp_path, plain_model, r"tensor '0.phm_rule' does not hold the quaternion table")
 
 
@@ -236,7 +252,7 @@ def test_save_converted_refuses_the_folder_the_model_came_from(tmp_path, bert_fo
         save_converted(model, source)
     assert snapshot(source) == before
     model.config._name_or_path = ""  # the record lost: the foreign weights file still protects the folder
-    with pytest.raises(ValueError, match=r"holds a model save_converted did not write \(model.safetensors\)"):
+    with pytest.raises(ValueError, match=r"save_converted .*: holds a Hugging Face model \(config.json\), not one this command writes"):
         save_converted(model, source)
     assert snapshot(source) == before
     save_converted(model, source, overwrite=True)  # explicit: allowed

@@ -14,6 +14,14 @@ import shlex
 import sys
 
 
+def _guard(outputs: dict, inputs=(), owns=()) -> None:
+    """Refuse an output that is an input, another model's file or not a regular file, before any work
+    (:func:`hyperplex.guards.check_outputs`)."""
+    from hyperplex.guards import check_outputs
+
+    check_outputs(outputs, inputs, owns)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from hyperplex.experiments.demo import run_demo
     from hyperplex.threads import parse_threads
@@ -45,6 +53,7 @@ def _score_encoder(args: argparse.Namespace) -> int:
     from hyperplex.scoring import score_encoders
 
     files = {"agreement": args.agreement, "wikiqa": args.wikiqa, "sst2": args.sst2}
+    _guard({"--json": args.json}, [*args.students, args.teacher, *files.values()])
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     result = score_encoders(args.students, args.teacher, args.data_root, files, metrics, args.probe_train,
                             args.probe_test, args.split_seed, args.json, args.threads)
@@ -71,6 +80,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _translate(args: argparse.Namespace) -> int:
     from hyperplex.train.inference import translate
 
+    _guard({"-o": args.output, "--plot-attention": args.plot_attention}, [args.input, args.model_dir, args.checkpoint])
     translate(args.model_dir, args.input, args.output, args.checkpoint, args.beam_size, args.plot_attention,
               threads=args.threads)
     return 0
@@ -86,6 +96,8 @@ def _params(args: argparse.Namespace) -> int:
 def _average(args: argparse.Namespace) -> int:
     from hyperplex.train.checkpoint import write_average
 
+    output = os.path.join(args.output, "averaged.safetensors") if os.path.isdir(args.output) else args.output
+    _guard({"-o": output}, args.inputs, owns=("averaged*.safetensors",))
     print(write_average(args.inputs, args.output))
     return 0
 
@@ -93,6 +105,8 @@ def _average(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from hyperplex.train.export import export
 
+    if not args.st_folder:  # --st-folder writes a new folder and refuses any existing path itself
+        _guard({"OUT": args.output}, [args.model, args.checkpoint], owns=("*.onnx",))
     result, tensor_bytes = export(args.model, args.output, args.checkpoint, args.token_embeddings, args.opset,
                                   args.data_root, args.phm, args.st_folder)
     diff = "not checked (onnxruntime missing)" if result.max_abs_diff is None else f"{result.max_abs_diff:.2g}"

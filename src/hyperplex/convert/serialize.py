@@ -3,13 +3,16 @@
 A folder written by :func:`save_converted` holds
 
 * ``model.safetensors`` — the whole model's state dict (tied weights stored once; the spec's
-  ``aliases`` name the other keys), written through :func:`hyperplex.fileio.atomic_write`;
+  ``aliases`` name the other keys; its metadata records the SHA-256 of the spec, ``spec_sha256``);
 * ``hyperplex_convert.json`` — format name and version, how to rebuild the dense architecture
   (``model``), the dtype, and one entry per converted layer (:func:`~hyperplex.convert.conversion_spec`);
 * for a ``transformers`` model: its ``config.json`` (and ``generation_config.json``); for a
   ``SentenceTransformer``: the files its own ``save`` writes except weights (``modules.json``,
   ``sentence_bert_config.json``, ``1_Pooling/config.json``, the transformer's ``config.json`` …);
   tokenizer files when a tokenizer is given (a ``SentenceTransformer`` saves its own).
+
+All of them are written as one set (:func:`hyperplex.guards.write_set`), the spec last. NaN or infinite
+weights are refused at save and at load (:func:`hyperplex.guards.check_finite`).
 
 :func:`load_converted` treats the folder as untrusted input. Before any model is built it checks the
 spec (types, sizes, duplicate layers), that every file name in it stays inside the folder, that the folder
@@ -34,10 +37,10 @@ import torch
 from torch import nn
 
 from hyperplex.convert.linears import KINDS, apply_spec, conversion_spec, to_dense
+from hyperplex.guards import NonFiniteError, check_finite
 from hyperplex.pretrained import QUANTIZED_SPEC, read_modules_json
 from hyperplex.fileio import (
-    UnsafePathError, atomic_write, atomic_write_bytes, atomic_write_text, check_folder_files, inside, read_bounded,
-    sha256_file,
+    UnsafePathError, check_folder_files, inside, read_bounded, sha256_file,
 )
 
 __all__ = ["save_converted", "load_converted", "SPEC_NAME", "WEIGHTS_NAME", "FORMAT", "FORMAT_VERSION", "LoadError"]
@@ -125,17 +128,33 @@ def deduplicate_tensors(entries) -> tuple[dict[str, torch.Tensor], dict[str, str
     return tensors, aliases
 
 
-def _copy_tree(source: str, target: str, skip) -> None:
-    """Copy files under ``source`` to ``target`` (each through atomic_write), except where ``skip(rel)``."""
-    for root, _, files in os.walk(source):
-        for file in sorted(files):
+def _copy_tree(source: str, target: str, skip, files: list) -> None:
+    """Add ``(target path, writer)`` to ``files`` for each file under ``source`` except where ``skip(rel)``
+    (the folders are made; the files are written later, as one set with the weights and the spec)."""
+    for root, _, names in os.walk(source):
+        for file in sorted(names):
             path = os.path.join(root, file)
             rel = os.path.relpath(path, source)
             if skip(rel):
                 continue
             os.makedirs(os.path.dirname(os.path.join(target, rel)), exist_ok=True)
             with open(path, "rb") as handle:
-                atomic_write_bytes(os.path.join(target, rel), handle.read())
+                data = handle.read()
+            files.append((os.path.join(target, rel), lambda tmp, data=data: _write_bytes(tmp, data)))
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+
+def spec_digest(spec: dict) -> str:
+    """SHA-256 of a spec without its ``sha256`` key (canonical JSON), recorded in the weights file's metadata:
+    a spec edited after saving (re-tied ``aliases``, other ``layers``) no longer matches its weights."""
+    import hashlib
+
+    core = {k: v for k, v in spec.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(core, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 def _sentence_transformer_weights(model: nn.Module, scratch: str) -> set[str]:
@@ -170,13 +189,6 @@ def _sources(model: nn.Module) -> set[str]:
     return found
 
 
-def _foreign_weights(folder: str) -> list[str]:
-    """Weight files at the top of ``folder`` that :func:`save_converted` did not write (no spec there)."""
-    if not os.path.isdir(folder) or os.path.isfile(os.path.join(folder, SPEC_NAME)):
-        return []
-    return sorted(f for f in os.listdir(folder) if f.endswith(_WEIGHT_SUFFIXES))
-
-
 def _non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     """Buffers outside the state dict (position ids, rotary frequencies): saved too, so a load that builds
     the skeleton on the ``meta`` device restores them exactly instead of recomputing them."""
@@ -207,21 +219,18 @@ def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None, 
     Returns:
         the folder path.
     """
+    from hyperplex.guards import check_finite, check_output_folder, write_set
+
     folder = os.fspath(folder)
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ValueError(f"{folder}: exists and is not a folder")
+    _refuse_quantized(model)
     description = _describe(model)  # raises before anything is written
-    if not overwrite:
-        target = os.path.realpath(folder)
-        if target in _sources(model):
-            raise ValueError(f"{folder}: is the folder this model was loaded from; saving the converted model there "
-                             f"would replace the original's weights. Choose another folder (or pass overwrite=True)")
-        foreign = _foreign_weights(folder)
-        if foreign:
-            raise ValueError(f"{folder}: holds a model save_converted did not write ({', '.join(foreign[:3])}); "
-                             f"choose another folder (or pass overwrite=True)")
+    if not overwrite:  # the folder it came from, or another model's folder, would no longer load as itself
+        check_output_folder(folder, "save_converted", SPEC_NAME, _sources(model))
     if any(t.device.type == "meta" for t in model.state_dict().values()):
         raise ValueError(f"{type(model).__name__} has tensors on the meta device (no values); load its weights first")
+    check_finite(model.named_parameters(), f"save_converted {folder}")
     tensors, aliases = _deduplicated_state(model)
     buffers = {k: v for k, v in _non_persistent_buffers(model).items() if k not in tensors}
     floating = {t.dtype for t in tensors.values() if t.is_floating_point()}
@@ -233,6 +242,7 @@ def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None, 
         "aliases": aliases, "buffers": sorted(buffers), "layers": conversion_spec(model),
     }
     os.makedirs(folder, exist_ok=True)
+    files: list = []  # (path, writer): written as one set, the spec last
     with tempfile.TemporaryDirectory(dir=folder, prefix=".save-") as scratch:
         if description["library"] == "sentence-transformers":
             # The model's own save writes modules.json and every module's config. The Transformer
@@ -243,28 +253,42 @@ def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None, 
             model.save(scratch)
             transformer_dirs = _sentence_transformer_weights(model, scratch)
             _copy_tree(scratch, folder, lambda rel: rel.endswith(_WEIGHT_SUFFIXES)
-                       and os.path.dirname(rel) in transformer_dirs)
+                       and os.path.dirname(rel) in transformer_dirs, files)
             shutil.rmtree(scratch, ignore_errors=True)
             os.makedirs(scratch, exist_ok=True)
         elif description["library"] == "transformers":
-            atomic_write_text(os.path.join(folder, "config.json"), model.config.to_json_string())
+            texts = {"config.json": model.config.to_json_string()}
             generation = getattr(model, "generation_config", None)
             if generation is not None and getattr(model, "can_generate", lambda: False)():
-                atomic_write_text(os.path.join(folder, "generation_config.json"), generation.to_json_string())
+                texts["generation_config.json"] = generation.to_json_string()
+            files += [(os.path.join(folder, name), lambda tmp, t=text: _write_bytes(tmp, t.encode("utf-8")))
+                      for name, text in texts.items()]
         if tokenizer is not None:
             tokenizer_dir = os.path.join(scratch, "tokenizer")
             tokenizer.save_pretrained(tokenizer_dir)
-            _copy_tree(tokenizer_dir, folder, lambda rel: False)
+            _copy_tree(tokenizer_dir, folder, lambda rel: False, files)
 
     from safetensors.torch import save_file
 
     def write(tmp: str) -> None:
-        save_file({**tensors, **buffers}, tmp, metadata={"format": "pt", "hyperplex": FORMAT})
+        save_file({**tensors, **buffers}, tmp,
+                  metadata={"format": "pt", "hyperplex": FORMAT, "spec_sha256": spec_digest(spec)})
         spec["sha256"] = {WEIGHTS_NAME: sha256_file(tmp)}
-    atomic_write(os.path.join(folder, WEIGHTS_NAME), write)
-    # The spec last: a folder with a spec always has the weights it describes.
-    atomic_write_text(os.path.join(folder, SPEC_NAME), json.dumps(spec, indent=2) + "\n")
+    # One set, the spec last: a folder with a spec always has the weights and files it describes, and a
+    # failure while writing (a full disk) leaves the old files, all of them.
+    write_set([*files, (os.path.join(folder, WEIGHTS_NAME), write),
+               (os.path.join(folder, SPEC_NAME), lambda tmp: _write_bytes(tmp, (json.dumps(spec, indent=2) + "\n")
+                                                                           .encode("utf-8")))])
     return folder
+
+
+def _refuse_quantized(model: nn.Module) -> None:
+    """A model with int8 layers has no float weights to save here: say where it goes instead."""
+    from hyperplex.convert.quantize import is_quantized
+
+    if is_quantized(model):
+        raise ValueError(f"{type(model).__name__} holds int8 layers (hyperplex.convert.quantize); save it with "
+                         f"hyperplex.convert.save_quantized, which load_quantized reads back")
 
 
 def _is_int(value, minimum: int = 1) -> bool:
@@ -582,7 +606,9 @@ def _load_tensors(model: nn.Module, path: str, spec: dict, assign: bool, check_o
     except (SafetensorError, OSError) as err:
         raise LoadError(f"{path}: not a safetensors file ({_short(str(err))})") from None
     with handle:
+        _check_spec_digest(spec, handle.metadata() or {}, path)
         stored = set(handle.keys())
+        _check_aliases(aliases, stored, targets, path)
         unexpected = sorted(stored - set(targets))
         if unexpected:
             raise LoadError(f"{path}: tensor {unexpected[0]!r} has no place in the rebuilt {type(model).__name__}"
@@ -602,6 +628,11 @@ def _load_tensors(model: nn.Module, path: str, spec: dict, assign: bool, check_o
                 raise LoadError(f"{path}: tensor {key!r} is {source.get_dtype()} in the file but {target.dtype} in the "
                                 f"rebuilt model")
         values = {key: handle.get_tensor(key) for key in stored}
+    weights = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    try:
+        check_finite(((k, v) for k, v in values.items() if k in weights), path)
+    except NonFiniteError as err:
+        raise LoadError(str(err)) from None
     _check_rules(values, spec["layers"], path)
     if check_only:
         return
@@ -616,6 +647,27 @@ def _load_tensors(model: nn.Module, path: str, spec: dict, assign: bool, check_o
         owner, _, leaf = key.rpartition(".")
         model.get_submodule(owner)._buffers[leaf] = values[key]
     retie_aliases(model, aliases)
+
+
+def _check_spec_digest(spec: dict, metadata: dict, path: str) -> None:
+    """The weights file records the digest of the spec it was saved with (folders written before it was
+    recorded have none and are read as they are)."""
+    recorded = metadata.get("spec_sha256")
+    if recorded is not None and recorded != spec_digest(spec):
+        raise LoadError(f"{path}: the spec {SPEC_NAME} was changed after saving (its SHA-256 is not the one the "
+                        f"weights file records, metadata 'spec_sha256'); re-save the model rather than edit the spec")
+
+
+def _check_aliases(aliases: dict, stored: set, targets: dict, path: str) -> None:
+    """Each alias names a tensor of the rebuilt model that the file does not store, tied to one it stores."""
+    for alias, kept in aliases.items():
+        where = f"{path}: key 'aliases' of {SPEC_NAME}: {_short(alias)} -> {_short(kept)}"
+        if alias not in targets:
+            raise LoadError(f"{where}: {_short(alias)} is no tensor of the rebuilt model")
+        if alias in stored:
+            raise LoadError(f"{where}: the file stores {_short(alias)} itself, so it cannot be tied to another tensor")
+        if kept not in stored:
+            raise LoadError(f"{where}: the file stores no tensor {_short(kept)}")
 
 
 def _check_rules(values: dict[str, torch.Tensor], layers: list[dict], path: str) -> None:

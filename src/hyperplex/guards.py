@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterable, Sequence
 from hyperplex.fileio import LOCK_NAME, WriteError, _fsync_dir, default_file_mode, temporary_sibling
 
 __all__ = ["OutputError", "check_output", "check_output_folder", "model_folder_kind", "write_set", "check_name",
-           "check_finite", "NonFiniteError", "describe_file_type", "check_outputs", "check_distinct"]
+           "check_finite", "NonFiniteError", "describe_file_type", "check_outputs", "check_distinct",
+           "input_file_problem", "check_input_file", "InputFileError"]
 
 #: Files whose presence makes a folder a model folder, most specific first: (file name, what it is).
 MODEL_MARKERS = (
@@ -188,6 +189,33 @@ def write_set(items: Sequence[tuple[str | os.PathLike, Callable[[str], None]]]) 
             shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
+def input_file_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be read as a file — ``"does not exist"``, ``"is a folder"``, ``"is a FIFO"`` … — or
+    ``None`` for a regular file (symbolic links followed). Nothing is opened, so a FIFO never blocks."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "is a broken symbolic link" if os.path.islink(path) else "does not exist"
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    return None if stat.S_ISREG(mode) else f"is {describe_file_type(mode)}, not a regular file"
+
+
+def check_input_file(path: str | os.PathLike, what: str) -> str:
+    """``path`` when it is a regular file; else ``FileNotFoundError`` (missing) or :class:`InputFileError`
+    (a folder, FIFO, device …), each naming ``what`` (the option or key) and the path."""
+    problem = input_file_problem(path)
+    if problem == "does not exist":
+        raise FileNotFoundError(f"{what}: {os.fspath(path)} does not exist")
+    if problem is not None:
+        raise InputFileError(f"{what}: {os.fspath(path)} {problem}; a file is expected")
+    return os.fspath(path)
+
+
+class InputFileError(ValueError):
+    """A path given as an input file is a folder, a FIFO, a device or a broken link."""
+
+
 def check_name(name, where: str) -> str:
     """``name`` (read from ``where``) as one plain path component: a non-empty string that is not ``.`` or
     ``..`` and holds no ``/``, ``\\``, NUL or control character; otherwise :class:`ValueError` naming
@@ -215,5 +243,5 @@ def check_finite(tensors, where: str) -> None:
         if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.device.type != "meta":
             if not bool(torch.isfinite(tensor).all()):
                 bad = int((~torch.isfinite(tensor)).sum())
-                raise NonFiniteError(f"{where}: tensor {name!r} holds {bad:,} NaN or infinite value(s); "
-                                     f"weights must be finite")
+                raise NonFiniteError(f"{where}: tensor {name!r} holds NaN or infinite values ({bad:,} of "
+                                     f"{tensor.numel():,}); weights must be finite")

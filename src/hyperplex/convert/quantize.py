@@ -339,7 +339,8 @@ def quantize(model: nn.Module, dtype: torch.dtype = torch.qint8, *, phm_path: st
         QuantizationError: ``model`` is already quantised; it holds a parameter or buffer off the CPU
             (PyTorch's int8 kernels are CPU-only: ``model.cpu()`` first); no quantised engine; no layer to
             quantise.
-        ValueError: another ``dtype``, or an unknown ``phm_path``.
+        ValueError: another ``dtype``, or an unknown ``phm_path``; a NaN or infinite weight
+            (:class:`hyperplex.guards.NonFiniteError`, naming it).
         All raised before ``model`` is changed.
     """
     if dtype != torch.qint8:
@@ -357,6 +358,9 @@ def quantize(model: nn.Module, dtype: torch.dtype = torch.qint8, *, phm_path: st
         raise QuantizationError(f"{type(model).__name__} holds {off_cpu[0]!r} on {off_cpu[1]}; int8 layers run on "
                                 f"the CPU only (PyTorch's quantised kernels): move the model with model.cpu() first")
     quantized_engine()
+    from hyperplex.guards import check_finite
+
+    check_finite(model.named_parameters(), f"quantize {type(model).__name__}")  # NaN would quantise to garbage
     targets = list(_targets(model))
     if not targets:
         raise QuantizationError(f"{type(model).__name__} holds no nn.Linear, LowRankLinear or PHMLinear to quantise")
@@ -567,18 +571,23 @@ def save_quantized(model: nn.Module, folder, tokenizer=None) -> str:
     import json
     import os
     import tempfile
+    from pathlib import Path
 
     from safetensors.torch import save_file
 
-    from hyperplex.convert.serialize import WEIGHTS_NAME, save_converted
-    from hyperplex.fileio import atomic_write, atomic_write_bytes, atomic_write_text, sha256_file
+    from hyperplex.convert.serialize import SPEC_NAME, WEIGHTS_NAME, _sources, save_converted, spec_digest
+    from hyperplex.fileio import sha256_file
+    from hyperplex.guards import check_finite, check_output_folder, write_set
 
     folder = os.fspath(folder)
     layers = _quantized_layers(model)
     if not layers:
         raise QuantizationError(f"{type(model).__name__} holds no int8 layer; quantise it first "
                                 f"(hyperplex.convert.quantize) or save it with save_converted")
+    # the float folder it came from, or another model's folder, would no longer load as itself
+    check_output_folder(folder, "save_quantized", QUANT_SPEC_NAME, _sources(model))
     tensors, aliases = _plain_state(model)
+    check_finite(((k, v) for k, v in tensors.items() if not k.endswith("weight_zero_points")), f"save_quantized {folder}")
     twin = copy.deepcopy(model)
     for name in layers:
         parent_name, _, child = name.rpartition(".")
@@ -590,21 +599,27 @@ def save_quantized(model: nn.Module, folder, tokenizer=None) -> str:
         "layers": [_layer_entry(name, m) for name, m in layers.items()],
     }
     os.makedirs(folder, exist_ok=True)
+    files = []  # (path, writer): one set with the weights, the int8 spec last
     with tempfile.TemporaryDirectory(dir=folder, prefix=".save-int8-") as scratch:
         save_converted(twin, scratch, tokenizer=tokenizer)
-        for root, _, files in os.walk(scratch):
-            for file in sorted(files):
+        for root, _, names in os.walk(scratch):
+            for file in sorted(names):
                 rel = os.path.relpath(os.path.join(root, file), scratch)
                 if rel == WEIGHTS_NAME:
                     continue
-                os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
                 with open(os.path.join(root, file), "rb") as handle:
-                    atomic_write_bytes(os.path.join(folder, rel), handle.read())
+                    data = handle.read()
+                if rel == SPEC_NAME:  # the float weights are not written here: no checksum of a file it lacks
+                    data = (json.dumps({**json.loads(data), "sha256": {}}, indent=2) + "\n").encode("utf-8")
+                os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
+                files.append((os.path.join(folder, rel), lambda tmp, data=data: Path(tmp).write_bytes(data)))
+
     def write(tmp: str) -> None:
-        save_file(tensors, tmp, metadata={"format": "pt", "hyperplex": QUANT_FORMAT})
+        save_file(tensors, tmp, metadata={"format": "pt", "hyperplex": QUANT_FORMAT, "spec_sha256": spec_digest(spec)})
         spec["sha256"] = {QUANT_WEIGHTS_NAME: sha256_file(tmp)}
-    atomic_write(os.path.join(folder, QUANT_WEIGHTS_NAME), write)
-    atomic_write_text(os.path.join(folder, QUANT_SPEC_NAME), json.dumps(spec, indent=2) + "\n")
+    write_set([*files, (os.path.join(folder, QUANT_WEIGHTS_NAME), write),
+               (os.path.join(folder, QUANT_SPEC_NAME),
+                lambda tmp: Path(tmp).write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8"))])
     return folder
 
 
@@ -757,8 +772,15 @@ def _restore(model: nn.Module, spec: dict, float_spec: dict, spec_path: str, flo
     for name, module in int8.items():
         targets.update({f"{name}.{key}": value for key, value in module.int8_state().items()})
     aliases = spec.get("aliases", {})
+    if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
+        raise serialize.LoadError(f"{spec_path}: key 'aliases' is not an object of tensor names to tensor names")
     with safe_open(weights_path, framework="pt") as handle:
+        recorded = (handle.metadata() or {}).get("spec_sha256")
+        if recorded is not None and recorded != serialize.spec_digest(spec):
+            raise serialize.LoadError(f"{weights_path}: the spec {QUANT_SPEC_NAME} was changed after saving (its "
+                                      f"SHA-256 is not the one the weights file records, metadata 'spec_sha256')")
         stored = set(handle.keys())
+        serialize._check_aliases(aliases, stored, targets, weights_path, QUANT_SPEC_NAME)
         unexpected = sorted(stored - set(targets))
         if unexpected:
             raise serialize.LoadError(f"{weights_path}: tensor {unexpected[0]!r} has no place in the rebuilt "
@@ -774,6 +796,13 @@ def _restore(model: nn.Module, spec: dict, float_spec: dict, spec_path: str, flo
                 raise serialize.LoadError(f"{weights_path}: tensor {key!r} is {tensor.dtype} {tuple(tensor.shape)} in the "
                                           f"file but {target.dtype} {tuple(target.shape)} in the rebuilt model")
             loaded[key] = tensor
+    from hyperplex.guards import NonFiniteError, check_finite
+
+    weights = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    try:
+        check_finite(((k, v) for k, v in loaded.items() if k in weights or k.endswith("weight_scales")), weights_path)
+    except NonFiniteError as err:
+        raise serialize.LoadError(str(err)) from None
     for key, value in loaded.items():
         owner_name, _, leaf = key.rpartition(".")
         if any(key.startswith(f"{name}.") for name in int8):

@@ -658,10 +658,10 @@ def _check_spec_digest(spec: dict, metadata: dict, path: str) -> None:
                         f"weights file records, metadata 'spec_sha256'); re-save the model rather than edit the spec")
 
 
-def _check_aliases(aliases: dict, stored: set, targets: dict, path: str) -> None:
+def _check_aliases(aliases: dict, stored: set, targets: dict, path: str, spec_name: str = SPEC_NAME) -> None:
     """Each alias names a tensor of the rebuilt model that the file does not store, tied to one it stores."""
     for alias, kept in aliases.items():
-        where = f"{path}: key 'aliases' of {SPEC_NAME}: {_short(alias)} -> {_short(kept)}"
+        where = f"{path}: key 'aliases' of {spec_name}: {_short(alias)} -> {_short(kept)}"
         if alias not in targets:
             raise LoadError(f"{where}: {_short(alias)} is no tensor of the rebuilt model")
         if alias in stored:

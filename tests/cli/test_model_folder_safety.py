@@ -111,9 +111,9 @@ def test_average_refuses_to_overwrite_an_input_or_a_managed_checkpoint(trained, 
     before = snapshot(folder)
     best = sorted(folder.glob("best-*.safetensors"))
     assert cli.main(["average", str(folder / "best.safetensors"), *map(str, best), "-o", str(folder / "best.safetensors")]) == 1
-    assert "is one of the checkpoints being averaged" in capsys.readouterr().err
+    assert "best.safetensors: is also an input of this command" in capsys.readouterr().err
     assert cli.main(["average", *map(str, best), "-o", str(folder / "last.safetensors")]) == 1
-    assert "a checkpoint the training run in" in capsys.readouterr().err
+    assert "last.safetensors: is a file of the model folder of `hyperplex train`" in capsys.readouterr().err
     assert snapshot(folder) == before
     assert cli.main(["average", *map(str, best), "-o", str(folder / "averaged.safetensors")]) == 0
 
@@ -146,3 +146,34 @@ def test_a_checkpoint_that_is_a_fifo_is_refused_without_blocking(tmp_path):
     for read in (load_checkpoint, checkpoint_info):
         with pytest.raises(CheckpointError, match="fifo.safetensors: not a regular file"):
             read(tmp_path / "fifo.safetensors")
+
+
+# -- the lock file never leads outside the folder ------------------------------------------------------------------------
+def test_a_lock_that_is_a_symbolic_link_is_refused_and_its_target_untouched(trained, tmp_path, capsys):
+    config, _ = trained
+    folder = tmp_path / "model"
+    folder.mkdir()
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me")
+    (folder / LOCK_NAME).symlink_to(victim)
+    for extra in ([], ["--resume"]):  # compress takes the same lock (folder_lock) through train
+        assert cli.main(["train", str(config), "--model-dir", str(folder), *extra]) == 1
+        err = capsys.readouterr().err
+        assert f"{folder / LOCK_NAME}: the lock file is a symbolic link, not a regular file" in err, err
+        assert victim.read_text() == "keep me" and sorted(os.listdir(folder)) == [LOCK_NAME]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_lock_that_is_a_fifo_or_a_folder_is_named_as_such(tmp_path):
+    from hyperplex.fileio import UnsafePathError
+
+    os.mkdir(tmp_path / "a")
+    os.mkfifo(tmp_path / "a" / LOCK_NAME)
+    with pytest.raises(UnsafePathError, match=r"the lock file is a FIFO, not a regular file"):
+        with folder_lock(tmp_path / "a", "train"):
+            pass
+    os.makedirs(tmp_path / "b" / LOCK_NAME)
+    with pytest.raises(UnsafePathError, match=r"the lock file is a folder, not a regular file"):
+        with folder_lock(tmp_path / "b", "train"):
+            pass
+    assert os.listdir(tmp_path / "b" / LOCK_NAME) == []

@@ -364,7 +364,13 @@ def build_corpus(data_root: str | os.PathLike, excludes: Sequence[str | os.PathL
     root = Path(data_root)
     exclude_paths = [_resolve(root, p) for p in (*default_excludes, *excludes)]
     wanted = [_resolve(root, s.path) for s in sources] + exclude_paths
-    missing = [p for p in wanted if not p.is_file()]
+    from hyperplex.guards import input_file_problem
+
+    problems = [(p, input_file_problem(p)) for p in wanted]
+    odd = next(((p, why) for p, why in problems if why not in (None, "does not exist")), None)
+    if odd is not None:  # a FIFO would block, a folder is not "not found"
+        raise DataError(f"{odd[0]}: {odd[1]}; a data file is expected")
+    missing = [p for p, why in problems if why == "does not exist"]
     if missing:
         raise DataFileNotFoundError(missing[0]) if len(missing) == 1 else \
             DataError(f"files not found: {', '.join(map(str, missing))} (data root {root})")

@@ -57,7 +57,7 @@ def describe_file_type(mode: int) -> str:
         return "a device"
     if stat.S_ISSOCK(mode):
         return "a socket"
-    return "not a regular file"
+    return "a file" if stat.S_ISREG(mode) else "not a regular file"
 
 
 def model_folder_kind(folder: str | os.PathLike) -> tuple[str, str] | None:
@@ -128,10 +128,11 @@ def check_outputs(outputs: dict[str, str | os.PathLike | None], inputs: Iterable
             check_output(path, option, inputs, owns)
 
 
-def check_output_folder(folder: str | os.PathLike, option: str, own_marker: str, inputs: Iterable = ()) -> str:
+def check_output_folder(folder: str | os.PathLike, option: str, own_marker: str | tuple[str, ...],
+                        inputs: Iterable = ()) -> str:
     """Refuse (:class:`OutputError`) a model folder output that exists and is not a folder, is a folder one
     of ``inputs`` names (the folder a model was loaded from), or holds a model (:func:`model_folder_kind`)
-    other than one marked by ``own_marker`` (the spec file the verb writes). Nothing is written."""
+    other than one marked by ``own_marker`` (the spec file, or files, the verb writes). Nothing is written."""
     folder = os.fspath(folder)
     if os.path.lexists(folder):
         try:
@@ -139,13 +140,14 @@ def check_output_folder(folder: str | os.PathLike, option: str, own_marker: str,
         except OSError:
             raise OutputError(f"{option} {folder}: a broken symbolic link; a folder is expected") from None
         if not stat.S_ISDIR(mode):
-            raise OutputError(f"{option} {folder}: exists and is {describe_file_type(mode)}, not a folder")
+            raise OutputError(f"{option} {folder}: is {describe_file_type(mode)}, not a model folder")
     for source in inputs:
         if source is not None and os.path.isdir(source) and _same(source, folder):
             raise OutputError(f"{option} {folder}: is the folder this model was loaded from; writing there would "
                               f"replace the original. Choose another folder")
     kind = model_folder_kind(folder)
-    if kind is not None and kind[0] != own_marker:
+    own = (own_marker,) if isinstance(own_marker, str) else own_marker
+    if kind is not None and kind[0] not in own:
         raise OutputError(f"{option} {folder}: holds a {kind[1]} ({kind[0]}), not one this command writes; "
                           f"choose another folder")
     return folder

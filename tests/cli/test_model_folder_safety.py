@@ -177,3 +177,15 @@ def test_a_lock_that_is_a_fifo_or_a_folder_is_named_as_such(tmp_path):
         with folder_lock(tmp_path / "b", "train"):
             pass
     assert os.listdir(tmp_path / "b" / LOCK_NAME) == []
+
+
+def test_training_into_a_folder_holding_another_model_is_refused(trained, tmp_path, capsys):
+    config, _ = trained
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    (folder / "model.safetensors").write_bytes(b"weights")
+    before = snapshot(folder)
+    assert cli.main(["train", str(config), "--model-dir", str(folder)]) == 1
+    assert "holds a Hugging Face model (config.json), not one this command writes" in capsys.readouterr().err
+    assert snapshot(folder) == before and sorted(os.listdir(folder)) == ["config.json", "model.safetensors"]

@@ -26,6 +26,9 @@ def _demo(args: argparse.Namespace) -> int:
     from hyperplex.experiments.demo import run_demo
     from hyperplex.threads import parse_threads
 
+    from hyperplex.guards import check_output_folder
+
+    check_output_folder(args.out, "--out", ())  # plots only: never into a model's folder
     run_demo(args.out, quick=args.quick, seed=args.seed, threads=parse_threads(args.threads))
     return 0
 

@@ -8,6 +8,8 @@ created: a typo fails before hours of training, not after.
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,8 +100,9 @@ def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: P
     errors: list[str] = []
     resolved: dict[str, object] = {}
     all_runs: dict[Path, Run] = {}
+    progress = _Progress(sum(len(r.seeds) for r in plan.rows), f"checking {plan.path}")
     for row in plan.rows:
-        errors += _check_row(plan, row, out, extra, resume, records, resolved, all_runs)
+        errors += _check_row(plan, row, out, extra, resume, records, resolved, all_runs, progress)
     errors += check_param_matches(plan)
     errors += [f"{plan.path}: {problem}" for problem in quality_metrics.check_files(plan.quality, data_root)]
     if errors:
@@ -129,8 +132,26 @@ def _check_selected_seeds(plan: Plan, seeds: list[int] | None) -> None:
                             "add it to the plan so the results record it")
 
 
+class _Progress:
+    """A line on stderr every few seconds while a long check runs (a plan of thousands of seeds)."""
+
+    def __init__(self, total: int, what: str, every: float = 2.0) -> None:
+        import time
+
+        self.total, self.what, self.every, self.done = total, what, every, 0
+        self.last = time.monotonic()
+
+    def step(self) -> None:
+        import time
+
+        self.done += 1
+        if time.monotonic() - self.last >= self.every:
+            self.last = time.monotonic()
+            print(f"{self.what}: {self.done:,} of {self.total:,} runs", file=sys.stderr, flush=True)
+
+
 def _check_row(plan: Plan, row: Row, out: Path, extra: list[str], resume: bool, records: Path | None,
-               resolved: dict, all_runs: dict[Path, Run]) -> list[str]:
+               resolved: dict, all_runs: dict[Path, Run], progress: _Progress | None = None) -> list[str]:
     """The problems of one row: each seed's config and folder, and (for a row with a config) building its
     model, whose parameter table and counts are kept in ``row.params_table`` / ``row.params``. Fills
     ``resolved`` (row name → config) and ``all_runs`` (model folder → Run)."""
@@ -140,14 +161,20 @@ def _check_row(plan: Plan, row: Row, out: Path, extra: list[str], resume: bool, 
     errors: list[str] = []
     where = f"{plan.path}: row {row.name!r} ({row.config})"
     train_row = next(r for r in plan.rows if r.name == (row.models_from or row.name))
+    first = None
     for seed in row.seeds:
+        if progress is not None:
+            progress.step()
         model_dir = out / train_row.name / f"seed{seed}"
         overrides = run_overrides(plan, train_row, seed, extra)
-        try:
-            cfg = load_experiment(row.config, overrides + row.eval_overrides, str(model_dir))
-        except (ConfigError, ValueError, OSError) as err:
-            errors.append(f"{where}, seed {seed}: {err}")
-            continue
+        if first is not None:  # the seeds differ only in `--seed=N`, the last override, and the folder
+            cfg = dataclasses.replace(first, seed=seed, model_dir=str(model_dir))
+        else:
+            try:
+                cfg = first = load_experiment(row.config, overrides + row.eval_overrides, str(model_dir))
+            except (ConfigError, ValueError, OSError) as err:
+                errors.append(f"{where}, seed {seed}: {err}")
+                break  # every seed of the row has the same config: one error, not one per seed
         resolved.setdefault(row.name, cfg)
         if seed == row.seeds[0]:
             errors += _check_task(plan, cfg, where)

@@ -301,7 +301,7 @@ def test_invalid_utf8_fails_alike_from_stdin_and_from_a_file(world, capsys, tmp_
 
 def test_a_directory_as_input(world, capsys, tmp_path):
     msg = fail(capsys, "translate", world.mt, "-i", tmp_path, "-o", tmp_path / "out.txt")
-    assert msg == f"{tmp_path}: is a directory, expected a text file"
+    assert msg == f"{tmp_path}: is a folder, not a regular file; a text file is expected"
 
 
 @pytest.mark.parametrize("verb", ["evaluate", "translate"])

@@ -334,3 +334,77 @@ def test_a_version_2_spec_without_the_checksum_is_refused(saved_plain):
     del spec["sha256"]
     (folder / SPEC_NAME).write_text(json.dumps(spec))
     refused_unchanged(folder, plain_model, r"key 'sha256' records no checksum for the weights file 'model.safetensors'")
+
+
+# -- the folder checked as a whole: aliases, the spec's digest, finite weights ---------------------------------------------
+def tied_model():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 16), nn.Linear(16, 16))
+    m[3].weight = m[0].weight  # tied: saved once, the spec's aliases name the other key
+    return m
+
+
+def test_an_edited_alias_that_reties_another_layer_is_refused(tmp_path):
+    m = tied_model()
+    save_converted(m, tmp_path)
+    spec = json.loads((tmp_path / SPEC_NAME).read_text())
+    assert spec["aliases"] == {"3.weight": "0.weight"}
+    x = torch.randn(2, 16)
+    assert torch.equal(load_converted(tmp_path, model=tied_model())(x), m(x))
+    edit_spec(tmp_path, resign=False, aliases={"3.weight": "2.weight"})  # the layers re-tied to another one
+    refused_unchanged(tmp_path, tied_model, "the spec hyperplex_convert.json was changed after saving")
+    edit_spec(tmp_path, aliases={"2.weight": "0.weight", "3.weight": "0.weight"})  # digest forged too
+    refused_unchanged(tmp_path, tied_model, r"key 'aliases' of hyperplex_convert.json: '2.weight' -> '0.weight': the "
+                                            r"file stores '2.weight' itself")
+    for aliases, match in (({"9.weight": "0.weight"}, r"'9.weight' is no tensor of the rebuilt model"),
+                           ({"3.weight": "nope.weight"}, r"the file stores no tensor 'nope.weight'"),
+                           ({"3.weight": "0.weight", "x": "0.weight"}, r"'x' is no tensor of the rebuilt model")):
+        edit_spec(tmp_path, aliases=aliases)
+        refused_unchanged(tmp_path, tied_model, match)
+
+
+def test_nan_weights_are_refused_at_save_and_at_load(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from hyperplex.fileio import sha256_file
+    from hyperplex.guards import NonFiniteError
+
+    m = plain_model()
+    with torch.no_grad():
+        m[0].weight[1, 2] = float("inf")
+    with pytest.raises(NonFiniteError, match=r"save_converted .*: tensor '0.weight' holds NaN or infinite values"):
+        save_converted(m, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists() or os.listdir(tmp_path / "bad") == []
+    good = plain_model()
+    save_converted(good, tmp_path / "good")
+    path = tmp_path / "good" / WEIGHTS_NAME
+    from safetensors import safe_open
+    with safe_open(os.fspath(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    tensors = load_file(os.fspath(path))
+    tensors["2.weight"][0, 0] = float("nan")
+    save_file(tensors, os.fspath(path), metadata=metadata)
+    edit_spec(tmp_path / "good", resign=False, sha256={WEIGHTS_NAME: sha256_file(path)})
+    refused_unchanged(tmp_path / "good", plain_model, r"model.safetensors: tensor '2.weight' holds NaN or infinite "
+                                                      r"values \(1 of 512\)")
+
+
+def test_save_converted_of_an_int8_model_says_where_it_goes(tmp_path):
+    from hyperplex.convert.quantize import quantize
+
+    m = quantize(plain_model())
+    with pytest.raises(ValueError, match=r"Sequential holds int8 layers .*save it with hyperplex.convert.save_quantized"):
+        save_converted(m, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_nan_weights_are_refused_before_quantising(tmp_path):
+    from hyperplex.convert.quantize import quantize
+    from hyperplex.guards import NonFiniteError
+
+    m = plain_model()
+    with torch.no_grad():
+        m[2].weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"quantize Sequential: tensor '2.weight' holds NaN or infinite values"):
+        quantize(m)
+    assert type(m[2]) is nn.Linear and torch.isnan(m[2].weight[0, 0])  # unchanged, still float

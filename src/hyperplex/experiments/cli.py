@@ -24,7 +24,7 @@ from hyperplex.experiments.execution import save_untrained_run, train_run
 from hyperplex.experiments.plan import Plan, PlanError, load_plan
 from hyperplex.experiments.results import collect, write_results
 from hyperplex.experiments.runs import Run, validate
-from hyperplex.experiments.state import folder_status
+from hyperplex.experiments.state import RecordError, folder_status
 from hyperplex.guards import OutputError, check_outputs
 
 __all__ = ["PROG", "add_arguments", "build_parser", "main"]
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         check_outputs({"--append-to": args.append_to}, [plan.path, *(r.config for r in plan.rows if r.config)])
         to_train, all_runs, resolved = validate(plan, args.rows, args.seeds, out, args.override, args.resume,
                                                 args.data_root, records)
-    except (PlanError, ConfigError, OSError, OutputError) as err:
+    except (PlanError, ConfigError, OSError, OutputError, RecordError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     if args.dry_run:

@@ -408,3 +408,16 @@ def test_nan_weights_are_refused_before_quantising(tmp_path):
     with pytest.raises(NonFiniteError, match=r"quantize Sequential: tensor '2.weight' holds NaN or infinite values"):
         quantize(m)
     assert type(m[2]) is nn.Linear and torch.isnan(m[2].weight[0, 0])  # unchanged, still float
+
+
+@pytest.mark.parametrize("file,content,match", [
+    ("1_Pooling/config.json", "{broken", r"1_Pooling/config.json: invalid JSON"),
+    ("tokenizer_config.json", "[1,", r"tokenizer_config.json: invalid JSON"),
+    ("1_Pooling/config.json", '{"word_embedding_dimension": 32, "no_such_option": 1}',
+     r"sentence-transformers cannot rebuild the model from its module files .*TypeError"),
+])
+def test_a_damaged_module_config_names_the_file(saved_st, file, content, match):
+    _, folder = saved_st
+    assert (folder / file).is_file()
+    (folder / file).write_text(content)
+    refused_unchanged(folder, None, match)

@@ -1,7 +1,7 @@
 """Tokenisers: word round trip, characters, sentencepiece train/encode/decode/save/load, registry."""
 
-import os
 import json
+import os
 import random
 
 import pytest

@@ -460,13 +460,33 @@ def _skeleton_transformers(folder: str, description: dict) -> nn.Module:
     return model
 
 
+def _check_json_files(folder: str) -> None:
+    """Every ``.json`` file of the folder (module configs such as ``1_Pooling/config.json``, tokenizer files)
+    parses as JSON: a damaged one is a LoadError naming it, not a library's message without the file."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            if not name.endswith(".json") or name == SPEC_NAME:
+                continue
+            path = os.path.join(root, name)
+            try:
+                json.loads(read_bounded(path, MAX_SPEC_BYTES).decode("utf-8"))
+            except UnsafePathError as err:
+                raise LoadError(str(err)) from None
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+                raise LoadError(f"{path}: invalid JSON ({err})") from None
+
+
 def _skeleton_sentence_transformer(folder: str) -> nn.Module:
     """The SentenceTransformer of the folder's module configs, its ``transformers`` models on ``meta``."""
     from sentence_transformers import SentenceTransformer
 
     _check_modules_json(folder)
-    with _meta_transformer_modules():
-        return SentenceTransformer(folder, device="meta", local_files_only=True, trust_remote_code=False)
+    try:
+        with _meta_transformer_modules():
+            return SentenceTransformer(folder, device="meta", local_files_only=True, trust_remote_code=False)
+    except (TypeError, KeyError, ValueError, AttributeError, OSError) as err:  # a module config it cannot use
+        raise LoadError(f"{folder}: sentence-transformers cannot rebuild the model from its module files "
+                        f"(modules.json and each module's config: {type(err).__name__}: {_short(str(err))})") from None
 
 
 def load_converted(folder: str | os.PathLike, model: nn.Module | None = None) -> nn.Module:
@@ -499,6 +519,7 @@ def load_converted(folder: str | os.PathLike, model: nn.Module | None = None) ->
         check_folder_files(folder)
     except UnsafePathError as err:
         raise LoadError(str(err)) from None
+    _check_json_files(folder)
     weights_path = os.path.join(folder, spec["weights"])
     if os.path.isdir(weights_path):
         raise LoadError(f"{spec_path}: key 'weights' names {spec['weights']!r}, which is a folder, not a file")

@@ -213,3 +213,22 @@ def test_a_full_disk_while_saving_leaves_the_old_converted_folder(tmp_path, monk
     assert snapshot(folder) == before
     monkeypatch.undo()
     assert torch.equal(load_converted(folder, model=_float_model())[2].weight, old[2].weight)
+
+
+def test_experiment_out_that_is_a_model_folder_is_refused(trained, tmp_path, capsys):
+    import yaml
+
+    from conftest import write_tiny_config
+
+    write_tiny_config(tmp_path)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"title": "t", "metrics": ["loss"], "rows": [{"name": "a", "config": "tiny.yaml"}]}))
+    folder = tmp_path / "model"
+    shutil.copytree(trained[1], folder)
+    before = snapshot(folder)
+    for option in ("--out", "--records"):
+        argv = ["experiment", str(plan), "--dry-run"] + (["--out", str(folder)] if option == "--out" else
+                                                          ["--out", str(tmp_path / "o"), "--records", str(folder)])
+        assert cli.main(argv) == 1
+        assert f"{option} {folder}: holds a model folder of `hyperplex train`" in capsys.readouterr().err
+    assert snapshot(folder) == before

@@ -25,7 +25,7 @@ from hyperplex.experiments.plan import Plan, PlanError, load_plan
 from hyperplex.experiments.results import collect, write_results
 from hyperplex.experiments.runs import Run, validate
 from hyperplex.experiments.state import RecordError, folder_status
-from hyperplex.guards import OutputError, check_outputs
+from hyperplex.guards import OutputError, check_output_folder, check_outputs
 
 __all__ = ["PROG", "add_arguments", "build_parser", "main"]
 
@@ -85,6 +85,9 @@ def run(args: argparse.Namespace, command: str) -> int:
         out = Path(args.out or Path("runs") / plan.name)
         records = Path(args.records) if args.records else None
         check_outputs({"--append-to": args.append_to}, [plan.path, *(r.config for r in plan.rows if r.config)])
+        for option, folder in (("--out", out), ("--records", records)):  # folders of many models, never one model's
+            if folder is not None:
+                check_output_folder(folder, option, ())
         to_train, all_runs, resolved = validate(plan, args.rows, args.seeds, out, args.override, args.resume,
                                                 args.data_root, records)
     except (PlanError, ConfigError, OSError, OutputError, RecordError) as err:

@@ -232,3 +232,17 @@ def test_experiment_out_that_is_a_model_folder_is_refused(trained, tmp_path, cap
         assert cli.main(argv) == 1
         assert f"{option} {folder}: holds a model folder of `hyperplex train`" in capsys.readouterr().err
     assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("module,argv", [
+    ("frontier", ["RESULTS", "--table", "RESULTS"]), ("budget", ["RESULTS", "--curve", "a=x", "--figure", "RESULTS"]),
+    ("summary", ["RESULTS", "--write", "RESULTS"]), ("plot", ["RESULTS", "RESULTS"])])
+def test_report_scripts_never_write_over_the_results_they_read(tmp_path, capsys, module, argv):
+    import importlib
+
+    results = tmp_path / "results.json"
+    results.write_text('{"plan": {}, "rows": []}')
+    main = importlib.import_module(f"hyperplex.experiments.{module}").main
+    assert main([str(results) if a == "RESULTS" else a for a in argv]) in (1, 2)
+    assert "is also an input of this command" in capsys.readouterr().err
+    assert results.read_text() == '{"plan": {}, "rows": []}'

@@ -198,7 +198,14 @@ def build_parser(prog: str = "python -m hyperplex.experiments.budget") -> argpar
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m hyperplex.experiments.budget") -> int:
+    from hyperplex.guards import OutputError, check_outputs
+
     args = build_parser(prog).parse_args(argv)
+    try:
+        check_outputs({"--table": args.table, "--figure": args.figure}, [args.results])
+    except OutputError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 1
     try:
         curves = [parse_curve(text) for text in args.curve]
         with open(args.results, encoding="utf-8") as handle:

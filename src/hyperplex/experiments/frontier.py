@@ -204,7 +204,14 @@ def _serving_map(pairs: list[str]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m hyperplex.experiments.frontier") -> int:
+    from hyperplex.guards import OutputError, check_outputs
+
     args = build_parser(prog).parse_args(argv)
+    try:
+        check_outputs({"--table": args.table, "--figure": args.figure}, [args.results, args.serving])
+    except OutputError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 1
     try:
         with open(args.results, encoding="utf-8") as handle:
             results = json.load(handle)

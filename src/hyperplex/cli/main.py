@@ -291,12 +291,13 @@ def _add_translate(sub, common: argparse.ArgumentParser) -> None:
                                "(or a checkpoint file's, with its vocabulary files beside it).")
     translate.add_argument("model_dir", metavar="MODEL", help=_MODEL_HELP)
     translate.add_argument("-i", "--input", help="input file (default: stdin)")
-    translate.add_argument("-o", "--output", help="output file (default: stdout)")
+    translate.add_argument("-o", "--output", help="output file (default: stdout); never the input, nor a file a model "
+                           "folder already holds (refused before translating)")
     translate.add_argument("--checkpoint", default="best",
                            help="with a model folder: best (default), last, or a checkpoint file")
     translate.add_argument("--beam-size", type=int, help="override testing.beam_size (1 = greedy)")
     translate.add_argument("--plot-attention", metavar="PNG",
-                           help="draw the attention heat-map of the first non-empty sentence")
+                           help="draw the attention heat-map of the first non-empty sentence (the same rule as -o)")
     _add_threads(translate)
     translate.set_defaults(func=_translate)
 
@@ -321,7 +322,8 @@ def _add_average(sub, common: argparse.ArgumentParser) -> None:
                              description="Average model weights of checkpoint files (or of every "
                              "best-*.safetensors in a model folder) into one weights file.")
     average.add_argument("inputs", nargs="+", help="checkpoint files and/or model folders")
-    average.add_argument("-o", "--output", required=True, help="output .safetensors file (or folder)")
+    average.add_argument("-o", "--output", required=True, help="output .safetensors file (or folder: "
+                         "averaged.safetensors in it); never an input, nor another file of a model folder")
     average.set_defaults(func=_average)
 
 

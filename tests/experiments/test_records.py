@@ -3,8 +3,6 @@ do not churn when a plan is reported again."""
 
 import json
 
-import pytest
-
 from hyperplex.experiments import cli
 from hyperplex.experiments.cli import main
 
@@ -79,15 +77,3 @@ def test_a_second_report_leaves_an_unchanged_record_as_it_is(tmp_path, write_pla
     assert json.loads((record / "evaluation-dense.json").read_text()) == saved
     assert json.loads((record / "record.json").read_text())["written"] != "2000-01-01T00:00:00"
 
-
-@pytest.mark.parametrize("text,match", [("{not json", r"not a record written by hyperplex \(invalid JSON"),
-                                        ('{"status": "done", "healed": true}', r"key 'status' is 'done'"),
-                                        ('{"status": "finished", "healed": "yes"}', r"key 'healed' is 'yes'"),
-                                        ("[]", r"key 'status' is \[\]")])
-def test_a_damaged_record_names_the_file_and_the_key(tmp_path, text, match):
-    from hyperplex.experiments.state import RECORD_FILE, RecordError, read_record
-
-    (tmp_path / RECORD_FILE).write_text(text)
-    with pytest.raises(RecordError, match=rf"{RECORD_FILE}: {match}"):
-        read_record(tmp_path)
-    assert (tmp_path / RECORD_FILE).read_text() == text

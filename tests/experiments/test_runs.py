@@ -124,4 +124,4 @@ def test_a_plan_of_many_seeds_reads_each_config_once_and_reports_progress(tmp_pa
     assert [(r.seed, r.model_dir) for r in to_train[:2]] == [(1, tmp_path / "out/a/seed1"), (2, tmp_path / "out/a/seed2")]
     assert resolved["a"].seed == 1 and len(to_train) == 2000
     err = capsys.readouterr().err
-    assert f"checking {plan_path}: 2,000 of 2,000 runs" in err
+    assert f"checking {plan_path}: row 'a': 2,000 of 2,000 runs" in err

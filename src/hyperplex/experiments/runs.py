@@ -8,8 +8,6 @@ created: a typo fails before hours of training, not after.
 
 from __future__ import annotations
 
-import dataclasses
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,9 +98,8 @@ def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: P
     errors: list[str] = []
     resolved: dict[str, object] = {}
     all_runs: dict[Path, Run] = {}
-    progress = _Progress(sum(len(r.seeds) for r in plan.rows), f"checking {plan.path}")
     for row in plan.rows:
-        errors += _check_row(plan, row, out, extra, resume, records, resolved, all_runs, progress)
+        errors += _check_row(plan, row, out, extra, resume, records, resolved, all_runs)
     errors += check_param_matches(plan)
     errors += [f"{plan.path}: {problem}" for problem in quality_metrics.check_files(plan.quality, data_root)]
     if errors:
@@ -147,11 +144,13 @@ class _Progress:
         self.done += 1
         if time.monotonic() - self.last >= self.every:
             self.last = time.monotonic()
+            import sys
+
             print(f"{self.what}: {self.done:,} of {self.total:,} runs", file=sys.stderr, flush=True)
 
 
 def _check_row(plan: Plan, row: Row, out: Path, extra: list[str], resume: bool, records: Path | None,
-               resolved: dict, all_runs: dict[Path, Run], progress: _Progress | None = None) -> list[str]:
+               resolved: dict, all_runs: dict[Path, Run]) -> list[str]:
     """The problems of one row: each seed's config and folder, and (for a row with a config) building its
     model, whose parameter table and counts are kept in ``row.params_table`` / ``row.params``. Fills
     ``resolved`` (row name → config) and ``all_runs`` (model folder → Run)."""
@@ -160,11 +159,13 @@ def _check_row(plan: Plan, row: Row, out: Path, extra: list[str], resume: bool, 
 
     errors: list[str] = []
     where = f"{plan.path}: row {row.name!r} ({row.config})"
+    import dataclasses
+
     train_row = next(r for r in plan.rows if r.name == (row.models_from or row.name))
     first = None
+    progress = _Progress(len(row.seeds), f"checking {plan.path}: row {row.name!r}")
     for seed in row.seeds:
-        if progress is not None:
-            progress.step()
+        progress.step()
         model_dir = out / train_row.name / f"seed{seed}"
         overrides = run_overrides(plan, train_row, seed, extra)
         if first is not None:  # the seeds differ only in `--seed=N`, the last override, and the folder

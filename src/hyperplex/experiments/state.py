@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["DIVERGED_FILE", "RECORD_FILE", "NOT_HEALED", "RecordError", "folder_status", "read_record", "trained"]
+__all__ = ["DIVERGED_FILE", "RECORD_FILE", "NOT_HEALED", "folder_status", "read_record", "trained"]
 
 #: Per model folder of a sweep row whose training stopped at a NaN/inf loss.
 DIVERGED_FILE = "diverged.json"

@@ -76,4 +76,3 @@ def test_a_second_report_leaves_an_unchanged_record_as_it_is(tmp_path, write_pla
     assert main([str(plan), "--out", str(out), "--seeds", "1", "--report-only", "--records", str(records)]) == 0
     assert json.loads((record / "evaluation-dense.json").read_text()) == saved
     assert json.loads((record / "record.json").read_text())["written"] != "2000-01-01T00:00:00"
-

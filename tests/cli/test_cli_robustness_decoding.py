@@ -372,3 +372,15 @@ def test_a_beam_wider_than_the_target_vocabulary_is_refused_naming_both(world, c
     assert not out.exists()
     code, _, _ = run(capsys, verb, world.mt, "--beam-size", size, *extra)  # the widest beam still runs
     assert code == 0
+
+
+def test_an_evaluation_file_with_a_huge_pair_is_scored_cut_for_a_model_without_positions(world, capsys, tmp_path):
+    from hyperplex.tasks.translation import UNPOSITIONED_LINE_LIMIT
+
+    words = " ".join(f"w{i % 16}" for i in range(UNPOSITIONED_LINE_LIMIT + 100))
+    (tmp_path / "test.en").write_text(f"{EN[1]}\n{words}\n")
+    (tmp_path / "test.de").write_text(f"{DE[1]}\n{DE[2]}\n")
+    code, out, err = run(capsys, "evaluate", world.lstm, "--split", tmp_path / "test")
+    assert code == 0 and "bleu" in json.loads(out)
+    assert any(f"pair 2 ({UNPOSITIONED_LINE_LIMIT + 100} source / 3 target tokens): longer than the "
+               f"{UNPOSITIONED_LINE_LIMIT} tokens" in line for line in err), err

@@ -7,7 +7,7 @@ greedily for ``bleu``/``chrf`` (sacreBLEU on detokenised text) and exact-match `
 Sequences longer than a Transformer's position table (``model.max_positions``) cannot be encoded:
 such sources (and, for the loss, targets) are cut to fit with a warning naming their line numbers,
 rather than failing the whole file. The LSTM translator has no position limit: it trains on whole pairs, and
-decodes at most :data:`UNPOSITIONED_LINE_LIMIT` tokens of a line (cut with the same warning).
+decodes or scores at most :data:`UNPOSITIONED_LINE_LIMIT` tokens of a line (cut with the same warning).
 """
 
 from __future__ import annotations
@@ -133,7 +133,8 @@ class TranslationTask(Task):
         dropped, and with ``drop_long`` pairs with a side over ``data.max_length`` tokens. A side longer than
         the model's positions (:meth:`token_limit`) is cut to fit, with a warning naming the pairs."""
         d = self.cfg.data
-        limit = self.token_limit()
+        # training pairs over data.max_length are dropped; evaluation pairs of a model without positions are cut
+        limit = self.token_limit() or (None if drop_long else UNPOSITIONED_LINE_LIMIT)
         src_ids, tgt_ids, src_tokens, kept, cut = [], [], [], [], []
         report = DropReport(total=len(pairs), max_length=d.max_length if drop_long else None, source=what)
         for i, (s, t) in enumerate(pairs):

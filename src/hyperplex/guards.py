@@ -119,7 +119,8 @@ def check_distinct(outputs: dict[str, str | os.PathLike | None]) -> None:
         seen[key] = option
 
 
-def check_outputs(outputs: dict[str, str | os.PathLike | None], inputs: Iterable = (), owns: Sequence[str] = ()) -> None:
+def check_outputs(outputs: dict[str, str | os.PathLike | None], inputs: Iterable = (),
+                  owns: Sequence[str] = ()) -> None:
     """:func:`check_distinct` and :func:`check_output` for each ``{option: path}`` (``None``: not written)."""
     check_distinct(outputs)
     inputs = [i for i in inputs if i is not None]

@@ -37,7 +37,8 @@ def edit_spec(folder, resign=True, **changes):
     new weights checksum in the spec, as a deliberate forger would, so the checks behind the digest run."""
     spec = json.loads((folder / SPEC_NAME).read_text())
     spec.update(changes)
-    if resign and "sha256" not in changes and isinstance(spec.get("sha256"), dict) and (folder / WEIGHTS_NAME).is_file():
+    weights = folder / WEIGHTS_NAME
+    if resign and "sha256" not in changes and isinstance(spec.get("sha256"), dict) and weights.is_file():
         from safetensors import safe_open
         from safetensors.torch import save_file
 

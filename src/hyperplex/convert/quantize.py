@@ -587,7 +587,8 @@ def save_quantized(model: nn.Module, folder, tokenizer=None) -> str:
     # the float folder it came from, or another model's folder, would no longer load as itself
     check_output_folder(folder, "save_quantized", QUANT_SPEC_NAME, _sources(model))
     tensors, aliases = _plain_state(model)
-    check_finite(((k, v) for k, v in tensors.items() if not k.endswith("weight_zero_points")), f"save_quantized {folder}")
+    check_finite(((k, v) for k, v in tensors.items() if not k.endswith("weight_zero_points")),
+                 f"save_quantized {folder}")
     twin = copy.deepcopy(model)
     for name in layers:
         parent_name, _, child = name.rpartition(".")

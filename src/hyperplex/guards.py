@@ -160,6 +160,7 @@ def write_set(items: Sequence[tuple[str | os.PathLike, Callable[[str], None]]]) 
     item (the report, the spec) appears last. A writer that fails (a full disk) leaves every target as it
     was; :class:`~hyperplex.fileio.WriteError` names the file."""
     staged: list[tuple[str, str, str]] = []
+    replaced: list[str] = []
     try:
         for path, write in items:
             path = os.fspath(path)
@@ -178,15 +179,18 @@ def write_set(items: Sequence[tuple[str | os.PathLike, Callable[[str], None]]]) 
             except OSError as err:
                 raise WriteError(f"{path}: cannot write ({err.strerror or err}); nothing of this set was "
                                  f"replaced") from err
+        replaced = []
         for _, tmp, path in staged:
-            os.replace(tmp, path)
+            os.replace(tmp, path)  # a rename within one folder: fails only in exotic cases, never for space
+            replaced.append(path)
         for directory in {os.path.dirname(os.path.abspath(path)) for _, _, path in staged}:
             _fsync_dir(directory)
     except OSError as err:
         if isinstance(err, WriteError):
             raise
-        raise WriteError(f"{staged[-1][2] if staged else items[0][0]}: cannot write ({err.strerror or err}); "
-                         f"nothing of this set was replaced") from err
+        done = f"{len(replaced)} of {len(staged)} files were replaced" if replaced else "nothing of this set was replaced"
+        raise WriteError(f"{staged[-1][2] if staged else os.fspath(items[0][0])}: cannot write "
+                         f"({err.strerror or err}); {done}") from err
     finally:
         for tmp_dir, _, _ in staged:
             shutil.rmtree(tmp_dir, ignore_errors=True)

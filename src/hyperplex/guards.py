@@ -179,7 +179,6 @@ def write_set(items: Sequence[tuple[str | os.PathLike, Callable[[str], None]]]) 
             except OSError as err:
                 raise WriteError(f"{path}: cannot write ({err.strerror or err}); nothing of this set was "
                                  f"replaced") from err
-        replaced = []
         for _, tmp, path in staged:
             os.replace(tmp, path)  # a rename within one folder: fails only in exotic cases, never for space
             replaced.append(path)
@@ -188,7 +187,8 @@ def write_set(items: Sequence[tuple[str | os.PathLike, Callable[[str], None]]]) 
     except OSError as err:
         if isinstance(err, WriteError):
             raise
-        done = f"{len(replaced)} of {len(staged)} files were replaced" if replaced else "nothing of this set was replaced"
+        done = (f"{len(replaced)} of {len(staged)} files were replaced" if replaced
+                else "nothing of this set was replaced")
         raise WriteError(f"{staged[-1][2] if staged else os.fspath(items[0][0])}: cannot write "
                          f"({err.strerror or err}); {done}") from err
     finally:

@@ -104,3 +104,11 @@ def test_input_files_are_named_by_what_they_are(tmp_path):
         check_input_file(tmp_path / "missing", "--x")
     with pytest.raises(InputFileError, match=r"--x: .* is a folder, not a regular file; a file is expected"):
         check_input_file(tmp_path, "--x")
+
+
+def test_in_a_folder_of_checkpoints_only_the_weights_are_the_model(tmp_path):
+    (tmp_path / "a.safetensors").write_bytes(b"w")
+    (tmp_path / "out.txt").write_text("old translation")
+    assert check_output(tmp_path / "out.txt", "-o") == str(tmp_path / "out.txt")
+    with pytest.raises(OutputError, match="is a file of the model weights"):
+        check_output(tmp_path / "a.safetensors", "-o")

@@ -101,6 +101,8 @@ def check_output(path: str | os.PathLike, option: str, inputs: Iterable = (), ow
         raise OutputError(f"{option} {path}: is {describe_file_type(mode)}; a file to write is expected")
     real = os.path.realpath(path)
     kind = model_folder_kind(os.path.dirname(real))
+    if kind is not None and kind[1] == "model weights" and not real.endswith(WEIGHT_SUFFIXES):
+        kind = None  # a folder of checkpoints only: its weight files are its model, other files are not
     if kind is not None and not any(fnmatch.fnmatch(os.path.basename(real), p) for p in owns):
         raise OutputError(f"{option} {path}: is a file of the {kind[1]} in {os.path.dirname(real)} ({kind[0]}); "
                           f"replacing it would change that model. Write to another file")

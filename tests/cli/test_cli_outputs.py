@@ -246,3 +246,18 @@ def test_report_scripts_never_write_over_the_results_they_read(tmp_path, capsys,
     assert main([str(results) if a == "RESULTS" else a for a in argv]) in (1, 2)
     assert "is also an input of this command" in capsys.readouterr().err
     assert results.read_text() == '{"plan": {}, "rows": []}'
+
+
+def test_average_replaces_its_own_earlier_average_but_no_other_checkpoint(model, tmp_path, capsys):
+    best = sorted(model.glob("best-*.safetensors"))
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    for path in best:
+        shutil.copy(path, folder / path.name)
+    inputs = [str(folder / p.name) for p in best]
+    assert cli.main(["average", *inputs, "-o", str(folder / "mine.safetensors")]) == 0
+    assert cli.main(["average", *inputs, "-o", str(folder / "mine.safetensors")]) == 0  # its own: replaced
+    shutil.copy(best[0], folder / "other.safetensors")
+    before = (folder / "other.safetensors").read_bytes()
+    refused(capsys, ["average", *inputs, "-o", str(folder / "other.safetensors")], "is a file of the model weights")
+    assert (folder / "other.safetensors").read_bytes() == before

@@ -19,8 +19,7 @@ def listing(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("marker,what", [("hyperplex_quantize.json", "int8 model"), ("config.json", "Hugging Face"),
-                                         ("checkpoints.json", "hyperplex train"), (LOCK_NAME, "hyperplex train"),
-                                         ("weights.bin", "model weights")])
+                                         ("checkpoints.json", "hyperplex train"), (LOCK_NAME, "hyperplex train")])
 def test_a_file_of_a_model_folder_is_refused_a_new_file_beside_it_is_not(tmp_path, marker, what):
     (tmp_path / marker).write_text("{}")
     (tmp_path / "notes.txt").write_text("keep")

@@ -27,7 +27,7 @@ from hyperplex.experiments.runs import Run
 from hyperplex.experiments.stability import stability
 from hyperplex.experiments.state import folder_status
 from hyperplex.experiments.timing import training_time
-from hyperplex.guards import write_set
+from hyperplex.fileio import atomic_write_text
 
 __all__ = ["REPORT_PROVENANCE", "collect", "write_results", "keep_report_provenance"]
 
@@ -156,11 +156,10 @@ def write_results(results: dict, out: Path, append_to: str | None, records: Path
     for key in dict.fromkeys(r["sweep_key"] for r in results["rows"] if r.get("sweep_key")):
         report.plot_sweep(results, key, out / report.sweep_plot_name(key))
     text = json.dumps(results, indent=1, ensure_ascii=False) + "\n"
-    files = [(out / "results.json", text)] + ([(records / "results.json", text)] if records else [])
-    for target in [out / "results.md"] + ([Path(append_to)] if append_to else []):
-        old = target.read_text(encoding="utf-8") if target.is_file() else ""
-        target.parent.mkdir(parents=True, exist_ok=True)
-        files.append((target, report.replace_section(old, results["plan"]["name"], body)))
-    # one set: a failure (a full disk) leaves every old table, never results.json newer than results.md
-    write_set([(path, lambda tmp, t=content: Path(tmp).write_text(t, encoding="utf-8")) for path, content in files])
+    atomic_write_text(out / "results.json", text)
+    if records:
+        atomic_write_text(records / "results.json", text)
+    report.write_section(out / "results.md", results["plan"]["name"], body)
+    if append_to:
+        report.write_section(append_to, results["plan"]["name"], body)
     return body

@@ -10,8 +10,19 @@ import pytest
 import torch
 
 from hyperplex.fileio import LOCK_NAME, TMP_PATTERN, WriteError
-from hyperplex.guards import (InputFileError, NonFiniteError, OutputError, check_finite, check_input_file, check_name,
-                              check_output, check_output_folder, check_outputs, model_folder_kind, write_set)
+from hyperplex.guards import (
+    InputFileError,
+    NonFiniteError,
+    OutputError,
+    check_finite,
+    check_input_file,
+    check_name,
+    check_output,
+    check_output_folder,
+    check_outputs,
+    model_folder_kind,
+    write_set,
+)
 
 
 def listing(folder: Path) -> dict[str, bytes]:

@@ -53,7 +53,7 @@ def refused(capsys, argv, match) -> str:
     return err
 
 
-# -- translate ------------------------------------------------------------------------------------------------------------
+# -- translate ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("option", ["-o", "--plot-attention"])
 @pytest.mark.parametrize("name", ["best.safetensors", "last.safetensors", "config.yaml", "checkpoints.json"])
 def test_translate_never_writes_over_a_file_of_the_model_folder(model, tmp_path, capsys, option, name):
@@ -85,7 +85,7 @@ def test_translate_output_that_is_its_input_or_its_plot_is_refused(model, tmp_pa
     assert len(out.read_text().splitlines()) == 2
 
 
-# -- average --------------------------------------------------------------------------------------------------------------
+# -- average -----------------------------------------------------------------------------------------------------------
 def test_average_into_another_models_config_is_refused(model, trained, tmp_path, capsys):
     other = tmp_path / "other"
     shutil.copytree(trained[1], other)
@@ -98,7 +98,7 @@ def test_average_into_another_models_config_is_refused(model, trained, tmp_path,
     assert cli.main(["average", *best, "-o", str(model)]) == 0  # and again: its own file is replaced
 
 
-# -- corpus ---------------------------------------------------------------------------------------------------------------
+# -- corpus ------------------------------------------------------------------------------------------------------------
 def test_corpus_refuses_one_of_its_sources_as_out(tmp_path, capsys):
     source = tmp_path / "data" / "multi30k_en_de" / "train.en.gz"
     source.parent.mkdir(parents=True)
@@ -128,11 +128,11 @@ def test_a_full_disk_between_corpus_and_report_leaves_both_old_files(tmp_path, m
     assert snapshot(tmp_path) == before and report.is_file()  # no new corpus beside a stale report, no temp files
 
 
-# -- experiment --append-to -----------------------------------------------------------------------------------------------
+# -- experiment --append-to --------------------------------------------------------------------------------------------
 def test_experiment_append_to_its_own_plan_or_config_is_refused(tmp_path, capsys):
     import yaml
-
     from conftest import write_tiny_config
+
     from hyperplex.experiments.plan import load_plan
 
     config = write_tiny_config(tmp_path)
@@ -145,7 +145,7 @@ def test_experiment_append_to_its_own_plan_or_config_is_refused(tmp_path, capsys
     assert snapshot(tmp_path) == before and load_plan(plan).rows[0].name == "a"
 
 
-# -- save_quantized ---------------------------------------------------------------------------------------------------------
+# -- save_quantized ----------------------------------------------------------------------------------------------------
 def _float_model():
     from hyperplex.layers import PHMLinear
 
@@ -170,7 +170,8 @@ def test_save_quantized_never_writes_over_the_float_folder_it_came_from(tmp_path
     model.hyperplex_loaded_from = None  # the record lost: the float model's spec still protects the folder
     for module in model.modules():
         module.__dict__.pop("hyperplex_loaded_from", None)
-    with pytest.raises(OutputError, match=r"holds a converted model written by save_converted \(hyperplex_convert.json\)"):
+    with pytest.raises(OutputError, match=r"holds a converted model written by save_converted "
+                                          r"\(hyperplex_convert.json\)"):
         save_quantized(model, folder)
     assert snapshot(folder) == before
     save_quantized(model, tmp_path / "int8")
@@ -217,7 +218,6 @@ def test_a_full_disk_while_saving_leaves_the_old_converted_folder(tmp_path, monk
 
 def test_experiment_out_that_is_a_model_folder_is_refused(trained, tmp_path, capsys):
     import yaml
-
     from conftest import write_tiny_config
 
     write_tiny_config(tmp_path)

@@ -47,7 +47,7 @@ def hold_lock(folder: Path) -> subprocess.Popen:
     return process
 
 
-# -- one owner per model folder ------------------------------------------------------------------------------------------
+# -- one owner per model folder ----------------------------------------------------------------------------------------
 def test_a_second_run_into_a_held_folder_stops_naming_the_first_and_changes_nothing(trained, tmp_path, capsys):
     config, model_dir = trained
     folder = tmp_path / "model"
@@ -103,7 +103,7 @@ def test_model_dir_that_is_a_file_is_called_a_file(trained, tmp_path, capsys):
     assert "is a file, not a model folder" in capsys.readouterr().err and target.read_text() == "keep"
 
 
-# -- average --------------------------------------------------------------------------------------------------------------
+# -- average -----------------------------------------------------------------------------------------------------------
 def test_average_refuses_to_overwrite_an_input_or_a_managed_checkpoint(trained, tmp_path, capsys):
     _, model_dir = trained
     folder = tmp_path / "model"
@@ -118,7 +118,7 @@ def test_average_refuses_to_overwrite_an_input_or_a_managed_checkpoint(trained, 
     assert cli.main(["average", *map(str, best), "-o", str(folder / "averaged.safetensors")]) == 0
 
 
-# -- checkpoint header file names -------------------------------------------------------------------------------------------
+# -- checkpoint header file names --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["../outside_vocab.json", "/etc/passwd"])
 def test_recorded_vocabulary_names_outside_the_folder_are_refused(trained, tmp_path, capsys, name):
     from hyperplex.train.checkpoint import load_checkpoint, save_checkpoint
@@ -148,7 +148,7 @@ def test_a_checkpoint_that_is_a_fifo_is_refused_without_blocking(tmp_path):
             read(tmp_path / "fifo.safetensors")
 
 
-# -- the lock file never leads outside the folder ------------------------------------------------------------------------
+# -- the lock file never leads outside the folder ----------------------------------------------------------------------
 def test_a_lock_that_is_a_symbolic_link_is_refused_and_its_target_untouched(trained, tmp_path, capsys):
     config, _ = trained
     folder = tmp_path / "model"

@@ -48,7 +48,7 @@ def edit_spec(folder, resign=True, **changes):
         with safe_open(os.fspath(folder / WEIGHTS_NAME), framework="pt") as handle:
             metadata, tensors = handle.metadata() or {}, {k: handle.get_tensor(k) for k in handle.keys()}
         if "spec_sha256" in metadata:
-            save_file(tensors, os.fspath(folder / WEIGHTS_NAME), metadata={**metadata, "spec_sha256": spec_digest(spec)})
+            save_file(tensors, os.fspath(weights), metadata={**metadata, "spec_sha256": spec_digest(spec)})
             spec["sha256"] = {**spec["sha256"], WEIGHTS_NAME: sha256_file(folder / WEIGHTS_NAME)}
     (folder / SPEC_NAME).write_text(json.dumps(spec))
     return spec
@@ -163,7 +163,7 @@ def test_modules_json_type_outside_sentence_transformers_is_refused(saved_st, tm
     assert not marker.exists()
 
 
-# -- integrity -----------------------------------------------------------------------------------------------------------
+# -- integrity ---------------------------------------------------------------------------------------------------------
 def test_a_flipped_byte_in_the_weights_is_detected(saved_plain):
     _, folder = saved_plain
     data = bytearray((folder / WEIGHTS_NAME).read_bytes())
@@ -172,7 +172,7 @@ def test_a_flipped_byte_in_the_weights_is_detected(saved_plain):
     refused_unchanged(folder, plain_model, r"model.safetensors: SHA-256 does not match")
 
 
-# -- malformed specs: one LoadError naming the key -----------------------------------------------------------------------
+# -- malformed specs: one LoadError naming the key ---------------------------------------------------------------------
 @pytest.mark.parametrize("changes, match", [
     ({"layers": [1, 2]}, r"layers\[0\] is 1, expected an object"),
     ({"layers": None}, r"key 'layers' is None, expected a list"),
@@ -239,7 +239,7 @@ def test_a_refused_folder_leaves_the_given_model_unchanged_on_a_late_error(saved
     refused_unchanged(folder, plain_model, r"tensor '0.phm_weight' of the rebuilt Sequential is not in the file")
 
 
-# -- saving over the source ------------------------------------------------------------------------------------------------
+# -- saving over the source --------------------------------------------------------------------------------------------
 def test_save_converted_refuses_the_folder_the_model_came_from(tmp_path, bert_folder):
     transformers = pytest.importorskip("transformers")
     source = tmp_path / "bert"
@@ -253,7 +253,8 @@ def test_save_converted_refuses_the_folder_the_model_came_from(tmp_path, bert_fo
         save_converted(model, source)
     assert snapshot(source) == before
     model.config._name_or_path = ""  # the record lost: the foreign weights file still protects the folder
-    with pytest.raises(ValueError, match=r"save_converted .*: holds a Hugging Face model \(config.json\), not one this command writes"):
+    with pytest.raises(ValueError, match=r"save_converted .*: holds a Hugging Face model \(config.json\), not one "
+                                         r"this command writes"):
         save_converted(model, source)
     assert snapshot(source) == before
     save_converted(model, source, overwrite=True)  # explicit: allowed
@@ -269,7 +270,7 @@ def test_a_loaded_converted_model_is_not_saved_back_over_its_folder_by_default(s
     assert snapshot(folder) == before
 
 
-# -- the load builds no dense layer it replaces -------------------------------------------------------------------------
+# -- the load builds no dense layer it replaces ------------------------------------------------------------------------
 def test_load_allocates_no_dense_weight_of_a_converted_layer_and_is_bit_identical(saved_st, monkeypatch):
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -337,7 +338,7 @@ def test_a_version_2_spec_without_the_checksum_is_refused(saved_plain):
     refused_unchanged(folder, plain_model, r"key 'sha256' records no checksum for the weights file 'model.safetensors'")
 
 
-# -- the folder checked as a whole: aliases, the spec's digest, finite weights ---------------------------------------------
+# -- the folder checked as a whole: aliases, the spec's digest, finite weights -----------------------------------------
 def tied_model():
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 16), nn.Linear(16, 16))
@@ -394,7 +395,8 @@ def test_save_converted_of_an_int8_model_says_where_it_goes(tmp_path):
     from hyperplex.convert.quantize import quantize
 
     m = quantize(plain_model())
-    with pytest.raises(ValueError, match=r"Sequential holds int8 layers .*save it with hyperplex.convert.save_quantized"):
+    with pytest.raises(ValueError, match=r"Sequential holds int8 layers .*save it with "
+                                         r"hyperplex.convert.save_quantized"):
         save_converted(m, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

@@ -508,7 +508,8 @@ def test_an_unknown_environment_value_is_refused_before_anything_is_built(monkey
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setenv(native.ENV_VAR, "banana")
-    monkeypatch.setattr(native, "_build", lambda verbose=False: pytest.fail("built although HYPERPLEX_NATIVE is invalid"))
+    monkeypatch.setattr(native, "_build",
+                        lambda verbose=False: pytest.fail("built although HYPERPLEX_NATIVE is invalid"))
     assert cli.main(["native"]) == 1
     assert "HYPERPLEX_NATIVE='banana': expected one of" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # nothing built, nothing installed

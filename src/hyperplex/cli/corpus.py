@@ -7,8 +7,15 @@ import time
 from pathlib import Path
 
 from hyperplex.config.experiment import default_data_root
-from hyperplex.data.corpus import (DEFAULT_EXCLUDES, DEFAULT_MIN_SENTENCES, FALLBACK_SOURCES, SOURCES, build_corpus,
-                                   report_path, write_corpus)
+from hyperplex.data.corpus import (
+    DEFAULT_EXCLUDES,
+    DEFAULT_MIN_SENTENCES,
+    FALLBACK_SOURCES,
+    SOURCES,
+    build_corpus,
+    report_path,
+    write_corpus,
+)
 
 __all__ = ["run_corpus"]
 

@@ -38,9 +38,8 @@ def _averages(path: str) -> tuple[str, ...]:
 
 def _demo(args: argparse.Namespace) -> int:
     from hyperplex.experiments.demo import run_demo
-    from hyperplex.threads import parse_threads
-
     from hyperplex.guards import check_output_folder
+    from hyperplex.threads import parse_threads
 
     check_output_folder(args.out, "--out", ())  # plots only: never into a model's folder
     run_demo(args.out, quick=args.quick, seed=args.seed, threads=parse_threads(args.threads))

@@ -261,3 +261,12 @@ def test_average_replaces_its_own_earlier_average_but_no_other_checkpoint(model,
     before = (folder / "other.safetensors").read_bytes()
     refused(capsys, ["average", *inputs, "-o", str(folder / "other.safetensors")], "is a file of the model weights")
     assert (folder / "other.safetensors").read_bytes() == before
+
+
+def test_score_encoder_json_over_a_students_spec_is_refused_before_loading(tmp_path, capsys):
+    student = tmp_path / "student"
+    student.mkdir()
+    (student / "hyperplex_convert.json").write_text('{"format": "x"}')
+    refused(capsys, ["score-encoder", str(student), "--json", str(student / "hyperplex_convert.json")],
+            "is a file of the converted model written by save_converted")
+    assert (student / "hyperplex_convert.json").read_text() == '{"format": "x"}'

@@ -3,7 +3,8 @@ module at the same layer or below. The layers, lowest first:
 
 0. ``algebra``, ``fileio``, ``threads``, ``metrics``, ``config`` (core, registry), ``_deprecated`` (the table of
    old import paths: it names modules as strings, like the registry)
-1. ``layers``, ``pretrained`` (finding and loading a pretrained encoder: reads its files through ``fileio``)
+1. ``guards`` (output guard, path names, finite weights), ``layers``, ``pretrained`` (finding and loading a
+   pretrained encoder: reads its files through ``fileio``)
 2. ``nn``, ``data``, ``transforms`` (what the typed configs of the transforms share: ``targets`` / ``exclude``)
 3. ``convert``, ``adapters`` (dense layers of any model swapped for PHM / low-rank layers or wrapped by adapters;
    the one loader of model folders, ``convert.serialize``)
@@ -43,7 +44,7 @@ LAYERS = {
     "hyperplex.algebra": 0, "hyperplex.fileio": 0, "hyperplex.threads": 0, "hyperplex.metrics": 0,
     "hyperplex.config": 0, "hyperplex._deprecated": 0,
     "hyperplex.config.core": 0, "hyperplex.config.registry": 0,
-    "hyperplex.layers": 1, "hyperplex.pretrained": 1,
+    "hyperplex.guards": 1, "hyperplex.layers": 1, "hyperplex.pretrained": 1,
     "hyperplex.nn": 2, "hyperplex.data": 2, "hyperplex.transforms": 2,
     "hyperplex.convert": 3, "hyperplex.adapters": 3,
     "hyperplex.int8": 4,

@@ -221,6 +221,36 @@ class FolderBusyError(RuntimeError):
     """Another live process holds the model folder's lock; the message names its pid and command."""
 
 
+def _open_lock(folder: str) -> int:
+    """Open (creating) ``folder/.hyperplex.lock`` without following a symbolic link and without blocking on a
+    FIFO; refuse (:class:`UnsafePathError`) a lock that is not a regular file, which truncating or writing
+    would damage outside the folder or block on."""
+    import stat
+
+    path = os.path.join(folder, LOCK_NAME)
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        kind = ("a symbolic link" if stat.S_ISLNK(info.st_mode) else "a folder" if stat.S_ISDIR(info.st_mode)
+                else "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a device or socket")
+        raise UnsafePathError(f"{path}: the lock file is {kind}, not a regular file; remove it (hyperplex "
+                              f"creates a plain file there)")
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # replaced by a link between the check and the open
+            raise UnsafePathError(f"{path}: the lock file is a symbolic link, not a regular file; remove it") from None
+        raise WriteError(f"model folder {folder} is not writable: {err.strerror or err} (its lock file "
+                         f"{LOCK_NAME})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePathError(f"{path}: the lock file is not a regular file; remove it")
+    return fd
+
+
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike, command: str, transient: tuple[str, ...] = ()):
     """Hold an exclusive advisory lock (``fcntl.flock``) on ``folder/.hyperplex.lock`` for the ``with`` body.
@@ -249,12 +279,7 @@ def folder_lock(folder: str | os.PathLike, command: str, transient: tuple[str, .
         os.makedirs(folder, exist_ok=True)
     except OSError as err:
         raise WriteError(f"model folder {folder} is not writable: {err.strerror or err}") from None
-    path = os.path.join(folder, LOCK_NAME)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise WriteError(f"model folder {folder} is not writable: {err.strerror or err} (its lock file "
-                         f"{LOCK_NAME})") from None
+    fd = _open_lock(folder)
     try:
         import fcntl
     except ImportError:  # pragma: no cover - no flock on this platform: runs are not guarded

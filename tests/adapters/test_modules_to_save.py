@@ -147,3 +147,43 @@ def test_a_head_of_another_shape_is_refused_by_name(tmp_path):
         load_adapter(other, tmp_path, allow_other_base_weights=True)  # a shape is never allowed to differ
     assert state.keys() == other.state_dict().keys()
     assert all(torch.equal(v, other.state_dict()[k]) for k, v in state.items())
+
+
+def test_a_target_that_is_also_a_module_to_save_is_named_as_such(tmp_path):
+    model = base()
+    state = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"pattern 'classifier' matches only layers inside modules_to_save "
+                                         r"\(classifier\), which are trained in full and cannot also hold an adapter"):
+        add_adapter(model, "task", config(targets=["classifier"]))
+    assert isinstance(model.classifier, nn.Linear) and all(torch.equal(v, model.state_dict()[k])
+                                                           for k, v in state.items())
+
+
+def test_a_nan_adapter_is_refused_at_save_as_at_load(tmp_path):
+    """The one rule for NaN and infinite weights: save_adapter refuses what load_adapter would refuse."""
+    from hyperplex.guards import NonFiniteError
+
+    model = base()
+    add_adapter(model, "task", config())
+    save_adapter(model, "task", tmp_path / "good")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "good").iterdir()}
+    with torch.no_grad():
+        model.classifier.adapters["task"].weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"save_adapter 'task': tensor 'classifier.weight' holds "
+                                             r"NaN or infinite values \(1 of 48\)"):
+        save_adapter(model, "task", tmp_path / "good")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "good").iterdir()} == before  # the old adapter is kept
+    assert load_adapter(base(), tmp_path / "good") == "task"
+
+
+def test_save_adapter_never_writes_into_another_models_folder(tmp_path):
+    from hyperplex.guards import OutputError
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    model = base()
+    add_adapter(model, "task", config())
+    with pytest.raises(OutputError, match=r"holds a Hugging Face model \(config.json\)"):
+        save_adapter(model, "task", folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json"]

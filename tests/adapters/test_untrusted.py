@@ -122,3 +122,21 @@ def test_save_adapter_onto_a_file_is_a_clear_error(tmp_path):
         save_adapter(model, "a", target)
     assert target.read_text() == "keep"
 
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+@pytest.mark.parametrize("name,kind", [(SPEC_NAME, "fifo"), (WEIGHTS_NAME, "fifo"), (SPEC_NAME, "folder"),
+                                       (WEIGHTS_NAME, "folder")])
+def test_adapter_files_that_are_fifos_or_folders_are_named_as_such(tmp_path, name, kind):
+    model = base()
+    add_adapter(model, "a", PHMAdapterConfig(n=2, rank=1, targets=["0", "2"]))
+    save_adapter(model, "a", tmp_path)
+    (tmp_path / name).unlink()
+    os.mkfifo(tmp_path / name) if kind == "fifo" else (tmp_path / name).mkdir()
+    fresh = base()
+    before = state_of(fresh)
+    what = "a FIFO" if kind == "fifo" else "a folder"
+    with pytest.raises(ValueError, match=rf"{name}.* is {what}, not a regular file"):
+        load_adapter(fresh, tmp_path)
+    assert_same(fresh, before)
+    assert adapter_names(fresh) == []

@@ -301,7 +301,7 @@ def test_invalid_utf8_fails_alike_from_stdin_and_from_a_file(world, capsys, tmp_
 
 def test_a_directory_as_input(world, capsys, tmp_path):
     msg = fail(capsys, "translate", world.mt, "-i", tmp_path, "-o", tmp_path / "out.txt")
-    assert msg == f"{tmp_path}: is a directory, expected a text file"
+    assert msg == f"{tmp_path}: is a folder, not a regular file; a text file is expected"
 
 
 @pytest.mark.parametrize("verb", ["evaluate", "translate"])
@@ -338,3 +338,49 @@ def test_plot_attention_of_blank_input_is_refused_before_writing(world, capsys, 
                "--plot-attention", tmp_path / "att.png")
     assert msg == "--plot-attention: no input line has tokens to plot"
     assert not (tmp_path / "out.txt").exists() and not (tmp_path / "att.png").exists()
+
+
+# ---------------------------------------------------------------------------- bounds of decoding
+def test_a_huge_line_for_a_model_without_positions_is_cut_to_the_named_limit(world, capsys, tmp_path):
+    """An LSTM has no position table: a line of a million tokens would run its encoder and every step's attention
+    over all of them. It is cut at UNPOSITIONED_LINE_LIMIT with the usual warning, and the output equals the
+    translation of the cut line."""
+    from hyperplex.tasks.translation import UNPOSITIONED_LINE_LIMIT
+
+    words = [f"w{i % 16}" for i in range(UNPOSITIONED_LINE_LIMIT + 5000)]
+    got, err = translate_file(capsys, world.lstm, tmp_path, (" ".join(words) + "\n").encode())
+    assert err == [f"hyperplex translate: warning: line 1 ({len(words)} tokens): longer than the "
+                   f"{UNPOSITIONED_LINE_LIMIT} tokens a line is decoded with by a model without a position table "
+                   f"(hyperplex.tasks.translation.UNPOSITIONED_LINE_LIMIT); translated its first "
+                   f"{UNPOSITIONED_LINE_LIMIT} tokens"]
+    cut, _ = translate_file(capsys, world.lstm, tmp_path, (" ".join(words[:UNPOSITIONED_LINE_LIMIT]) + "\n").encode())
+    assert got == cut and len(got) == 1
+
+
+@pytest.mark.parametrize("verb", ["evaluate", "translate"])
+def test_a_beam_wider_than_the_target_vocabulary_is_refused_naming_both(world, capsys, tmp_path, verb):
+    from hyperplex.inference.load import load_model
+
+    _, task, _ = load_model(str(world.mt), "best", read_data=False)
+    size = len(task.tgt_vocab)
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text(EN[1] + "\n")
+    extra = ["-i", src, "-o", out] if verb == "translate" else []
+    message = fail(capsys, verb, world.mt, "--beam-size", 100_000, *extra)
+    assert message == (f"beam size 100,000 (--beam-size / testing.beam_size) is more than the {size:,} tokens of "
+                       f"the model's target vocabulary; at most {size:,}")
+    assert not out.exists()
+    code, _, _ = run(capsys, verb, world.mt, "--beam-size", size, *extra)  # the widest beam still runs
+    assert code == 0
+
+
+def test_an_evaluation_file_with_a_huge_pair_is_scored_cut_for_a_model_without_positions(world, capsys, tmp_path):
+    from hyperplex.tasks.translation import UNPOSITIONED_LINE_LIMIT
+
+    words = " ".join(f"w{i % 16}" for i in range(UNPOSITIONED_LINE_LIMIT + 100))
+    (tmp_path / "test.en").write_text(f"{EN[1]}\n{words}\n")
+    (tmp_path / "test.de").write_text(f"{DE[1]}\n{DE[2]}\n")
+    code, out, err = run(capsys, "evaluate", world.lstm, "--split", tmp_path / "test")
+    assert code == 0 and "bleu" in json.loads(out)
+    assert any(f"pair 2 ({UNPOSITIONED_LINE_LIMIT + 100} source / 3 target tokens): longer than the "
+               f"{UNPOSITIONED_LINE_LIMIT} tokens" in line for line in err), err

@@ -141,3 +141,15 @@ def test_native_verb_without_a_compiler_is_one_error(capsys, monkeypatch, tmp_pa
     err = capsys.readouterr().err
     assert err.startswith("hyperplex native: error: hyperplex's native PHM kernel needs c++ and ninja") and \
         err.count("\n") == 1
+
+
+def test_params_of_a_huge_vocabulary_counts_without_allocating(tmp_path, capsys):
+    """The model is built on the meta device: 10**12 embedding rows are counted, not allocated."""
+    from conftest import write_tiny_config
+
+    config = write_tiny_config(tmp_path)
+    assert cli.main(["params", str(config), "--vocab-size", str(10 ** 12)]) == 0
+    out = capsys.readouterr().out
+    assert "vocabulary 1000000000000" in out and "| embeddings | 32,000,000,000,000 |" in out
+    assert cli.main(["params", str(config), "--vocab-size", "100"]) == 0
+    assert "| embeddings | 3,200 |" in capsys.readouterr().out  # the same rule at an ordinary size

@@ -47,7 +47,7 @@ def hold_lock(folder: Path) -> subprocess.Popen:
     return process
 
 
-# -- one owner per model folder ------------------------------------------------------------------------------------------
+# -- one owner per model folder ----------------------------------------------------------------------------------------
 def test_a_second_run_into_a_held_folder_stops_naming_the_first_and_changes_nothing(trained, tmp_path, capsys):
     config, model_dir = trained
     folder = tmp_path / "model"
@@ -103,7 +103,7 @@ def test_model_dir_that_is_a_file_is_called_a_file(trained, tmp_path, capsys):
     assert "is a file, not a model folder" in capsys.readouterr().err and target.read_text() == "keep"
 
 
-# -- average --------------------------------------------------------------------------------------------------------------
+# -- average -----------------------------------------------------------------------------------------------------------
 def test_average_refuses_to_overwrite_an_input_or_a_managed_checkpoint(trained, tmp_path, capsys):
     _, model_dir = trained
     folder = tmp_path / "model"
@@ -111,14 +111,14 @@ def test_average_refuses_to_overwrite_an_input_or_a_managed_checkpoint(trained, 
     before = snapshot(folder)
     best = sorted(folder.glob("best-*.safetensors"))
     assert cli.main(["average", str(folder / "best.safetensors"), *map(str, best), "-o", str(folder / "best.safetensors")]) == 1
-    assert "is one of the checkpoints being averaged" in capsys.readouterr().err
+    assert "best.safetensors: is also an input of this command" in capsys.readouterr().err
     assert cli.main(["average", *map(str, best), "-o", str(folder / "last.safetensors")]) == 1
-    assert "a checkpoint the training run in" in capsys.readouterr().err
+    assert "last.safetensors: is a file of the model folder of `hyperplex train`" in capsys.readouterr().err
     assert snapshot(folder) == before
     assert cli.main(["average", *map(str, best), "-o", str(folder / "averaged.safetensors")]) == 0
 
 
-# -- checkpoint header file names -------------------------------------------------------------------------------------------
+# -- checkpoint header file names --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["../outside_vocab.json", "/etc/passwd"])
 def test_recorded_vocabulary_names_outside_the_folder_are_refused(trained, tmp_path, capsys, name):
     from hyperplex.train.checkpoint import load_checkpoint, save_checkpoint
@@ -146,3 +146,46 @@ def test_a_checkpoint_that_is_a_fifo_is_refused_without_blocking(tmp_path):
     for read in (load_checkpoint, checkpoint_info):
         with pytest.raises(CheckpointError, match="fifo.safetensors: not a regular file"):
             read(tmp_path / "fifo.safetensors")
+
+
+# -- the lock file never leads outside the folder ----------------------------------------------------------------------
+def test_a_lock_that_is_a_symbolic_link_is_refused_and_its_target_untouched(trained, tmp_path, capsys):
+    config, _ = trained
+    folder = tmp_path / "model"
+    folder.mkdir()
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me")
+    (folder / LOCK_NAME).symlink_to(victim)
+    for extra in ([], ["--resume"]):  # compress takes the same lock (folder_lock) through train
+        assert cli.main(["train", str(config), "--model-dir", str(folder), *extra]) == 1
+        err = capsys.readouterr().err
+        assert f"{folder / LOCK_NAME}: the lock file is a symbolic link, not a regular file" in err, err
+        assert victim.read_text() == "keep me" and sorted(os.listdir(folder)) == [LOCK_NAME]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_lock_that_is_a_fifo_or_a_folder_is_named_as_such(tmp_path):
+    from hyperplex.fileio import UnsafePathError
+
+    os.mkdir(tmp_path / "a")
+    os.mkfifo(tmp_path / "a" / LOCK_NAME)
+    with pytest.raises(UnsafePathError, match=r"the lock file is a FIFO, not a regular file"):
+        with folder_lock(tmp_path / "a", "train"):
+            pass
+    os.makedirs(tmp_path / "b" / LOCK_NAME)
+    with pytest.raises(UnsafePathError, match=r"the lock file is a folder, not a regular file"):
+        with folder_lock(tmp_path / "b", "train"):
+            pass
+    assert os.listdir(tmp_path / "b" / LOCK_NAME) == []
+
+
+def test_training_into_a_folder_holding_another_model_is_refused(trained, tmp_path, capsys):
+    config, _ = trained
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    (folder / "model.safetensors").write_bytes(b"weights")
+    before = snapshot(folder)
+    assert cli.main(["train", str(config), "--model-dir", str(folder)]) == 1
+    assert "holds a Hugging Face model (config.json), not one this command writes" in capsys.readouterr().err
+    assert snapshot(folder) == before and sorted(os.listdir(folder)) == ["config.json", "model.safetensors"]

@@ -46,3 +46,10 @@ def test_type_errors_show_a_shortened_value():
     with pytest.raises(ConfigError) as err:
         _convert(huge, str, "data.train")
     assert str(err.value).startswith("data.train: expected str, got list [[") and len(str(err.value)) < 400
+
+
+def test_a_long_plain_list_is_not_an_alias_bomb(tmp_path):
+    """200,000 seeds written out add no node by expansion: the file is as large as the data it holds."""
+    path = tmp_path / "plan.yaml"
+    path.write_text("seeds: [" + ", ".join(str(i) for i in range(200_000)) + "]\n")
+    assert load_yaml(path)["seeds"][-1] == 199_999

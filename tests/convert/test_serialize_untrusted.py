@@ -32,9 +32,24 @@ def snapshot(folder) -> dict[str, str]:
     return found
 
 
-def edit_spec(folder, **changes):
+def edit_spec(folder, resign=True, **changes):
+    """Change keys of the spec. ``resign``: also record the new spec's digest in the weights file and the
+    new weights checksum in the spec, as a deliberate forger would, so the checks behind the digest run."""
     spec = json.loads((folder / SPEC_NAME).read_text())
     spec.update(changes)
+    weights = folder / WEIGHTS_NAME
+    if resign and "sha256" not in changes and isinstance(spec.get("sha256"), dict) and weights.is_file():
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        from hyperplex.convert.serialize import spec_digest
+        from hyperplex.fileio import sha256_file
+
+        with safe_open(os.fspath(folder / WEIGHTS_NAME), framework="pt") as handle:
+            metadata, tensors = handle.metadata() or {}, {k: handle.get_tensor(k) for k in handle.keys()}
+        if "spec_sha256" in metadata:
+            save_file(tensors, os.fspath(weights), metadata={**metadata, "spec_sha256": spec_digest(spec)})
+            spec["sha256"] = {**spec["sha256"], WEIGHTS_NAME: sha256_file(folder / WEIGHTS_NAME)}
     (folder / SPEC_NAME).write_text(json.dumps(spec))
     return spec
 
@@ -148,7 +163,7 @@ def test_modules_json_type_outside_sentence_transformers_is_refused(saved_st, tm
     assert not marker.exists()
 
 
-# -- integrity -----------------------------------------------------------------------------------------------------------
+# -- integrity ---------------------------------------------------------------------------------------------------------
 def test_a_flipped_byte_in_the_weights_is_detected(saved_plain):
     _, folder = saved_plain
     data = bytearray((folder / WEIGHTS_NAME).read_bytes())
@@ -157,7 +172,7 @@ def test_a_flipped_byte_in_the_weights_is_detected(saved_plain):
     refused_unchanged(folder, plain_model, r"model.safetensors: SHA-256 does not match")
 
 
-# -- malformed specs: one LoadError naming the key -----------------------------------------------------------------------
+# -- malformed specs: one LoadError naming the key ---------------------------------------------------------------------
 @pytest.mark.parametrize("changes, match", [
     ({"layers": [1, 2]}, r"layers\[0\] is 1, expected an object"),
     ({"layers": None}, r"key 'layers' is None, expected a list"),
@@ -206,6 +221,8 @@ def test_a_learned_rule_relabelled_as_a_fixed_algebra_is_refused(tmp_path):
     spec = json.loads((tmp_path / SPEC_NAME).read_text())
     spec["layers"][0]["rule"] = "quaternion"
     (tmp_path / SPEC_NAME).write_text(json.dumps(spec))
+    refused_unchanged(tmp_path, plain_model, r"the spec hyperplex_convert.json was changed after saving")
+    edit_spec(tmp_path, layers=spec["layers"])  # the digest forged too: the rule's values still give it away
     refused_unchanged(tmp_path, plain_model, r"tensor '0.phm_rule' does not hold the quaternion table")
 
 
@@ -222,7 +239,7 @@ def test_a_refused_folder_leaves_the_given_model_unchanged_on_a_late_error(saved
     refused_unchanged(folder, plain_model, r"tensor '0.phm_weight' of the rebuilt Sequential is not in the file")
 
 
-# -- saving over the source ------------------------------------------------------------------------------------------------
+# -- saving over the source --------------------------------------------------------------------------------------------
 def test_save_converted_refuses_the_folder_the_model_came_from(tmp_path, bert_folder):
     transformers = pytest.importorskip("transformers")
     source = tmp_path / "bert"
@@ -236,7 +253,8 @@ def test_save_converted_refuses_the_folder_the_model_came_from(tmp_path, bert_fo
         save_converted(model, source)
     assert snapshot(source) == before
     model.config._name_or_path = ""  # the record lost: the foreign weights file still protects the folder
-    with pytest.raises(ValueError, match=r"holds a model save_converted did not write \(model.safetensors\)"):
+    with pytest.raises(ValueError, match=r"save_converted .*: holds a Hugging Face model \(config.json\), not one "
+                                         r"this command writes"):
         save_converted(model, source)
     assert snapshot(source) == before
     save_converted(model, source, overwrite=True)  # explicit: allowed
@@ -252,7 +270,7 @@ def test_a_loaded_converted_model_is_not_saved_back_over_its_folder_by_default(s
     assert snapshot(folder) == before
 
 
-# -- the load builds no dense layer it replaces -------------------------------------------------------------------------
+# -- the load builds no dense layer it replaces ------------------------------------------------------------------------
 def test_load_allocates_no_dense_weight_of_a_converted_layer_and_is_bit_identical(saved_st, monkeypatch):
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -318,3 +336,91 @@ def test_a_version_2_spec_without_the_checksum_is_refused(saved_plain):
     del spec["sha256"]
     (folder / SPEC_NAME).write_text(json.dumps(spec))
     refused_unchanged(folder, plain_model, r"key 'sha256' records no checksum for the weights file 'model.safetensors'")
+
+
+# -- the folder checked as a whole: aliases, the spec's digest, finite weights -----------------------------------------
+def tied_model():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 16), nn.Linear(16, 16))
+    m[3].weight = m[0].weight  # tied: saved once, the spec's aliases name the other key
+    return m
+
+
+def test_an_edited_alias_that_reties_another_layer_is_refused(tmp_path):
+    m = tied_model()
+    save_converted(m, tmp_path)
+    spec = json.loads((tmp_path / SPEC_NAME).read_text())
+    assert spec["aliases"] == {"3.weight": "0.weight"}
+    x = torch.randn(2, 16)
+    assert torch.equal(load_converted(tmp_path, model=tied_model())(x), m(x))
+    edit_spec(tmp_path, resign=False, aliases={"3.weight": "2.weight"})  # the layers re-tied to another one
+    refused_unchanged(tmp_path, tied_model, "the spec hyperplex_convert.json was changed after saving")
+    edit_spec(tmp_path, aliases={"2.weight": "0.weight", "3.weight": "0.weight"})  # digest forged too
+    refused_unchanged(tmp_path, tied_model, r"key 'aliases' of hyperplex_convert.json: '2.weight' -> '0.weight': the "
+                                            r"file stores '2.weight' itself")
+    for aliases, match in (({"9.weight": "0.weight"}, r"'9.weight' is no tensor of the rebuilt model"),
+                           ({"3.weight": "nope.weight"}, r"the file stores no tensor 'nope.weight'"),
+                           ({"3.weight": "0.weight", "x": "0.weight"}, r"'x' is no tensor of the rebuilt model")):
+        edit_spec(tmp_path, aliases=aliases)
+        refused_unchanged(tmp_path, tied_model, match)
+
+
+def test_nan_weights_are_refused_at_save_and_at_load(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from hyperplex.fileio import sha256_file
+    from hyperplex.guards import NonFiniteError
+
+    m = plain_model()
+    with torch.no_grad():
+        m[0].weight[1, 2] = float("inf")
+    with pytest.raises(NonFiniteError, match=r"save_converted .*: tensor '0.weight' holds NaN or infinite values"):
+        save_converted(m, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists() or os.listdir(tmp_path / "bad") == []
+    good = plain_model()
+    save_converted(good, tmp_path / "good")
+    path = tmp_path / "good" / WEIGHTS_NAME
+    from safetensors import safe_open
+    with safe_open(os.fspath(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    tensors = load_file(os.fspath(path))
+    tensors["2.weight"][0, 0] = float("nan")
+    save_file(tensors, os.fspath(path), metadata=metadata)
+    edit_spec(tmp_path / "good", resign=False, sha256={WEIGHTS_NAME: sha256_file(path)})
+    refused_unchanged(tmp_path / "good", plain_model, r"model.safetensors: tensor '2.weight' holds NaN or infinite "
+                                                      r"values \(1 of 512\)")
+
+
+def test_save_converted_of_an_int8_model_says_where_it_goes(tmp_path):
+    from hyperplex.int8 import quantize
+
+    m = quantize(plain_model())
+    with pytest.raises(ValueError, match=r"Sequential holds int8 layers .*save it with "
+                                         r"hyperplex.save_quantized"):
+        save_converted(m, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_nan_weights_are_refused_before_quantising(tmp_path):
+    from hyperplex.int8 import quantize
+    from hyperplex.guards import NonFiniteError
+
+    m = plain_model()
+    with torch.no_grad():
+        m[2].weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"quantize Sequential: tensor '2.weight' holds NaN or infinite values"):
+        quantize(m)
+    assert type(m[2]) is nn.Linear and torch.isnan(m[2].weight[0, 0])  # unchanged, still float
+
+
+@pytest.mark.parametrize("file,content,match", [
+    ("1_Pooling/config.json", "{broken", r"1_Pooling/config.json: invalid JSON"),
+    ("tokenizer_config.json", "[1,", r"tokenizer_config.json: invalid JSON"),
+    ("1_Pooling/config.json", '{"word_embedding_dimension": 32, "no_such_option": 1}',
+     r"sentence-transformers cannot rebuild the model from its module files .*TypeError"),
+])
+def test_a_damaged_module_config_names_the_file(saved_st, file, content, match):
+    _, folder = saved_st
+    assert (folder / file).is_file()
+    (folder / file).write_text(content)
+    refused_unchanged(folder, None, match)

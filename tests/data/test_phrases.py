@@ -62,3 +62,31 @@ def test_two_sentences_out_drop_both_phrase_sets():
 def test_bad_fraction(fraction):
     with pytest.raises(ValueError, match="fraction"):
         carve_sentences(TEXTS, fraction, 1)
+
+
+def _contained_by_all_spans(keys):
+    """The definition, by brute force over every span of every key."""
+    return {k for k in keys for other in keys if len(other) > len(k)
+            and any(other[i:i + len(k)] == k for i in range(len(other) - len(k) + 1))}
+
+
+def test_only_lengths_of_texts_are_looked_up_and_the_result_is_the_definitions():
+    import random
+
+    from hyperplex.data.phrases import span_lookups
+
+    rng = random.Random(0)
+    keys = {tuple(rng.choice("abc") for _ in range(rng.randint(1, 9))) for _ in range(200)}
+    assert contained_texts(keys) == _contained_by_all_spans(keys)
+    assert span_lookups({("a",) * 5, ("a", "b")}) == 4  # only the spans of length 2 of the longer key
+    long_text = tuple(f"w{i % 50}" for i in range(800_000))  # one 800k-token text among short ones: linear
+    keys = {long_text, ("w3", "w4"), ("w4", "w9"), ("x",)}
+    assert span_lookups(keys) < 3 * 800_000
+    assert contained_texts(keys) == {("w3", "w4")}
+
+
+def test_a_carve_that_would_run_for_hours_is_refused_naming_the_option():
+    texts = [" ".join(f"t{j}" for j in range(length)) for length in range(1, 3001)]  # ~4.5e9 lookups
+    with pytest.raises(ValueError, match=r"data.carve: sentences would look up 4,5\d\d,\d{3},\d{3} token spans .*"
+                                         r"the longest has 3,000 tokens\), more than the 100,000,000 it allows"):
+        carve_sentences(texts, 0.1, 0)

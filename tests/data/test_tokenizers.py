@@ -1,6 +1,7 @@
 """Tokenisers: word round trip, characters, sentencepiece train/encode/decode/save/load, registry."""
 
 import json
+import os
 import random
 
 import pytest
@@ -137,3 +138,31 @@ def test_registry_and_build_tokenizer():
         build_tokenizer("wordpiece")
     with pytest.raises(ValueError, match="needs the training lines"):
         build_tokenizer("sentencepiece", vocab_size=40)
+
+
+@pytest.mark.parametrize("content,match", [
+    ('{"type": "sentencepiece", "model_file": "../outside.model"}', r"key 'model_file': '../outside.model' steps out"),
+    ('{"type": "sentencepiece", "model_file": "/etc/passwd"}', r"key 'model_file': '/etc/passwd' is an absolute path"),
+    ('{"type": "word", "lowercase": true, "bogus": 1}', r"src.json: invalid tokenizer options"),
+    ("[1, 2", r"src.json: invalid tokenizer JSON"),
+])
+def test_a_damaged_tokenizer_file_names_the_file_and_reads_nothing_outside(tmp_path, content, match):
+    from hyperplex.data.readers import DataError
+    from hyperplex.data.tokenizers import load_tokenizer
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (tmp_path / "outside.model").write_bytes(b"not read")
+    (folder / "src.json").write_text(content)
+    with pytest.raises(DataError, match=match):
+        load_tokenizer(folder, "src")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_tokenizer_file_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    from hyperplex.data.readers import DataError
+    from hyperplex.data.tokenizers import load_tokenizer
+
+    os.mkfifo(tmp_path / "src.json")
+    with pytest.raises(DataError, match=r"src.json: not a regular file"):
+        load_tokenizer(tmp_path, "src")

@@ -108,3 +108,15 @@ def test_the_report_verb_prints_and_writes_the_section_and_names_a_bad_row(tmp_p
     assert main(["report", "convergence", str(records / "results.json"), "--compare", "phm5:tm",
                  "--append-to", str(page)]) == 1
     assert "no row 'phm5' in the plan" in capsys.readouterr().err and page.read_bytes() == before
+
+
+def test_the_report_verb_never_writes_over_the_results_it_reads(tmp_path, capsys):
+    from hyperplex.cli import main
+
+    records, results = _results(tmp_path)
+    results["plan"] = {"name": "tiny_converged"}
+    source = records / "results.json"
+    source.write_text(json.dumps(results))
+    before = source.read_bytes()
+    assert main(["report", "convergence", str(source), "--append-to", str(source)]) == 1
+    assert source.read_bytes() == before and "--append-to" in capsys.readouterr().err

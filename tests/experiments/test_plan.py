@@ -90,3 +90,17 @@ def test_the_plan_reference_is_generated_from_the_schema():
         text = reference_markdown(schema)
         assert all(f"| `{key}` |" in text for key in keys), schema
         assert text in readme, f"experiments/README.md: the table of {schema.__name__} differs from the schema"
+
+
+@pytest.mark.parametrize("row,name", [("..", None), (".", None), ("a", ".."), ("a", ".")])
+def test_row_and_plan_names_that_lead_out_of_the_output_folder_are_refused(tmp_path, row, name):
+    """`..` matches the folder-name letters but would train into OUT/../seed1 (and records into RECORDS/..)."""
+    write_tiny_config(tmp_path)
+    path = tmp_path / "p.yaml"
+    spec = {"title": "t", "metrics": ["loss"], "rows": [{"name": row, "config": "tiny.yaml"}]}
+    if name is not None:
+        spec["name"] = name
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(PlanError, match=r"folder-safe.*not '\.' or '\.\.'"):
+        load_plan(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml", "tiny.yaml"]  # nothing trained or written

@@ -99,3 +99,31 @@ def test_folder_saved_before_split_seed_still_matches_its_plan(done, tmp_path):
     assert f"{copy / 'phm2' / 'seed2'} holds a run with a different config (data.split_seed: 2 in the folder, 1 in " \
         "the plan)" in str(err.value)
     assert "seed1" not in str(err.value)
+
+
+def test_a_plan_of_many_seeds_reads_each_config_once_and_reports_progress(tmp_path, capsys, monkeypatch):
+    """A 2,000-seed dry run: the row's config is read and checked once (the seeds differ only in --seed and the
+    folder), every run still gets its own seed and folder, and a long check prints progress on stderr."""
+    from conftest import write_tiny_config
+
+    import hyperplex.config.experiment as experiment
+    from hyperplex.experiments import runs
+
+    write_tiny_config(tmp_path)
+    plan_path = tmp_path / "many.yaml"
+    plan_path.write_text(yaml.safe_dump({"title": "t", "metrics": ["loss"], "seeds": list(range(1, 2001)),
+                                         "rows": [{"name": "a", "config": "tiny.yaml"}]}))
+    calls = []
+    real = experiment.load_experiment
+    monkeypatch.setattr(experiment, "load_experiment", lambda *a, **k: calls.append(a) or real(*a, **k))
+    monkeypatch.setattr(runs._Progress, "__init__", lambda self, total, what, every=0.0: (
+        setattr(self, "total", total), setattr(self, "what", what), setattr(self, "every", 0.0),
+        setattr(self, "done", 0), setattr(self, "last", 0.0)) and None)
+    to_train, _, resolved = validate(load_plan(plan_path), None, None, tmp_path / "out", [], False)
+    loads = [c for c in calls if str(c[0]).endswith("tiny.yaml")]
+    assert len(loads) <= 2  # the row's check, and the parameter table's build
+    first_two = [(r.seed, r.model_dir) for r in to_train[:2]]
+    assert first_two == [(1, tmp_path / "out/a/seed1"), (2, tmp_path / "out/a/seed2")]
+    assert resolved["a"].seed == 1 and len(to_train) == 2000
+    err = capsys.readouterr().err
+    assert f"checking {plan_path}: row 'a': 2,000 of 2,000 runs" in err

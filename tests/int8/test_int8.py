@@ -286,3 +286,34 @@ def test_a_phm_layer_with_low_rank_factors_quantises_through_its_formed_factors(
     got = model(x)
     assert type(model[0]).__name__ == "QuantizedPHMLinear"
     assert (got - expected).norm() / expected.norm() < 0.05  # int8 rounding of the formed Sᵢ, not a wrong layer
+
+
+def test_nan_is_refused_at_save_and_at_load_of_an_int8_folder(tmp_path):
+    """The rule of save_converted and save_adapter: a NaN or infinite weight is never written, nor read."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from hyperplex.convert import LoadError
+    from hyperplex.fileio import sha256_file
+    from hyperplex.guards import NonFiniteError
+
+    m = quantize(plain_model())
+    save_quantized(m, tmp_path / "q")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "q").iterdir()}
+    with torch.no_grad():
+        m[0].bias[0] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"save_quantized .*: tensor '0.bias' holds NaN or infinite values"):
+        save_quantized(m, tmp_path / "q")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "q").iterdir()} == before
+    path = tmp_path / "q" / QUANT_WEIGHTS_NAME
+    with safe_open(path, framework="pt") as handle:
+        metadata, tensors = handle.metadata(), {k: handle.get_tensor(k) for k in handle.keys()}
+    tensors["2.left.weight_scales"][0] = float("inf")
+    save_file(tensors, path, metadata=metadata)
+    spec = json.loads((tmp_path / "q" / QUANT_SPEC_NAME).read_text())
+    spec["sha256"] = {QUANT_WEIGHTS_NAME: sha256_file(path)}
+    (tmp_path / "q" / QUANT_SPEC_NAME).write_text(json.dumps(spec))
+    fresh = plain_model()
+    with pytest.raises(LoadError, match=r"tensor '2.left.weight_scales' holds NaN or infinite values"):
+        load_quantized(tmp_path / "q", model=fresh)
+    assert type(fresh[2]) is LowRankLinear  # the caller's model is unchanged

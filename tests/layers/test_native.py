@@ -216,10 +216,13 @@ def test_a_broken_or_foreign_cache_is_not_loaded(monkeypatch, tmp_path):
     (tmp_path / name).mkdir()
     (tmp_path / name / f"{name}.so").write_bytes(b"not a library")
     assert native._cached_library(name) == tmp_path / name / f"{name}.so"
-    assert native._load_cached(name) is None
+    with pytest.warns(RuntimeWarning, match="is not the library this package built"):
+        assert native._load_cached(name) is None
+    assert native._cached_library(name) is None  # removed: the next build links it again
+    (tmp_path / name / f"{name}.so").write_bytes(b"not a library")
     without_compiler(monkeypatch)
     monkeypatch.setattr(native, "_load_cached", real_load_cached)  # this test's point: the broken file is tried
-    with pytest.raises(RuntimeError, match=r"needs c\+\+ and ninja to compile"):
+    with pytest.raises(RuntimeError, match=r"needs c\+\+ and ninja to compile"), pytest.warns(RuntimeWarning):
         native.build_native_kernels()
     (tmp_path / name / "lock").touch()  # cpp_extension is building it right now
     assert native._cached_library(name) is None
@@ -452,3 +455,61 @@ def test_looking_for_an_installed_build_creates_nothing_and_follows_torchs_folde
     finally:
         if not existed:
             folder.rmdir()  # what torch's helper just made
+
+
+# ---------------------------------------------------------------- a damaged cache is never opened
+def _no_dlopen(monkeypatch):
+    import importlib.util
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a cached library was opened before its checksum was checked")
+
+    monkeypatch.setattr(importlib.util, "spec_from_file_location", refuse)
+
+
+def test_a_truncated_installed_library_is_not_opened_and_is_rebuilt(kernel_cache, monkeypatch):
+    """Opening a truncated shared library kills the process with SIGBUS: the SHA-256 the install mark records is
+    checked first. `hyperplex native` (the remedy) then builds the library again instead of dying the same way."""
+    native.install_native_kernels()
+    module = native._module  # the good build, loaded: what the stand-in compiler below returns
+    library = kernel_cache / f"{kernel_cache.name}.so"
+    good = library.read_bytes()
+    truncated = library.with_name("cut.so")
+    truncated.write_bytes(good[: len(good) // 2])
+    os.replace(truncated, library)  # a rename: this process keeps its mapping of the good file
+    for attr in ("_module", "_installed", "_enabled"):
+        monkeypatch.setattr(native, attr, None)
+    with monkeypatch.context() as m:
+        _no_dlopen(m)
+        with pytest.warns(RuntimeWarning, match="is not the library this package built"):
+            assert native._load_cached(kernel_cache.name) is None
+    assert not library.exists() and not (kernel_cache / native.INSTALL_MARKER).exists()
+    assert native.installed_native_kernel() is None  # HYPERPLEX_NATIVE unset: PyTorch's paths, no crash
+
+    library.write_bytes(good[: len(good) // 2])  # damaged again; now `hyperplex native` runs over it
+    built = []
+
+    def compile_again(name, verbose):  # stands in for the compiler: links the good library again
+        built.append(name)
+        library.write_bytes(good)
+        return module
+
+    monkeypatch.setattr(native, "_compile", compile_again)
+    monkeypatch.setattr(module, "__file__", str(library), raising=False)
+    with pytest.warns(RuntimeWarning, match="is not the library this package built"):
+        result = native.install_native_kernels()
+    assert built == [kernel_cache.name] and library.read_bytes() == good
+    assert native.installed_native_kernel() == library and result["self_check"]
+    assert native._recorded_checksums(kernel_cache) == {native._sha256(library)}
+
+
+def test_an_unknown_environment_value_is_refused_before_anything_is_built(monkeypatch, tmp_path, capsys):
+    from hyperplex import cli
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv(native.ENV_VAR, "banana")
+    monkeypatch.setattr(native, "_build",
+                        lambda verbose=False: pytest.fail("built although HYPERPLEX_NATIVE is invalid"))
+    assert cli.main(["native"]) == 1
+    assert "HYPERPLEX_NATIVE='banana': expected one of" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing built, nothing installed

@@ -90,7 +90,7 @@ def test_bad_rule_options_are_refused_by_key():
 def test_the_yaml_keys_reach_the_layers_and_the_parameter_table():
     from pathlib import Path
 
-    from hyperplex.train.params import params_report
+    from hyperplex.inference.parameters import params_report
 
     config = str(Path(__file__).resolve().parents[2] / "configs" / "multi30k_transformer.yaml")
     base = ["--model.linear.kind=phm", "--model.linear.n=4"]

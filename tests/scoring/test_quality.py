@@ -141,3 +141,22 @@ def test_sst2_probe_sentence_carve_keeps_phrases_out(tmp_path):
         sst2_probe(embed, path, train_size=10, test_size=4, carve="sentences")
     with pytest.raises(ValueError, match="carve must be"):
         sst2_probe(embed, path, carve="phrases")
+
+
+def test_an_int8_model_counts_the_parameters_of_its_float_model():
+    """score-encoder's params column: the packed int8 weights are no Parameters, yet they are the model's."""
+    import copy
+
+    from torch import nn
+
+    from hyperplex.int8 import quantize
+    from hyperplex.scoring.quality import total_parameters
+    from hyperplex.layers import LowRankLinear, PHMLinear
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(10, 64), PHMLinear(64, 128, 4), LowRankLinear(128, 64, 8), nn.Linear(64, 16),
+                          nn.LayerNorm(16))
+    expected = sum(p.numel() for p in model.parameters())
+    int8 = quantize(copy.deepcopy(model))
+    assert sum(p.numel() for p in int8.parameters()) < expected  # what the column counted before
+    assert total_parameters(int8) == total_parameters(model) == expected

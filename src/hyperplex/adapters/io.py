@@ -9,7 +9,8 @@ layers or modules to save have other shapes, always, and one whose base weights 
 unless ``allow_other_base_weights=True``.
 
 Version 1 files (no base record, no modules to save) still load, without the base check. Both files are
-written with :func:`hyperplex.fileio.atomic_write`. Loading checks everything — the spec's fields, that
+written as one set (:func:`hyperplex.guards.write_set`, the spec last); NaN or infinite weights are refused
+at save and at load (:func:`hyperplex.guards.check_finite`). Loading checks everything — the spec's fields, that
 every listed module exists in the model with the listed sizes, the base weights, the checksum, every key
 and shape — before the model is changed.
 """
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
-import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -30,7 +31,9 @@ from hyperplex.adapters.model import (active_adapter, adapter_config, adapter_la
 from hyperplex.adapters.state_dict import (adapter_state_dict, base_signature, expected_adapter_shapes,
                                       load_adapter_state_dict, state_mismatch)
 from hyperplex.adapters.targets import check_adapter_name, outer_modules
-from hyperplex.fileio import atomic_write, atomic_write_text, read_bounded, sha256_file
+from hyperplex.fileio import read_bounded, sha256_file
+from hyperplex.guards import (InputFileError, check_finite, check_input_file, check_output_folder, input_file_problem,
+                              write_set)
 from hyperplex.layers.selection import dense_sizes, is_dense
 
 __all__ = ["save_adapter", "load_adapter", "read_adapter_spec", "WEIGHTS_NAME", "SPEC_NAME", "FORMAT", "VERSION"]
@@ -68,9 +71,14 @@ def save_adapter(model: nn.Module, name: str, folder: str | os.PathLike) -> None
     folder = os.fspath(folder)
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ValueError(f"{folder}: exists and is a file; save_adapter writes a folder ({SPEC_NAME} and {WEIGHTS_NAME})")
+    check_output_folder(folder, "save_adapter", SPEC_NAME)  # never over another model's files
+    check_finite(state, f"save_adapter {name!r}")  # load_adapter refuses them: such a file could never be loaded
     os.makedirs(folder, exist_ok=True)
     weights = os.path.join(folder, WEIGHTS_NAME)
-    atomic_write(weights, lambda tmp: save_file(state, tmp, metadata={"format": "pt", "adapter": name}))
+
+    def write_weights(tmp: str) -> None:
+        save_file(state, tmp, metadata={"format": "pt", "adapter": name})
+        spec["weights_sha256"] = sha256_file(tmp)
     spec = {
         "format": FORMAT,
         "version": VERSION,
@@ -80,16 +88,19 @@ def save_adapter(model: nn.Module, name: str, folder: str | os.PathLike) -> None
         "modules_to_save": {path: _state_shapes(module) for path, module in saved.items()},
         "base_model": _base_record(model, list(layers)),
         "dtype": str(next(iter(state.values())).dtype).removeprefix("torch."),
-        "weights_sha256": sha256_file(weights),
     }
-    atomic_write_text(os.path.join(folder, SPEC_NAME), json.dumps(spec, indent=2) + "\n")
+    write_set([(weights, write_weights), (os.path.join(folder, SPEC_NAME),  # both or neither, the spec last
+               lambda tmp: Path(tmp).write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8"))])
 
 
 def read_adapter_spec(folder: str | os.PathLike) -> tuple[dict, PHMAdapterConfig]:
     """Parse and validate ``folder/adapter.json``; returns ``(spec, config)``. Errors name the file and key.
     A version 1 spec comes back with ``modules_to_save`` empty and ``base_model`` ``None``."""
     path = os.path.join(os.fspath(folder), SPEC_NAME)
-    if not os.path.isfile(path):
+    problem = input_file_problem(path)
+    if problem is not None and problem != "does not exist":
+        raise InputFileError(f"{path}: the adapter spec {problem}; a file written by save_adapter is expected")
+    if problem is not None:
         raise FileNotFoundError(f"{path}: no adapter spec here (expected {SPEC_NAME} and {WEIGHTS_NAME} from save_adapter)")
     try:
         spec = json.loads(read_bounded(path, MAX_SPEC_BYTES).decode("utf-8"))
@@ -193,15 +204,11 @@ def load_adapter(model: nn.Module, folder: str | os.PathLike, name: str | None =
                              f"{base['name']} ({base['class']}), this model is {found['name']} ({found['class']})); "
                              f"pass allow_other_base_weights=True to load it on this base anyway")
     weights_path = os.path.join(folder, WEIGHTS_NAME)
-    if not os.path.isfile(weights_path):
-        raise FileNotFoundError(f"{weights_path}: missing (the spec {spec_path} refers to it)")
+    check_input_file(weights_path, f"the weights file {spec_path} refers to")
     if sha256_file(weights_path) != spec["weights_sha256"]:
         raise ValueError(f"{weights_path}: SHA-256 differs from the one in {spec_path} (file changed or from another save)")
     state = load_file(weights_path)
-    not_finite = sorted(k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
-    if not_finite:
-        raise ValueError(f"{weights_path}: tensor {not_finite[0]!r} holds NaN or infinite values ({len(not_finite)} "
-                         f"such tensors); the adapter is not loaded")
+    check_finite(state, weights_path)  # the rule save_adapter applies too
     problem = state_mismatch(expected_adapter_shapes(config, sizes, spec["modules_to_save"]), state)
     if problem:
         raise ValueError(f"{weights_path}: does not match {spec_path}: {problem}")

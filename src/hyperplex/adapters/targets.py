@@ -70,7 +70,10 @@ def select_targets(model: nn.Module, config: PHMAdapterConfig, key: str = "PHMAd
     every selected layer whose sizes ``n`` does not divide."""
     candidates: list[tuple[str, nn.Module]] = []
     others: dict[str, str] = {}
+    in_saved: list[str] = []  # linear layers inside modules trained in full: no adapter goes there
     for path, module in outer_modules(model):
+        if _inside(path, saved) and (isinstance(module, PHMAdaptedLinear) or is_dense(module)):
+            in_saved.append(path)
         if _inside(path, saved) or _inside(path, [p for p, _ in candidates]):
             continue  # trained in full, or inside a linear layer already listed
         if isinstance(module, PHMAdaptedLinear) or is_dense(module):
@@ -81,6 +84,11 @@ def select_targets(model: nn.Module, config: PHMAdapterConfig, key: str = "PHMAd
     for field, patterns in (("targets", targets), ("exclude", config.exclude)):
         for pattern in patterns:
             if not any(name_matches(p, pattern) for p, _ in candidates):
+                overlap = [p for p in in_saved if name_matches(p, pattern)][:3]
+                if overlap:
+                    raise ValueError(f"{key}.{field}: pattern {pattern!r} matches only layers inside modules_to_save "
+                                     f"({', '.join(overlap)}), which are trained in full and cannot also hold an "
+                                     f"adapter; drop them from {field} or from modules_to_save")
                 hit = [f"{p} ({t})" for p, t in others.items() if name_matches(p, pattern)][:3]
                 why = f"; it matches only modules that are not linear layers: {', '.join(hit)}" if hit else ""
                 sample = ", ".join(p for p, _ in candidates[:6]) + (", …" if len(candidates) > 6 else "")

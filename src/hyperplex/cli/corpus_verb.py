@@ -7,7 +7,15 @@ import time
 from pathlib import Path
 
 from hyperplex.config.experiment import default_data_root
-from hyperplex.data.corpus import DEFAULT_MIN_SENTENCES, build_corpus, write_corpus
+from hyperplex.data.corpus import (
+    DEFAULT_EXCLUDES,
+    DEFAULT_MIN_SENTENCES,
+    FALLBACK_SOURCES,
+    SOURCES,
+    build_corpus,
+    report_path,
+    write_corpus,
+)
 
 __all__ = ["run_corpus"]
 
@@ -24,6 +32,11 @@ def run_corpus(out: str, data_root: str | None = None, excludes: list[str] | Non
         raise FileNotFoundError(f"--data-root {root} is not a folder")
     if not Path(out).parent.resolve().is_dir():
         raise FileNotFoundError(f"{out}: its folder {Path(out).parent} does not exist (nothing was written)")
+    from hyperplex.guards import check_outputs
+
+    inputs = [Path(root) / p for p in (*(s.path for s in (*SOURCES, *FALLBACK_SOURCES)), *DEFAULT_EXCLUDES,
+                                       *(excludes or ()))]
+    check_outputs({"OUT": out, "its report": report_path(out)}, inputs)  # a source is never replaced
     start = time.perf_counter()
     progress = None if quiet else (lambda message: print(message, file=sys.stderr, flush=True))
     sentences, report = build_corpus(root, excludes or (), min_sentences, seed, progress=progress)

@@ -14,10 +14,34 @@ import shlex
 import sys
 
 
+def _guard(outputs: dict, inputs=(), owns=()) -> None:
+    """Refuse an output that is an input, another model's file or not a regular file, before any work
+    (:func:`hyperplex.guards.check_outputs`)."""
+    from hyperplex.guards import check_outputs
+
+    check_outputs(outputs, inputs, owns)
+
+
+def _averages(path: str) -> tuple[str, ...]:
+    """``(name,)`` when ``path`` is a weights file `hyperplex average` wrote (it records ``averaged_from``)."""
+    if not os.path.isfile(path):  # a FIFO would block the read; the guard names it
+        return ()
+    try:
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as handle:
+            header = json.loads((handle.metadata() or {}).get("hyperplex", "{}"))
+        return (os.path.basename(path),) if "averaged_from" in (header.get("extra") or {}) else ()
+    except Exception:  # noqa: BLE001 - missing, not a safetensors file: not one of its outputs
+        return ()
+
+
 def _demo(args: argparse.Namespace) -> int:
     from hyperplex.experiments.demo import run_demo
+    from hyperplex.guards import check_output_folder
     from hyperplex.threads import parse_threads
 
+    check_output_folder(args.out, "--out", ())  # plots only: never into a model's folder
     run_demo(args.out, quick=args.quick, seed=args.seed, threads=parse_threads(args.threads))
     return 0
 
@@ -45,6 +69,7 @@ def _score_encoder(args: argparse.Namespace) -> int:
     from hyperplex.scoring import score_encoders
 
     files = {"agreement": args.agreement, "wikiqa": args.wikiqa, "sst2": args.sst2}
+    _guard({"--json": args.json}, [*args.students, args.teacher, *files.values()])
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     result = score_encoders(args.students, args.teacher, args.data_root, files, metrics, args.probe_train,
                             args.probe_test, args.split_seed, args.json, args.threads)
@@ -71,6 +96,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _translate(args: argparse.Namespace) -> int:
     from hyperplex.inference.verbs import translate
 
+    _guard({"-o": args.output, "--plot-attention": args.plot_attention}, [args.input, args.model_dir, args.checkpoint])
     translate(args.model_dir, args.input, args.output, args.checkpoint, args.beam_size, args.plot_attention,
               threads=args.threads)
     return 0
@@ -86,6 +112,8 @@ def _params(args: argparse.Namespace) -> int:
 def _average(args: argparse.Namespace) -> int:
     from hyperplex.train.checkpoint import write_average
 
+    output = os.path.join(args.output, "averaged.safetensors") if os.path.isdir(args.output) else args.output
+    _guard({"-o": output}, args.inputs, owns=("averaged*.safetensors", *_averages(output)))
     print(write_average(args.inputs, args.output))
     return 0
 
@@ -93,6 +121,8 @@ def _average(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from hyperplex.inference.export import export
 
+    if not args.st_folder:  # --st-folder writes a new folder and refuses any existing path itself
+        _guard({"OUT": args.output}, [args.model, args.checkpoint], owns=("*.onnx",))
     result, tensor_bytes = export(args.model, args.output, args.checkpoint, args.token_embeddings, args.opset,
                                   args.data_root, args.phm, args.st_folder)
     diff = "not checked (onnxruntime missing)" if result.max_abs_diff is None else f"{result.max_abs_diff:.2g}"
@@ -274,12 +304,13 @@ def _add_translate(sub, common: argparse.ArgumentParser) -> None:
                                "(or a checkpoint file's, with its vocabulary files beside it).")
     translate.add_argument("model_dir", metavar="MODEL", help=_MODEL_HELP)
     translate.add_argument("-i", "--input", help="input file (default: stdin)")
-    translate.add_argument("-o", "--output", help="output file (default: stdout)")
+    translate.add_argument("-o", "--output", help="output file (default: stdout); never the input, nor a file a model "
+                           "folder already holds (refused before translating)")
     translate.add_argument("--checkpoint", default="best",
                            help="with a model folder: best (default), last, or a checkpoint file")
     translate.add_argument("--beam-size", type=int, help="override testing.beam_size (1 = greedy)")
     translate.add_argument("--plot-attention", metavar="PNG",
-                           help="draw the attention heat-map of the first non-empty sentence")
+                           help="draw the attention heat-map of the first non-empty sentence (the same rule as -o)")
     _add_threads(translate)
     translate.set_defaults(func=_translate)
 
@@ -304,7 +335,8 @@ def _add_average(sub, common: argparse.ArgumentParser) -> None:
                              description="Average model weights of checkpoint files (or of every "
                              "best-*.safetensors in a model folder) into one weights file.")
     average.add_argument("inputs", nargs="+", help="checkpoint files and/or model folders")
-    average.add_argument("-o", "--output", required=True, help="output .safetensors file (or folder)")
+    average.add_argument("-o", "--output", required=True, help="output .safetensors file (or folder: "
+                         "averaged.safetensors in it); never an input, nor another file of a model folder")
     average.set_defaults(func=_average)
 
 

@@ -3,13 +3,16 @@
 A folder written by :func:`save_converted` holds
 
 * ``model.safetensors`` — the whole model's state dict (tied weights stored once; the spec's
-  ``aliases`` name the other keys), written through :func:`hyperplex.fileio.atomic_write`;
+  ``aliases`` name the other keys; its metadata records the SHA-256 of the spec, ``spec_sha256``);
 * ``hyperplex_convert.json`` — format name and version, how to rebuild the dense architecture
   (``model``), the dtype, and one entry per converted layer (:func:`~hyperplex.convert.conversion_spec`);
 * for a ``transformers`` model: its ``config.json`` (and ``generation_config.json``); for a
   ``SentenceTransformer``: the files its own ``save`` writes except weights (``modules.json``,
   ``sentence_bert_config.json``, ``1_Pooling/config.json``, the transformer's ``config.json`` …);
   tokenizer files when a tokenizer is given (a ``SentenceTransformer`` saves its own).
+
+All of them are written as one set (:func:`hyperplex.guards.write_set`), the spec last. NaN or infinite
+weights are refused at save and at load (:func:`hyperplex.guards.check_finite`).
 
 :func:`load_converted` treats the folder as untrusted input. Before any model is built it checks the
 spec (types, sizes, duplicate layers), that every file name in it stays inside the folder, that the folder
@@ -34,10 +37,10 @@ import torch
 from torch import nn
 
 from hyperplex.convert.linears import KINDS, apply_spec, conversion_spec, to_dense
+from hyperplex.guards import NonFiniteError, check_finite
 from hyperplex.pretrained import QUANTIZED_SPEC, read_modules_json
 from hyperplex.fileio import (
-    UnsafePathError, atomic_write, atomic_write_bytes, atomic_write_text, check_folder_files, inside, read_bounded,
-    sha256_file,
+    UnsafePathError, check_folder_files, inside, read_bounded, sha256_file,
 )
 
 __all__ = ["save_converted", "load_converted", "read_spec", "model_skeleton", "read_tensors",
@@ -126,17 +129,33 @@ def deduplicate_tensors(entries) -> tuple[dict[str, torch.Tensor], dict[str, str
     return tensors, aliases
 
 
-def _copy_tree(source: str, target: str, skip) -> None:
-    """Copy files under ``source`` to ``target`` (each through atomic_write), except where ``skip(rel)``."""
-    for root, _, files in os.walk(source):
-        for file in sorted(files):
+def _copy_tree(source: str, target: str, skip, files: list) -> None:
+    """Add ``(target path, writer)`` to ``files`` for each file under ``source`` except where ``skip(rel)``
+    (the folders are made; the files are written later, as one set with the weights and the spec)."""
+    for root, _, names in os.walk(source):
+        for file in sorted(names):
             path = os.path.join(root, file)
             rel = os.path.relpath(path, source)
             if skip(rel):
                 continue
             os.makedirs(os.path.dirname(os.path.join(target, rel)), exist_ok=True)
             with open(path, "rb") as handle:
-                atomic_write_bytes(os.path.join(target, rel), handle.read())
+                data = handle.read()
+            files.append((os.path.join(target, rel), lambda tmp, data=data: _write_bytes(tmp, data)))
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+
+def spec_digest(spec: dict) -> str:
+    """SHA-256 of a spec without its ``sha256`` key (canonical JSON), recorded in the weights file's metadata:
+    a spec edited after saving (re-tied ``aliases``, other ``layers``) no longer matches its weights."""
+    import hashlib
+
+    core = {k: v for k, v in spec.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(core, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 def _sentence_transformer_weights(model: nn.Module, scratch: str) -> set[str]:
@@ -171,13 +190,6 @@ def _sources(model: nn.Module) -> set[str]:
     return found
 
 
-def _foreign_weights(folder: str) -> list[str]:
-    """Weight files at the top of ``folder`` that :func:`save_converted` did not write (no spec there)."""
-    if not os.path.isdir(folder) or os.path.isfile(os.path.join(folder, SPEC_NAME)):
-        return []
-    return sorted(f for f in os.listdir(folder) if f.endswith(_WEIGHT_SUFFIXES))
-
-
 def non_persistent_buffers(model: nn.Module, *, meta: bool = False) -> dict[str, torch.Tensor]:
     """Buffers outside the state dict (position ids, rotary frequencies), by dotted name: saved too, so a load
     that builds the skeleton on the ``meta`` device restores them exactly instead of recomputing them. The
@@ -209,21 +221,18 @@ def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None, 
     Returns:
         the folder path.
     """
+    from hyperplex.guards import check_finite, check_output_folder, write_set
+
     folder = os.fspath(folder)
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ValueError(f"{folder}: exists and is not a folder")
+    _refuse_quantized(model)
     description = _describe(model)  # raises before anything is written
-    if not overwrite:
-        target = os.path.realpath(folder)
-        if target in _sources(model):
-            raise ValueError(f"{folder}: is the folder this model was loaded from; saving the converted model there "
-                             f"would replace the original's weights. Choose another folder (or pass overwrite=True)")
-        foreign = _foreign_weights(folder)
-        if foreign:
-            raise ValueError(f"{folder}: holds a model save_converted did not write ({', '.join(foreign[:3])}); "
-                             f"choose another folder (or pass overwrite=True)")
+    if not overwrite:  # the folder it came from, or another model's folder, would no longer load as itself
+        check_output_folder(folder, "save_converted", SPEC_NAME, _sources(model))
     if any(t.device.type == "meta" for t in model.state_dict().values()):
         raise ValueError(f"{type(model).__name__} has tensors on the meta device (no values); load its weights first")
+    check_finite(model.named_parameters(), f"save_converted {folder}")
     tensors, aliases = _deduplicated_state(model)
     buffers = {k: v.detach().contiguous().cpu() for k, v in non_persistent_buffers(model).items() if k not in tensors}
     floating = {t.dtype for t in tensors.values() if t.is_floating_point()}
@@ -235,6 +244,7 @@ def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None, 
         "aliases": aliases, "buffers": sorted(buffers), "layers": conversion_spec(model),
     }
     os.makedirs(folder, exist_ok=True)
+    files: list = []  # (path, writer): written as one set, the spec last
     with tempfile.TemporaryDirectory(dir=folder, prefix=".save-") as scratch:
         if description["library"] == "sentence-transformers":
             # The model's own save writes modules.json and every module's config. The Transformer
@@ -245,28 +255,41 @@ def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None, 
             model.save(scratch)
             transformer_dirs = _sentence_transformer_weights(model, scratch)
             _copy_tree(scratch, folder, lambda rel: rel.endswith(_WEIGHT_SUFFIXES)
-                       and os.path.dirname(rel) in transformer_dirs)
+                       and os.path.dirname(rel) in transformer_dirs, files)
             shutil.rmtree(scratch, ignore_errors=True)
             os.makedirs(scratch, exist_ok=True)
         elif description["library"] == "transformers":
-            atomic_write_text(os.path.join(folder, "config.json"), model.config.to_json_string())
+            texts = {"config.json": model.config.to_json_string()}
             generation = getattr(model, "generation_config", None)
             if generation is not None and getattr(model, "can_generate", lambda: False)():
-                atomic_write_text(os.path.join(folder, "generation_config.json"), generation.to_json_string())
+                texts["generation_config.json"] = generation.to_json_string()
+            files += [(os.path.join(folder, name), lambda tmp, t=text: _write_bytes(tmp, t.encode("utf-8")))
+                      for name, text in texts.items()]
         if tokenizer is not None:
             tokenizer_dir = os.path.join(scratch, "tokenizer")
             tokenizer.save_pretrained(tokenizer_dir)
-            _copy_tree(tokenizer_dir, folder, lambda rel: False)
+            _copy_tree(tokenizer_dir, folder, lambda rel: False, files)
 
     from safetensors.torch import save_file
 
     def write(tmp: str) -> None:
-        save_file({**tensors, **buffers}, tmp, metadata={"format": "pt", "hyperplex": FORMAT})
+        save_file({**tensors, **buffers}, tmp,
+                  metadata={"format": "pt", "hyperplex": FORMAT, "spec_sha256": spec_digest(spec)})
         spec["sha256"] = {WEIGHTS_NAME: sha256_file(tmp)}
-    atomic_write(os.path.join(folder, WEIGHTS_NAME), write)
-    # The spec last: a folder with a spec always has the weights it describes.
-    atomic_write_text(os.path.join(folder, SPEC_NAME), json.dumps(spec, indent=2) + "\n")
+    # One set, the spec last: a folder with a spec always has the weights and files it describes, and a
+    # failure while writing (a full disk) leaves the old files, all of them.
+    write_set([*files, (os.path.join(folder, WEIGHTS_NAME), write),
+               (os.path.join(folder, SPEC_NAME), lambda tmp: _write_bytes(tmp, (json.dumps(spec, indent=2) + "\n")
+                                                                           .encode("utf-8")))])
     return folder
+
+
+def _refuse_quantized(model: nn.Module) -> None:
+    """A model with int8 layers has no float weights to save here: say where it goes instead."""
+    # by module name: hyperplex.int8 is built on this package, so it cannot be imported from here
+    if any(type(m).__module__.startswith(("hyperplex.int8", "torch.ao.nn.quantized")) for m in model.modules()):
+        raise ValueError(f"{type(model).__name__} holds int8 layers (hyperplex.quantize); save it with "
+                         f"hyperplex.save_quantized, which load_quantized reads back")
 
 
 def _is_int(value, minimum: int = 1) -> bool:
@@ -438,13 +461,33 @@ def _skeleton_transformers(folder: str, description: dict) -> nn.Module:
     return model
 
 
+def _check_json_files(folder: str) -> None:
+    """Every ``.json`` file of the folder (module configs such as ``1_Pooling/config.json``, tokenizer files)
+    parses as JSON: a damaged one is a LoadError naming it, not a library's message without the file."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            if not name.endswith(".json") or name == SPEC_NAME:
+                continue
+            path = os.path.join(root, name)
+            try:
+                json.loads(read_bounded(path, MAX_SPEC_BYTES).decode("utf-8"))
+            except UnsafePathError as err:
+                raise LoadError(str(err)) from None
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+                raise LoadError(f"{path}: invalid JSON ({err})") from None
+
+
 def _skeleton_sentence_transformer(folder: str) -> nn.Module:
     """The SentenceTransformer of the folder's module configs, its ``transformers`` models on ``meta``."""
     from sentence_transformers import SentenceTransformer
 
     _check_modules_json(folder)
-    with _meta_transformer_modules():
-        return SentenceTransformer(folder, device="meta", local_files_only=True, trust_remote_code=False)
+    try:
+        with _meta_transformer_modules():
+            return SentenceTransformer(folder, device="meta", local_files_only=True, trust_remote_code=False)
+    except (TypeError, KeyError, ValueError, AttributeError, OSError) as err:  # a module config it cannot use
+        raise LoadError(f"{folder}: sentence-transformers cannot rebuild the model from its module files "
+                        f"(modules.json and each module's config: {type(err).__name__}: {_short(str(err))})") from None
 
 
 def load_converted(folder: str | os.PathLike, model: nn.Module | None = None) -> nn.Module:
@@ -477,6 +520,7 @@ def load_converted(folder: str | os.PathLike, model: nn.Module | None = None) ->
         check_folder_files(folder)
     except UnsafePathError as err:
         raise LoadError(str(err)) from None
+    _check_json_files(folder)
     weights_path = os.path.join(folder, spec["weights"])
     if os.path.isdir(weights_path):
         raise LoadError(f"{spec_path}: key 'weights' names {spec['weights']!r}, which is a folder, not a file")
@@ -576,7 +620,12 @@ def _load_tensors(model: nn.Module, path: str, spec: dict, assign: bool, check_o
                             f"{type(model).__name__}")
         extra[key] = module._buffers[leaf]
     targets = {**expected, **extra}
-    values = read_tensors(path, targets, aliases, type(model).__name__)
+    values = read_tensors(path, targets, aliases, type(model).__name__, spec=spec)
+    weights = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    try:
+        check_finite(((k, v) for k, v in values.items() if k in weights), path)
+    except NonFiniteError as err:
+        raise LoadError(str(err)) from None
     _check_rules(values, spec["layers"], path)
     if check_only:
         return
@@ -591,6 +640,27 @@ def _load_tensors(model: nn.Module, path: str, spec: dict, assign: bool, check_o
         owner, _, leaf = key.rpartition(".")
         model.get_submodule(owner)._buffers[leaf] = values[key]
     retie_aliases(model, aliases)
+
+
+def _check_spec_digest(spec: dict, metadata: dict, path: str) -> None:
+    """The weights file records the digest of the spec it was saved with (folders written before it was
+    recorded have none and are read as they are)."""
+    recorded = metadata.get("spec_sha256")
+    if recorded is not None and recorded != spec_digest(spec):
+        raise LoadError(f"{path}: the spec {SPEC_NAME} was changed after saving (its SHA-256 is not the one the "
+                        f"weights file records, metadata 'spec_sha256'); re-save the model rather than edit the spec")
+
+
+def _check_aliases(aliases: dict, stored: set, targets: dict, path: str, spec_name: str = SPEC_NAME) -> None:
+    """Each alias names a tensor of the rebuilt model that the file does not store, tied to one it stores."""
+    for alias, kept in aliases.items():
+        where = f"{path}: key 'aliases' of {spec_name}: {_short(alias)} -> {_short(kept)}"
+        if alias not in targets:
+            raise LoadError(f"{where}: {_short(alias)} is no tensor of the rebuilt model")
+        if alias in stored:
+            raise LoadError(f"{where}: the file stores {_short(alias)} itself, so it cannot be tied to another tensor")
+        if kept not in stored:
+            raise LoadError(f"{where}: the file stores no tensor {_short(kept)}")
 
 
 def _check_rules(values: dict[str, torch.Tensor], layers: list[dict], path: str) -> None:
@@ -631,12 +701,15 @@ def model_skeleton(folder: str | os.PathLike, spec: dict) -> nn.Module:
 
 
 def read_tensors(path: str, targets: dict[str, torch.Tensor], aliases: dict[str, str] | None = None,
-                 owner: str = "model") -> dict[str, torch.Tensor]:
+                 owner: str = "model", spec: dict | None = None,
+                 spec_name: str = SPEC_NAME) -> dict[str, torch.Tensor]:
     """Every tensor of the safetensors file ``path``, checked strictly against ``targets`` (name → a tensor of
     the expected shape and dtype, ``meta`` ones too) and returned under the target names; ``aliases`` maps a
     target name to the key it is stored under (a tied tensor saved once). :class:`LoadError` naming the file
     and the tensor for a file that is not safetensors, a tensor with no place in ``owner``, one missing, or
-    one of another shape or dtype (a silent cast would break bit-identity). Nothing is changed."""
+    one of another shape or dtype (a silent cast would break bit-identity); with ``spec``, also a spec changed
+    after saving (the digest the file records) and aliases that do not tie a missing tensor to a stored one.
+    Nothing is changed."""
     from safetensors import SafetensorError, safe_open
 
     aliases = aliases or {}
@@ -645,7 +718,10 @@ def read_tensors(path: str, targets: dict[str, torch.Tensor], aliases: dict[str,
     except (SafetensorError, OSError) as err:
         raise LoadError(f"{path}: not a safetensors file ({_short(str(err))})") from None
     with handle:
+        if spec is not None:
+            _check_spec_digest(spec, handle.metadata() or {}, path)
         stored = set(handle.keys())
+        _check_aliases(aliases, stored, targets, path, spec_name)
         unexpected = sorted(stored - set(targets))
         if unexpected:
             raise LoadError(f"{path}: tensor {unexpected[0]!r} has no place in the rebuilt {owner}"

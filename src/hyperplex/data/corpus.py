@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hyperplex.data.readers import DataError, DataFileNotFoundError, read_jsonl, read_lines, read_tsv
-from hyperplex.fileio import atomic_write, atomic_write_text
 
 __all__ = ["CorpusError", "CorpusSource", "HeldOut", "SourceCount", "CorpusReport", "SOURCES", "FALLBACK_SOURCES",
            "DEFAULT_EXCLUDES", "DEFAULT_MIN_SENTENCES", "MAX_WORDS", "clean_text", "normalize_text", "split_sentences",
@@ -365,7 +364,13 @@ def build_corpus(data_root: str | os.PathLike, excludes: Sequence[str | os.PathL
     root = Path(data_root)
     exclude_paths = [_resolve(root, p) for p in (*default_excludes, *excludes)]
     wanted = [_resolve(root, s.path) for s in sources] + exclude_paths
-    missing = [p for p in wanted if not p.is_file()]
+    from hyperplex.guards import input_file_problem
+
+    problems = [(p, input_file_problem(p)) for p in wanted]
+    odd = next(((p, why) for p, why in problems if why not in (None, "does not exist")), None)
+    if odd is not None:  # a FIFO would block, a folder is not "not found"
+        raise DataError(f"{odd[0]}: {odd[1]}; a data file is expected")
+    missing = [p for p, why in problems if why == "does not exist"]
     if missing:
         raise DataFileNotFoundError(missing[0]) if len(missing) == 1 else \
             DataError(f"files not found: {', '.join(map(str, missing))} (data root {root})")
@@ -433,7 +438,8 @@ def report_path(out: str | os.PathLike) -> Path:
 
 def write_corpus(out: str | os.PathLike, sentences: Sequence[str], report: CorpusReport) -> Path:
     """Write ``sentences`` one per line to ``out`` (gzip if it ends ``.gz``, with no time stamp or name in
-    the header, so equal inputs give equal bytes) and ``report`` to :func:`report_path`, each atomically.
+    the header, so equal inputs give equal bytes) and ``report`` to :func:`report_path`, as one set
+    (:func:`hyperplex.guards.write_set`: a failure leaves both old files).
     Returns the report's path."""
     bad = next((i for i, s in enumerate(sentences) if "\n" in s or "\r" in s or not s.strip()), None)
     if bad is not None:
@@ -451,7 +457,8 @@ def write_corpus(out: str | os.PathLike, sentences: Sequence[str], report: Corpu
     target = report_path(out)
     if Path(out).resolve() == target.resolve():
         raise CorpusError(f"{out}: the corpus would overwrite its own report; choose a name ending .txt or .gz")
-    atomic_write(out, write)
+    from hyperplex.guards import write_set
+
     text = json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
-    atomic_write_text(target, text)
+    write_set([(out, write), (target, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))])  # both or neither
     return target

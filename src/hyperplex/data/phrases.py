@@ -13,32 +13,62 @@ and validation accuracy is inflated. The rule here:
 4. every text contained in a validation sentence (its phrases, and copies of the sentence
    itself) is dropped from training, so no validation sentence is seen in any form.
 
-Containment is found by hashing every contiguous token span of every distinct text and looking
-it up in the set of texts: Σ L²/2 lookups for texts of L tokens (≈ 4 s for SST-2's 67K lines),
-instead of comparing all pairs of texts.
+Containment is found by hashing the contiguous token spans of every distinct text whose lengths are
+lengths of texts of the file, and looking them up in the set of texts (≈ 4 s for SST-2's 67K lines),
+instead of comparing all pairs of texts. The number of lookups is counted before any is made and bounded
+by :data:`MAX_SPAN_LOOKUPS` (one very long text among short ones costs only its length times the few
+short lengths; many long texts of many lengths are refused with the limit named, not left to run for hours).
 """
 
 from __future__ import annotations
 
+import bisect
 import random
 from dataclasses import dataclass
+from itertools import accumulate
 
-__all__ = ["SentenceCarve", "carve_sentences", "contained_texts"]
+__all__ = ["SentenceCarve", "carve_sentences", "contained_texts", "MAX_SPAN_LOOKUPS"]
+
+#: The most token spans :func:`contained_texts` looks up (about a minute of CPU); more is refused.
+MAX_SPAN_LOOKUPS = 100_000_000
 
 
-def _spans(tokens: tuple[str, ...]):
-    """Every contiguous span of ``tokens`` shorter than the whole (as tuples)."""
+def _spans(tokens: tuple[str, ...], sizes: list[int]):
+    """Every contiguous span of ``tokens`` shorter than the whole whose length is in ``sizes`` (sorted)."""
     length = len(tokens)
-    for size in range(1, length):
+    for size in sizes:
+        if size >= length:
+            break
         for start in range(length - size + 1):
             yield tokens[start:start + size]
 
 
-def contained_texts(keys: set[tuple[str, ...]]) -> set[tuple[str, ...]]:
-    """The token sequences in ``keys`` that occur as a contiguous span of another (longer) key."""
+def span_lookups(keys: set[tuple[str, ...]]) -> int:
+    """How many spans :func:`contained_texts` looks up for ``keys``: Σ over keys of length L of
+    Σ over the key lengths s < L of (L - s + 1). Computed from the lengths alone."""
+    sizes = sorted({len(k) for k in keys})
+    prefix = [0, *accumulate(sizes)]
+    total = 0
+    for key in keys:
+        below = bisect.bisect_left(sizes, len(key))
+        total += below * (len(key) + 1) - prefix[below]
+    return total
+
+
+def contained_texts(keys: set[tuple[str, ...]], limit: int = MAX_SPAN_LOOKUPS) -> set[tuple[str, ...]]:
+    """The token sequences in ``keys`` that occur as a contiguous span of another (longer) key. ``ValueError``
+    (naming the count, the longest text and ``limit``) before any work when more than ``limit`` spans would
+    be looked up."""
+    work = span_lookups(keys)
+    if work > limit:
+        longest = max(map(len, keys))
+        raise ValueError(f"data.carve: sentences would look up {work:,} token spans of the training texts (the "
+                         f"longest has {longest:,} tokens), more than the {limit:,} it allows; shorten the long "
+                         f"texts, or use data.carve: random")
+    sizes = sorted({len(k) for k in keys})
     found: set[tuple[str, ...]] = set()
     for key in keys:
-        for span in _spans(key):
+        for span in _spans(key, sizes):
             if span in keys:
                 found.add(span)
     return found
@@ -87,8 +117,9 @@ def carve_sentences(texts: list[str], fraction: float, seed: int) -> SentenceCar
     random.Random(seed).shuffle(order)
     dev_keys = [sentences[j] for j in sorted(order[:n_dev])]
     leaked: set[tuple[str, ...]] = set(dev_keys)
+    sizes = sorted({len(k) for k in distinct})
     for key in dev_keys:
-        leaked.update(span for span in _spans(key) if span in distinct)
+        leaked.update(span for span in _spans(key, sizes) if span in distinct)
     dev = [first[key] for key in dev_keys]
     dev_set = set(dev)
     train = [i for i, key in enumerate(keys) if key not in leaked]

@@ -62,11 +62,14 @@ class DataFileNotFoundError(DataError, FileNotFoundError):
 
 def _read_bytes(path: str | os.PathLike) -> bytes:
     """Raw (decompressed) bytes of ``path``; gzip detected by suffix or magic bytes."""
+    from hyperplex.guards import input_file_problem
+
     path = os.fspath(path)
-    if not os.path.exists(path):
+    problem = input_file_problem(path)
+    if problem == "does not exist":
         raise DataFileNotFoundError(path)
-    if os.path.isdir(path):
-        raise DataError("is a directory, expected a text file", path)
+    if problem is not None:  # a FIFO would block the read; a folder or a device is no text file
+        raise DataError(f"{problem}; a text file is expected", path)
     try:
         with open(path, "rb") as handle:
             data = handle.read()

@@ -220,11 +220,19 @@ class SentencePieceTokenizer(Tokenizer):
 
     @classmethod
     def from_config(cls, config: dict, model_dir: str, name: str) -> SentencePieceTokenizer:
-        path = os.path.join(model_dir, config.get("model_file", f"{name}.model"))
+        from hyperplex.fileio import UnsafePathError, inside, read_bounded
+
+        where = os.path.join(model_dir, f"{name}.json")
+        try:  # a name read from a file stays inside the model folder
+            path = inside(model_dir, config.get("model_file", f"{name}.model"), f"{where}: key 'model_file'")
+        except UnsafePathError as err:
+            raise DataError(str(err)) from None
         if not os.path.exists(path):
             raise DataFileNotFoundError(path)
-        with open(path, "rb") as handle:
-            proto = handle.read()
+        try:
+            proto = read_bounded(path, MAX_TOKENIZER_BYTES)
+        except UnsafePathError as err:  # a FIFO, a folder, a huge file
+            raise DataError(str(err)) from None
         try:
             return cls(proto)
         except DataError as err:
@@ -233,6 +241,9 @@ class SentencePieceTokenizer(Tokenizer):
     def __repr__(self) -> str:
         return f"SentencePieceTokenizer(pieces={len(self)})"
 
+
+#: The largest tokeniser file read (its JSON options, a SentencePiece model).
+MAX_TOKENIZER_BYTES = 256 << 20
 
 #: Tokeniser classes by their ``type`` name in configs and saved ``{name}.json`` files.
 TOKENIZERS: dict[str, type[Tokenizer]] = {cls.kind: cls for cls in (WordTokenizer, CharTokenizer,
@@ -256,14 +267,17 @@ def build_tokenizer(kind: str, train_lines: Iterable[str] | None = None, **optio
 
 def load_tokenizer(model_dir: str | os.PathLike, name: str = "tokenizer") -> Tokenizer:
     """Read a tokeniser saved by ``save(model_dir, name)``; :class:`DataError` naming the file if invalid."""
+    from hyperplex.fileio import UnsafePathError, read_bounded
+
     model_dir = os.fspath(model_dir)
     path = os.path.join(model_dir, f"{name}.json")
     if not os.path.exists(path):
         raise DataFileNotFoundError(path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            config = json.load(handle)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        config = json.loads(read_bounded(path, MAX_TOKENIZER_BYTES).decode("utf-8"))
+    except UnsafePathError as err:  # a FIFO, a folder, a huge file
+        raise DataError(str(err)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise DataError(f"invalid tokenizer JSON ({err})", path) from None
     if not isinstance(config, dict) or config.get("type") not in TOKENIZERS:
         found = config.get("type") if isinstance(config, dict) else None
@@ -273,3 +287,7 @@ def load_tokenizer(model_dir: str | os.PathLike, name: str = "tokenizer") -> Tok
         return cls.from_config(config, model_dir, name)
     except TypeError as err:
         raise DataError(f"invalid tokenizer options: {err}", path) from None
+    except (ValueError, KeyError, AttributeError) as err:
+        if isinstance(err, DataError):
+            raise
+        raise DataError(f"invalid tokenizer ({type(err).__name__}: {err})", path) from None

@@ -207,6 +207,13 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, prog: str = PROG) -> int:
+    from hyperplex.guards import OutputError, check_outputs
+
+    try:
+        check_outputs({"--table": args.table, "--figure": args.figure}, [args.results])
+    except OutputError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 1
     try:
         curves = [parse_curve(text) for text in args.curve]
         with open(args.results, encoding="utf-8") as handle:

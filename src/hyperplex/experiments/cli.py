@@ -25,6 +25,7 @@ from hyperplex.experiments.plan import Plan, PlanError, load_plan
 from hyperplex.experiments.results import collect, write_results
 from hyperplex.experiments.runs import Run, validate
 from hyperplex.experiments.state import folder_status
+from hyperplex.guards import OutputError, check_output_folder, check_outputs
 
 __all__ = ["PROG", "add_arguments", "build_parser", "main"]
 
@@ -86,6 +87,15 @@ def run(args: argparse.Namespace, command: str) -> int:
         to_train, all_runs, resolved = validate(plan, args.rows, args.seeds, out, args.override, args.resume,
                                                 args.data_root, records, will_train=not args.report_only)
     except (PlanError, ConfigError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+    try:  # the outputs: never an input of the plan, never one model's folder
+        check_outputs({"--append-to": args.append_to}, [plan.path, *(r.config for r in plan.rows if r.config)])
+        for option, folder in (("--out", out), ("--records", records)):
+            if folder is not None:
+                check_output_folder(folder, option, ())
+    except OutputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     if args.dry_run:

@@ -221,13 +221,15 @@ def run(args, prog: str = PROG) -> int:
     import sys
 
     from hyperplex.experiments.markdown import write_section
+    from hyperplex.guards import OutputError, check_outputs
 
     path = Path(args.results)
     try:
+        check_outputs({"--append-to": args.append_to}, [args.results])  # never over the results it reads
         results = json.loads(path.read_text(encoding="utf-8"))
         rows = {row["name"] for row in results["rows"]}
         comparisons = _comparisons(args.compare, rows)
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, OutputError) as err:
         print(f"{prog}: {path}: {err}", file=sys.stderr)
         return 1
     records = Path(args.records) if args.records else path.parent

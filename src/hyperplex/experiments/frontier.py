@@ -213,6 +213,13 @@ def _serving_map(pairs: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace, prog: str = PROG) -> int:
+    from hyperplex.guards import OutputError, check_outputs
+
+    try:
+        check_outputs({"--table": args.table, "--figure": args.figure}, [args.results, args.serving])
+    except OutputError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 1
     try:
         with open(args.results, encoding="utf-8") as handle:
             results = json.load(handle)

@@ -29,6 +29,18 @@ TASK_METRICS = {"translation": ("bleu", "chrf", "accuracy", "loss", "ppl"),
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 
 
+def folder_safe(name: str) -> bool:
+    """Whether ``name`` may be one folder name (``OUT/NAME``): :data:`FOLDER_NAME` and one plain path component
+    (:func:`hyperplex.guards.check_name`: ``.`` and ``..`` match the letters but lead out of ``OUT``)."""
+    from hyperplex.guards import check_name
+
+    try:
+        check_name(name, "name")
+    except ValueError:
+        return False
+    return bool(FOLDER_NAME.fullmatch(name))
+
+
 class PlanError(ValueError):
     """A plan that cannot run; the message names the plan file, the row and what is expected."""
 
@@ -58,7 +70,7 @@ class SweepSpec:
         if len(self.values) < 2 or len(set(map(str, self.values))) != len(self.values):
             raise ValueError(f"sweep values must be a list of ≥ 2 distinct numbers or strings, got {self.values!r}")
         for value in self.values:
-            if not FOLDER_NAME.fullmatch(value_text(value)):
+            if not folder_safe(value_text(value)):
                 raise ValueError(f"sweep value {value!r} cannot be part of a folder name")
 
 
@@ -89,8 +101,9 @@ class RowSpec:
     renamed_keys: ClassVar[dict[str, str]] = {"heal": "train", "model_of": "models_from"}
 
     def __post_init__(self) -> None:
-        if not FOLDER_NAME.fullmatch(self.name):
-            raise ValueError(f"`name` must be a folder-safe string (letters, digits, _ . + -), got {self.name!r}")
+        if not folder_safe(self.name):
+            raise ValueError(f"`name` must be a folder-safe string (letters, digits, _ . + -; not '.' or '..'), "
+                             f"got {self.name!r}")
         if bool(self.config) == bool(self.models_from):
             raise ValueError(f"row {self.name!r}: give exactly one of `config:` (train models) or `models_from:` "
                              "(evaluate the models of another row)")
@@ -211,6 +224,9 @@ def load_plan(path: str | Path) -> Plan:
     :func:`hyperplex.experiments.runs.validate`). Any problem raises :class:`PlanError` naming the file."""
     path = Path(path)
     spec, quality = _read_plan_file(path)
+    if spec.name and not folder_safe(spec.name):  # the default output folder runs/NAME
+        raise PlanError(f"{path}: key 'name' {spec.name!r} must be a folder-safe string (letters, digits, "
+                        f"_ . + -; not '.' or '..')")
     rows = _expand_rows(spec, path)
     _link_rows(rows, path)
     return Plan(path=path, name=spec.name or path.stem, title=spec.title, rows=rows, budget=spec.budget,

@@ -173,12 +173,15 @@ def run(args: argparse.Namespace, prog: str = PROG) -> int:
     """Draw the figure a command line asks for; returns the exit status (2 for an unusable results.json)."""
     import json
 
+    from hyperplex.guards import OutputError, check_outputs
+
     try:
+        check_outputs({"out": args.out}, [args.results])
         results = json.loads(Path(args.results).read_text(encoding="utf-8"))
         if not isinstance(results, dict) or "rows" not in results or "plan" not in results:
             raise SweepPlotError("expected the results.json of a plan (an object with `plan` and `rows`)")
         path = save_sweep_figure(results, args.out, args.key, args.metric, not args.no_spikes)
-    except (OSError, json.JSONDecodeError, SweepPlotError) as err:
+    except (OSError, json.JSONDecodeError, SweepPlotError, OutputError) as err:
         print(f"error: {args.results}: {err}", file=sys.stderr)
         return 2
     print(f"wrote {path}")

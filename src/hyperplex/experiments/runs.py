@@ -137,6 +137,26 @@ def _check_selected_seeds(plan: Plan, seeds: list[int] | None) -> None:
                             "add it to the plan so the results record it")
 
 
+class _Progress:
+    """A line on stderr every few seconds while a long check runs (a plan of thousands of seeds)."""
+
+    def __init__(self, total: int, what: str, every: float = 2.0) -> None:
+        import time
+
+        self.total, self.what, self.every, self.done = total, what, every, 0
+        self.last = time.monotonic()
+
+    def step(self) -> None:
+        import time
+
+        self.done += 1
+        if time.monotonic() - self.last >= self.every:
+            self.last = time.monotonic()
+            import sys
+
+            print(f"{self.what}: {self.done:,} of {self.total:,} runs", file=sys.stderr, flush=True)
+
+
 def _check_row(plan: Plan, row: Row, out: Path, extra: list[str], resume: bool, records: Path | None,
                resolved: dict, all_runs: dict[Path, Run]) -> list[str]:
     """The problems of one row: each seed's config and folder, and (for a row with a config) building its
@@ -147,15 +167,23 @@ def _check_row(plan: Plan, row: Row, out: Path, extra: list[str], resume: bool, 
 
     errors: list[str] = []
     where = f"{plan.path}: row {row.name!r} ({row.config})"
+    import dataclasses
+
     train_row = next(r for r in plan.rows if r.name == (row.models_from or row.name))
+    first = None
+    progress = _Progress(len(row.seeds), f"checking {plan.path}: row {row.name!r}")
     for seed in row.seeds:
+        progress.step()
         model_dir = out / train_row.name / f"seed{seed}"
         overrides = run_overrides(plan, train_row, seed, extra)
-        try:
-            cfg = load_experiment(row.config, overrides + row.eval_overrides, str(model_dir))
-        except (ConfigError, ValueError, OSError) as err:
-            errors.append(f"{where}, seed {seed}: {err}")
-            continue
+        if first is not None:  # the seeds differ only in `--seed=N`, the last override, and the folder
+            cfg = dataclasses.replace(first, seed=seed, model_dir=str(model_dir))
+        else:
+            try:
+                cfg = first = load_experiment(row.config, overrides + row.eval_overrides, str(model_dir))
+            except (ConfigError, ValueError, OSError) as err:
+                errors.append(f"{where}, seed {seed}: {err}")
+                break  # every seed of the row has the same config: one error, not one per seed
         resolved.setdefault(row.name, cfg)
         if seed == row.seeds[0]:
             errors += _check_task(plan, cfg, where)

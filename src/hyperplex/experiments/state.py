@@ -37,10 +37,28 @@ def folder_status(model_dir: Path) -> str:
     return "finished" if checkpoint_info(last)["extra"]["trainer"].get("finished") else "unfinished"
 
 
+class RecordError(ValueError):
+    """A ``record.json`` that cannot be read; the message names the file and the key."""
+
+
 def read_record(folder: Path) -> dict:
     """``{"status", "healed", "checkpoint_sha256", "files", "written"}`` of a record folder (``healed``: whether
-    the model was trained, :func:`trained`)."""
-    return json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+    the model was trained, :func:`trained`). :class:`RecordError` naming the file for a damaged record."""
+    from hyperplex.fileio import UnsafePathError, read_bounded
+
+    path = folder / RECORD_FILE
+    try:
+        record = json.loads(read_bounded(path, 16 << 20).decode("utf-8"))
+    except (UnsafePathError, OSError) as err:
+        raise RecordError(f"{path}: cannot be read ({err})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise RecordError(f"{path}: not a record written by hyperplex (invalid JSON: {err})") from None
+    if not isinstance(record, dict) or record.get("status") not in ("finished", "diverged"):
+        status = record.get("status") if isinstance(record, dict) else record
+        raise RecordError(f"{path}: key 'status' is {status!r}, expected 'finished' or 'diverged'")
+    if not isinstance(record.get("healed"), bool):
+        raise RecordError(f"{path}: key 'healed' is {record.get('healed')!r}, expected true or false")
+    return record
 
 
 def trained(model_dir: Path) -> bool:

@@ -352,6 +352,13 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, prog: str = PROG) -> int:
     """Print (or ``--write``) the summary a command line asks for; ``prog`` is how the section names the
     command. Returns the exit status (2 for a results.json that cannot be summarised; nothing is written)."""
+    from hyperplex.guards import OutputError, check_outputs
+
+    try:
+        check_outputs({"--write": args.write}, args.results)  # never over a results.json it reads
+    except OutputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     try:
         entries = [(path, load_results(path)) for path in args.results]
         body = render(entries, prog)

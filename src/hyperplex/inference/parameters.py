@@ -13,6 +13,34 @@ from hyperplex.train.protocols import Describes, FitsWhenBuilt, OwnTokenizer
 __all__ = ["params", "params_report"]
 
 
+#: The largest vocabulary or output size a model is built for in memory when it cannot be built on the ``meta``
+#: device (an embedding of 10**12 rows would end the process in the allocator).
+MAX_MATERIALIZED_SIZE = 10_000_000
+
+
+def _build_for_counting(model_class, cfg, vocabulary: int, outputs: int):
+    """The model, built on the ``meta`` device (counting needs its shapes only: no memory whatever the sizes);
+    in memory only where that fails and the sizes are at most :data:`MAX_MATERIALIZED_SIZE`. A model whose init
+    fits to data (a student with init: activation) builds its layers without that fit, as it does before
+    loading a checkpoint."""
+    import torch
+
+    def build():
+        if issubclass(model_class, FitsWhenBuilt):
+            return model_class.build_without_fit(cfg.model, vocabulary, outputs)
+        return model_class(cfg.model, vocabulary, outputs)
+
+    try:
+        with torch.device("meta"):
+            return build()
+    except Exception:  # noqa: BLE001 - some builders need real tensors; an error of the config recurs below
+        if max(vocabulary, outputs) > MAX_MATERIALIZED_SIZE:
+            raise ValueError(f"--vocab-size / --tgt-vocab-size / --num-classes: {max(vocabulary, outputs):,} is more "
+                             f"than the {MAX_MATERIALIZED_SIZE:,} a {model_class.__name__} is built for in memory "
+                             f"to count its parameters") from None
+        return build()
+
+
 def params(config: str, overrides: list[str] | None = None, vocab_size: int | None = None,
            tgt_vocab_size: int | None = None, num_classes: int | None = None) -> str:
     """``hyperplex params``: the parameter table of the model a config describes (no data is read)."""
@@ -39,12 +67,7 @@ def params_report(config: str, overrides: list[str] | None = None, vocab_size: i
         outputs = 1
     else:
         outputs = num_classes if num_classes is not None else max(2, len(cfg.data.labels))
-    # counting needs the structure only: a model whose init fits to data (a student with init: activation)
-    # builds its layers without that fit, as it does before loading a checkpoint
-    if issubclass(model_class, FitsWhenBuilt):
-        model = model_class.build_without_fit(cfg.model, v, outputs)
-    else:
-        model = model_class(cfg.model, v, outputs)
+    model = _build_for_counting(model_class, cfg, v, outputs)
     teacher_tokenizer = getattr(getattr(model, "encoder", None), "tokenizer", None)
     if vocab_size is None and not own_tokenizer and teacher_tokenizer is not None:
         v = len(teacher_tokenizer)  # a pretrained student tokenises as its teacher: data.vocab_size is unused

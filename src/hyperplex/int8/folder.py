@@ -86,18 +86,24 @@ def save_quantized(model: nn.Module, folder, tokenizer=None) -> str:
     import json
     import os
     import tempfile
+    from pathlib import Path
 
     from safetensors.torch import save_file
 
-    from hyperplex.convert.serialize import WEIGHTS_NAME, save_converted
-    from hyperplex.fileio import atomic_write, atomic_write_bytes, atomic_write_text, sha256_file
+    from hyperplex.convert.serialize import SPEC_NAME, WEIGHTS_NAME, _sources, save_converted, spec_digest
+    from hyperplex.fileio import sha256_file
+    from hyperplex.guards import check_finite, check_output_folder, write_set
 
     folder = os.fspath(folder)
     layers = quantized_layers(model)
     if not layers:
         raise QuantizationError(f"{type(model).__name__} holds no int8 layer; quantise it first "
                                 f"(hyperplex.quantize) or save it with save_converted")
+    # the float folder it came from, or another model's folder, would no longer load as itself
+    check_output_folder(folder, "save_quantized", QUANT_SPEC_NAME, _sources(model))
     tensors, aliases = _plain_state(model)
+    check_finite(((k, v) for k, v in tensors.items() if not k.endswith("weight_zero_points")),
+                 f"save_quantized {folder}")
     twin = copy.deepcopy(model)
     for name in layers:
         parent_name, _, child = name.rpartition(".")
@@ -109,21 +115,27 @@ def save_quantized(model: nn.Module, folder, tokenizer=None) -> str:
         "layers": [layer_entry(name, m) for name, m in layers.items()],
     }
     os.makedirs(folder, exist_ok=True)
+    files = []  # (path, writer): one set with the weights, the int8 spec last
     with tempfile.TemporaryDirectory(dir=folder, prefix=".save-int8-") as scratch:
         save_converted(twin, scratch, tokenizer=tokenizer)
-        for root, _, files in os.walk(scratch):
-            for file in sorted(files):
+        for root, _, names in os.walk(scratch):
+            for file in sorted(names):
                 rel = os.path.relpath(os.path.join(root, file), scratch)
                 if rel == WEIGHTS_NAME:
                     continue
-                os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
                 with open(os.path.join(root, file), "rb") as handle:
-                    atomic_write_bytes(os.path.join(folder, rel), handle.read())
+                    data = handle.read()
+                if rel == SPEC_NAME:  # the float weights are not written here: no checksum of a file it lacks
+                    data = (json.dumps({**json.loads(data), "sha256": {}}, indent=2) + "\n").encode("utf-8")
+                os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
+                files.append((os.path.join(folder, rel), lambda tmp, data=data: Path(tmp).write_bytes(data)))
+
     def write(tmp: str) -> None:
-        save_file(tensors, tmp, metadata={"format": "pt", "hyperplex": QUANT_FORMAT})
+        save_file(tensors, tmp, metadata={"format": "pt", "hyperplex": QUANT_FORMAT, "spec_sha256": spec_digest(spec)})
         spec["sha256"] = {QUANT_WEIGHTS_NAME: sha256_file(tmp)}
-    atomic_write(os.path.join(folder, QUANT_WEIGHTS_NAME), write)
-    atomic_write_text(os.path.join(folder, QUANT_SPEC_NAME), json.dumps(spec, indent=2) + "\n")
+    write_set([*files, (os.path.join(folder, QUANT_WEIGHTS_NAME), write),
+               (os.path.join(folder, QUANT_SPEC_NAME),
+                lambda tmp: Path(tmp).write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8"))])
     return folder
 
 
@@ -267,7 +279,17 @@ def _restore(model: nn.Module, spec: dict, float_spec: dict, spec_path: str, flo
     for name, module in int8.items():
         targets.update({f"{name}.{key}": value for key, value in module.int8_state().items()})
     aliases = spec.get("aliases", {})
-    loaded = serialize.read_tensors(weights_path, targets, aliases, type(model).__name__)
+    if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
+        raise serialize.LoadError(f"{spec_path}: key 'aliases' is not an object of tensor names to tensor names")
+    loaded = serialize.read_tensors(weights_path, targets, aliases, type(model).__name__, spec=spec,
+                                    spec_name=QUANT_SPEC_NAME)
+    from hyperplex.guards import NonFiniteError, check_finite
+
+    weights = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    try:
+        check_finite(((k, v) for k, v in loaded.items() if k in weights or k.endswith("weight_scales")), weights_path)
+    except NonFiniteError as err:
+        raise serialize.LoadError(str(err)) from None
     for key, value in loaded.items():
         owner_name, _, leaf = key.rpartition(".")
         if any(key.startswith(f"{name}.") for name in int8):

@@ -116,6 +116,9 @@ def quantize(model: nn.Module, config: Int8Config | None = None, *, phm_path: st
         raise QuantizationError(f"{type(model).__name__} holds {off_cpu[0]!r} on {off_cpu[1]}; int8 layers run on "
                                 f"the CPU only (PyTorch's quantised kernels): move the model with model.cpu() first")
     quantized_engine()
+    from hyperplex.guards import check_finite
+
+    check_finite(model.named_parameters(), f"quantize {type(model).__name__}")  # NaN would quantise to garbage
     eligible = dict(_eligible(model))
     if not eligible:
         raise QuantizationError(f"{type(model).__name__} holds no nn.Linear, LowRankLinear or PHMLinear to quantise")

@@ -73,6 +73,10 @@ ENV_VAR = "HYPERPLEX_NATIVE"
 _ON, _OFF, _INSTALLED = ("1", "true", "yes", "on"), ("0", "false", "no", "off"), ("", "auto")
 #: The file, beside the cached library, that marks the build :func:`install_native_kernels` checked.
 INSTALL_MARKER = "hyperplex_installed.json"
+#: The file, beside the cached library, recording the SHA-256 of the library this package compiled. A cached
+#: library is loaded only when its SHA-256 is the one this file or :data:`INSTALL_MARKER` records: loading a
+#: truncated or replaced shared library can kill the process (SIGBUS) before Python can report anything.
+BUILD_MARKER = "hyperplex_build.json"
 
 _lock = threading.Lock()
 _module = None
@@ -94,7 +98,59 @@ def _build(verbose: bool = False):
             _module = _load_cached(name)  # a build made earlier for this CPU, source and torch: no compiler needed
             if _module is None:
                 _module = _compile(name, verbose)
+                _record_build(Path(_module.__file__))
     return _module
+
+
+def _record_build(library: Path) -> None:
+    """Write :data:`BUILD_MARKER` beside the library just compiled: later processes load it only if unchanged."""
+    import json
+
+    from hyperplex.fileio import atomic_write_text
+
+    try:
+        atomic_write_text(library.parent / BUILD_MARKER, json.dumps(
+            {"library": library.name, "sha256": _sha256(library), "torch": torch.__version__}, indent=1) + "\n")
+    except OSError:  # a read-only cache: the build is used in this process, and compiled again in the next
+        pass
+
+
+def _recorded_checksums(folder: Path) -> set[str]:
+    """The library checksums :data:`BUILD_MARKER` and :data:`INSTALL_MARKER` in ``folder`` record."""
+    import json
+
+    from hyperplex.fileio import read_bounded
+
+    found = set()
+    for marker in (BUILD_MARKER, INSTALL_MARKER):
+        try:
+            record = json.loads(read_bounded(folder / marker, 1 << 20))
+            found.add(record["sha256"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def _verified_library(name: str) -> Path | None:
+    """:func:`_cached_library` if its SHA-256 is one a mark records; else ``None``, and a library there that no
+    mark vouches for (a build cut short, a truncated or replaced file) is removed with a warning, so that the
+    next build links it again instead of loading it. Nothing is loaded."""
+    library = _cached_library(name)
+    if library is None:
+        return None
+    if _sha256(library) in _recorded_checksums(library.parent):
+        return library
+    import warnings
+
+    warnings.warn(f"hyperplex's native PHM kernel {library} is not the library this package built (its SHA-256 "
+                  f"matches neither {BUILD_MARKER} nor {INSTALL_MARKER}: damaged, cut short or replaced), so it is not "
+                  "loaded; it is removed and built again where a compiler is available", RuntimeWarning, stacklevel=3)
+    for path in (library, library.parent / BUILD_MARKER, library.parent / INSTALL_MARKER):
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
+    return None
 
 
 def _compile(name: str, verbose: bool):
@@ -159,10 +215,12 @@ def _load_cached(name: str):
     """Import the cached library of :func:`_cached_library` directly, as ``cpp_extension`` does after a build,
     without calling the compiler or ninja (``cpp_extension.load`` runs both in every new process, even when the
     build is up to date): a serving image made by ``hyperplex native`` needs no compiler at run time. ``None``
-    when there is no such library or it does not import (a build cut short): then it is compiled again."""
+    when there is no such library, its SHA-256 is not the one recorded when it was built or installed
+    (:func:`_verified_library`, checked before the library is opened), or it does not import: then it is
+    compiled again."""
     import importlib.util
 
-    library = _cached_library(name)
+    library = _verified_library(name)
     if library is None:
         return None
     try:
@@ -252,9 +310,9 @@ def _env_mode() -> str:
 
 
 def _sha256(path: Path) -> str:
-    import hashlib
+    from hyperplex.fileio import sha256_file
 
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return sha256_file(path)
 
 
 def installed_native_kernel() -> Path | None:
@@ -364,6 +422,7 @@ def install_native_kernels(verbose: bool = False) -> dict:
     from hyperplex.fileio import atomic_write_text
 
     global _installed
+    _env_mode()  # an unrecognised HYPERPLEX_NATIVE is refused before a minute of compiling, not after
     name = _library_name()
     _build(verbose)
     library = _cached_library(name)  # the file later processes load: the one the mark vouches for

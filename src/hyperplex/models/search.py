@@ -73,6 +73,17 @@ def max_positions(model) -> int | None:
     return limit if isinstance(limit, int) and limit > 0 else None
 
 
+def target_vocabulary_size(model) -> int | None:
+    """Tokens the model can emit (``tgt_vocab_size``, else its target embedding's rows); ``None`` if unknown."""
+    size = getattr(model, "tgt_vocab_size", None)
+    if isinstance(size, int):
+        return size
+    embed = getattr(model, "tgt_embed", None)
+    if isinstance(embed, torch.nn.Module):
+        return next((m.num_embeddings for m in embed.modules() if isinstance(m, torch.nn.Embedding)), None)
+    return None
+
+
 def _masked(log_probs: Tensor, forbidden: Tensor) -> Tensor:
     """``log_probs (N, V)`` with the ``forbidden`` columns set to ``-inf`` (a copy)."""
     return log_probs.index_fill(-1, forbidden, float("-inf"))
@@ -157,6 +168,10 @@ def beam_search(model, src: Tensor, src_lengths: Tensor, beam_size: int = 5, bea
         raise ValueError(f"beam_search: beam_size must be an integer >= 1, got {beam_size!r}")
     if not isinstance(n_best, int) or not 1 <= n_best <= beam_size:
         raise ValueError(f"beam_search: n_best must be in [1, beam_size={beam_size}], got {n_best!r}")
+    vocabulary = target_vocabulary_size(model)
+    if vocabulary is not None and beam_size > vocabulary:  # B·beam_size decoder rows for nothing: it would not end
+        raise ValueError(f"beam size {beam_size:,} (--beam-size / testing.beam_size) is more than the {vocabulary:,} "
+                         f"tokens of the model's target vocabulary; at most {vocabulary:,}")
     B, K, device = src.shape[0], beam_size, src.device
     state = model.encode(src, src_lengths)
     state = reorder_state(state, torch.arange(B, device=device).repeat_interleave(K))  # (B·K, ...)

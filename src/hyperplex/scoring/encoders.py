@@ -292,7 +292,7 @@ def _score_rows(teacher: str, teacher_model, found: list[Student], models: list,
     and the sizes of :func:`~hyperplex.scoring.quality.encoder_size` (the teacher's selected layers: every
     layer a student converted). Also the details (counts) of the last row."""
     from hyperplex.scoring.quality import (
-        BATCH_SIZE, encoder_size, score_embedder, sentence_transformer_embedder, teacher_agreement,
+        BATCH_SIZE, encoder_size, score_embedder, sentence_transformer_embedder, teacher_agreement, total_parameters,
     )
     from hyperplex.int8 import is_quantized
     from hyperplex.pretrained import resolve_model_path
@@ -329,7 +329,7 @@ def _score_rows(teacher: str, teacher_model, found: list[Student], models: list,
         values, details = score_embedder(sentence_transformer_embedder(model, BATCH_SIZE), agreement, wikiqa, sst2,
                                          BATCH_SIZE, progress=tick)
         rows.append({"name": name, "role": role, "source": source, "conversion": conversion, **values,
-                     "params": sum(p.numel() for p in model.parameters()),
+                     "params": total_parameters(model),  # an int8 layer's packed weights too
                      **{key: size[key] for key in ("converted_layers", "selected_params", "file_bytes")}})
         bar and bar.update(1)
     if bar:

@@ -352,6 +352,21 @@ def layer_parameters(model: torch.nn.Module, names: Sequence[str]) -> int:
     return total
 
 
+def total_parameters(model: torch.nn.Module) -> int:
+    """Parameters of the whole model, each counted once; an int8 layer (:func:`hyperplex.quantize`)
+    counts the weights it holds (its packed int8 weights are no ``Parameter``), so an int8 model has the count
+    of the float model it was quantised from."""
+    from hyperplex.int8.layers import quantized_layers
+    from hyperplex.int8.transform import is_quantized
+
+    if not is_quantized(model):
+        return sum(p.numel() for p in model.parameters())
+    layers = list(quantized_layers(model))
+    outside = sum(p.numel() for name, p in model.named_parameters()
+                  if not any(name.startswith(f"{layer}.") for layer in layers))
+    return outside + layer_parameters(model, layers)
+
+
 def encoder_size(model: torch.nn.Module, selected: Sequence[str] | None = None) -> dict:
     """The size columns of a sentence encoder (a SentenceTransformer, converted or not, float or int8):
 

@@ -18,9 +18,14 @@ def data_file(path: str, data_root: str | None, suffix: str = "", key: str = "da
         raise DataError(f"{key} is empty: the config must name a file")
     base = resolve_data_path(path, data_root)
     name = f"{base}.{suffix}" if suffix else str(base)
+    from hyperplex.guards import input_file_problem
+
     for candidate in (Path(name), Path(name + ".gz")):
-        if candidate.is_file():
+        problem = input_file_problem(candidate)
+        if problem is None:
             return candidate
+        if problem != "does not exist":  # a FIFO would block, a folder is not "not found"
+            raise DataError(f"{key}: {candidate} {problem}; a data file is expected")
     root = f" (data root {data_root})" if data_root else " (no data root: set --data-root or HYPERPLEX_DATA)"
     raise DataError(f"{key}: file not found: {name}{'' if name.endswith('.gz') else ' or ' + name + '.gz'}{root}")
 
@@ -97,7 +102,12 @@ def load_saved_vocabularies(cfg: DataConfig, folder: Path, names: tuple[str, ...
     recorded = recorded or {}
     files = {name: recorded.get(name) or vocabulary_files(cfg, name) for name in names}
     wanted = [f for entry in files.values() for f in entry.values()]
-    missing = [f for f in wanted if not (Path(folder) / f).is_file()]
+    from hyperplex.guards import check_input_file
+
+    missing = [f for f in wanted if not (Path(folder) / f).exists()]
+    for f in wanted:
+        if f not in missing:
+            check_input_file(Path(folder) / f, "a tokeniser or vocabulary file of the model")  # a FIFO, a folder
     if missing:
         raise FileNotFoundError(f"file{'s' if len(missing) > 1 else ''} not found: "
                                 f"{', '.join(str(Path(folder) / f) for f in missing)} (the model's tokeniser and "

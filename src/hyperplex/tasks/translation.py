@@ -6,7 +6,8 @@ greedily for ``bleu``/``chrf`` (sacreBLEU on detokenised text) and exact-match `
 
 Sequences longer than a Transformer's position table (``model.max_positions``) cannot be encoded:
 such sources (and, for the loss, targets) are cut to fit with a warning naming their line numbers,
-rather than failing the whole file. The LSTM translator has no position limit and cuts nothing.
+rather than failing the whole file. The LSTM translator has no position limit: it trains on whole pairs, and
+decodes or scores at most :data:`UNPOSITIONED_LINE_LIMIT` tokens of a line (cut with the same warning).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from hyperplex.tasks.common import (
     vocabulary_files,
 )
 from hyperplex.metrics import corpus_bleu, corpus_chrf, perplexity
+
+
+#: Most tokens of a line decoded by a model without a position table (an RNN translator); longer lines are cut
+#: with a warning, as a Transformer's are at its ``max_positions``.
+UNPOSITIONED_LINE_LIMIT = 4096
 
 
 class TranslationTask(Task):
@@ -127,7 +133,8 @@ class TranslationTask(Task):
         dropped, and with ``drop_long`` pairs with a side over ``data.max_length`` tokens. A side longer than
         the model's positions (:meth:`token_limit`) is cut to fit, with a warning naming the pairs."""
         d = self.cfg.data
-        limit = self.token_limit()
+        # training pairs over data.max_length are dropped; evaluation pairs of a model without positions are cut
+        limit = self.token_limit() or (None if drop_long else UNPOSITIONED_LINE_LIMIT)
         src_ids, tgt_ids, src_tokens, kept, cut = [], [], [], [], []
         report = DropReport(total=len(pairs), max_length=d.max_length if drop_long else None, source=what)
         for i, (s, t) in enumerate(pairs):
@@ -160,6 +167,9 @@ class TranslationTask(Task):
         limit = self.token_limit()
         listed = ", ".join(f"{item} {number} ({length})" for number, length in cut[:shown])
         more = f" and {len(cut) - shown} more" if len(cut) > shown else ""
+        if limit is None:
+            return (f"{listed}{more}: longer than the {UNPOSITIONED_LINE_LIMIT} tokens a line is decoded with by a "
+                    f"model without a position table (hyperplex.tasks.translation.UNPOSITIONED_LINE_LIMIT); {action}")
         return (f"{listed}{more}: longer than the model's {limit} tokens (model.max_positions={limit + 1}, one "
                 f"position kept for </s>); {action}")
 
@@ -215,8 +225,10 @@ class TranslationTask(Task):
     # ------------------------------------------------------------------ decoding
     def source_tokens(self, lines: list[str], warn: bool = True) -> list[list[str]]:
         """Tokenised (and, as configured, lowercased) ``lines``, each cut to :meth:`token_limit` tokens;
-        with ``warn`` a warning names the lines that were cut (1-based) and their lengths."""
-        limit = self.token_limit()
+        with ``warn`` a warning names the lines that were cut (1-based) and their lengths. A model without a
+        position table (an RNN) reads at most :data:`UNPOSITIONED_LINE_LIMIT` tokens a line: its encoder and
+        every step's attention are linear in the line, so one line of a million tokens would not end."""
+        limit = self.token_limit() or UNPOSITIONED_LINE_LIMIT
         tokens = [self.src_tok.tokenize(lowercase_if(self.cfg.data, line)) for line in lines]
         cut = [(i + 1, f"{len(t)} tokens") for i, t in enumerate(tokens) if limit is not None and len(t) > limit]
         if cut:

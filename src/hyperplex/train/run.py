@@ -20,10 +20,12 @@ def own_model_dir(model_dir: str | Path, verb: str):
     """The lock every verb that writes a model folder holds (:func:`hyperplex.fileio.folder_lock`): a second
     run into the same folder stops at once with an error naming the first one's pid and command. Under
     torchrun only rank 0 takes it (the ranks of one run share the folder)."""
-    from hyperplex.fileio import folder_lock
+    from hyperplex.fileio import LOCK_NAME, folder_lock
+    from hyperplex.guards import check_output_folder
 
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return contextlib.nullcontext()
+    check_output_folder(model_dir, "model folder", ("checkpoints.json", "config.yaml", LOCK_NAME))  # not another model
     argv = " ".join(sys.argv[1:]) if sys.argv and os.path.basename(sys.argv[0]) in ("hyperplex", "__main__.py") else ""
     command = f"hyperplex {argv}" if argv else f"hyperplex {verb} (pid {os.getpid()})"
     return folder_lock(model_dir, command[:300], transient=("train.log",))  # the log of a refused start

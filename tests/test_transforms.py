@@ -213,7 +213,14 @@ def test_adapter_round_trip_keeps_exclude(tmp_path):
 
 # ------------------------------------------------------------------------------------------- old names
 
-def test_old_package_names_warn_and_still_work():
+def test_old_package_names_warn_and_still_work(monkeypatch):
+    import sys
+
+    import hyperplex.convert
+
+    # the warning is given once per process: start from a process that has not imported the old names yet
+    monkeypatch.delitem(sys.modules, "hyperplex.convert.quantize", raising=False)
+    monkeypatch.delitem(vars(hyperplex.convert), "quantize", raising=False)
     with pytest.warns(DeprecationWarning, match=r"hyperplex\.convert\.quantize is deprecated.*hyperplex\.quantize\("):
         from hyperplex.convert import quantize
     assert quantize is hp.quantize

@@ -5,7 +5,13 @@ import torch
 from sacrebleu.metrics import BLEU
 
 from hyperplex.metrics import (
-    accuracy, corpus_bleu, corpus_chrf, mean_average_precision, mean_reciprocal_rank, perplexity, ranking_metrics,
+    accuracy,
+    corpus_bleu,
+    corpus_chrf,
+    mean_average_precision,
+    mean_reciprocal_rank,
+    perplexity,
+    ranking_metrics,
 )
 
 

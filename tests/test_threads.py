@@ -5,8 +5,15 @@ import os
 import pytest
 import torch
 
-from hyperplex.threads import (TOKENS_PER_SENTENCE, WORK_PER_THREAD, available_cores, choose_threads, model_width,
-                               parse_threads, set_threads)
+from hyperplex.threads import (
+    TOKENS_PER_SENTENCE,
+    WORK_PER_THREAD,
+    available_cores,
+    choose_threads,
+    model_width,
+    parse_threads,
+    set_threads,
+)
 
 
 @pytest.mark.parametrize("rows, width, cores, expected", [

@@ -206,7 +206,7 @@ def test_adapter_round_trip_keeps_exclude(tmp_path):
     hp.save_adapter(model, "a", tmp_path / "a")
     fresh = Toy()
     hp.load_adapter(fresh, tmp_path / "a")
-    from hyperplex.adapters import adapter_config, adapted_layers
+    from hyperplex.adapters import adapted_layers, adapter_config
     assert adapter_config(fresh, "a") == config
     assert [n for n, _ in adapted_layers(fresh)] == [n for n, _ in adapted_layers(model)] != []
 

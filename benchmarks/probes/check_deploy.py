@@ -46,8 +46,8 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     from hyperplex.convert import convert_linears
-    from hyperplex.int8 import model_bytes, quantize
     from hyperplex.convert.onnx import export_onnx
+    from hyperplex.int8 import model_bytes, quantize
 
     with gzip.open(os.path.join(args.data_root, "tatoeba_en_fr", "dev.en.gz"), "rt", encoding="utf-8") as handle:
         sentences = list(dict.fromkeys(line.strip() for line in handle if line.strip()))[: args.sentences]

@@ -12,8 +12,8 @@ The three transforms of a model, one typed config and one call each (layers chos
     hp.save_adapter(model, "sst2", "out/adapter"); hp.load_adapter(model, "out/adapter")
 """
 
-from hyperplex._version import __version__
 from hyperplex import _deprecated, algebra  # noqa: F401  (_deprecated: old import paths, for one release)
+from hyperplex._version import __version__
 from hyperplex.adapters import PHMAdapterConfig, add_adapter, load_adapter, save_adapter
 from hyperplex.convert import ConversionReport, LoadError, load_converted, save_converted
 from hyperplex.convert.compress import LowRankConfig, PHMConfig, compress

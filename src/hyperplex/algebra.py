@@ -18,8 +18,8 @@ layer whose blocks ``S_i`` are the 1Ã—1 scalars ``q_i`` therefore computes ``q â
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Callable
+from collections.abc import Callable
+from functools import cache
 
 import numpy as np
 import torch
@@ -58,7 +58,7 @@ def _cd_mul(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.concatenate([_cd_mul(a, c) - _cd_mul(_cd_conj(d), b), _cd_mul(d, a) + _cd_mul(b, _cd_conj(c))])
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cd_table(n: int) -> np.ndarray:
     eye = np.eye(n)
     table = np.zeros((n, n, n))

@@ -300,7 +300,7 @@ def folder_lock(folder: str | os.PathLike, command: str, transient: tuple[str, .
 
     started = datetime.datetime.fromtimestamp(time.time(), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()}, `{command}`, since {started}\n".encode("utf-8"), 0)
+    os.pwrite(fd, f"pid {os.getpid()}, `{command}`, since {started}\n".encode(), 0)
     _HELD[key] = [fd, 1]
     try:
         yield

@@ -70,11 +70,11 @@ class TransformConfig:
 
     def _normalise_selection(self) -> None:
         name = type(self).__name__
-        targets = getattr(self, "targets")
+        targets = self.targets
         if targets is not None:
             targets = glob_patterns(targets, f"{name}.targets", required=True)
         object.__setattr__(self, "targets", targets)
-        object.__setattr__(self, "exclude", glob_patterns(getattr(self, "exclude"), f"{name}.exclude"))
+        object.__setattr__(self, "exclude", glob_patterns(self.exclude, f"{name}.exclude"))
 
     def to_dict(self) -> dict:
         """JSON-ready dict of every field (tuples as lists)."""

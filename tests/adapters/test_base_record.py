@@ -7,8 +7,17 @@ import json
 import pytest
 import torch
 
-from hyperplex.adapters import (PHMAdapterConfig, adapter_names, adapter_state_dict, add_adapter, base_signature,
-                                load_adapter, merge, read_adapter_spec, save_adapter)
+from hyperplex.adapters import (
+    PHMAdapterConfig,
+    adapter_names,
+    adapter_state_dict,
+    add_adapter,
+    base_signature,
+    load_adapter,
+    merge,
+    read_adapter_spec,
+    save_adapter,
+)
 from hyperplex.adapters.io import SPEC_NAME
 from hyperplex.models.transformer import TransformerClassifier, TransformerConfig
 

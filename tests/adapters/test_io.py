@@ -8,8 +8,19 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hyperplex.adapters import (PHMAdapterConfig, active_adapter, adapted_layers, adapter_names, adapter_state_dict, add_adapter,
-                                load_adapter, merge, read_adapter_spec, save_adapter, set_active)
+from hyperplex.adapters import (
+    PHMAdapterConfig,
+    active_adapter,
+    adapted_layers,
+    adapter_names,
+    adapter_state_dict,
+    add_adapter,
+    load_adapter,
+    merge,
+    read_adapter_spec,
+    save_adapter,
+    set_active,
+)
 from hyperplex.adapters.io import SPEC_NAME, WEIGHTS_NAME
 from hyperplex.models.transformer import TransformerClassifier, TransformerConfig
 

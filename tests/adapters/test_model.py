@@ -7,9 +7,23 @@ import pytest
 import torch
 from torch import nn
 
-from hyperplex.adapters import (PHMAdaptedLinear, PHMAdapterConfig, active_adapter, adapted_layers, adapter_names,
-                                adapter_parameter_count, adapter_state_dict, add_adapter, load_adapter_state_dict,
-                                merge, merge_and_unwrap, remove_adapter, set_active, trainable_parameters, unmerge)
+from hyperplex.adapters import (
+    PHMAdaptedLinear,
+    PHMAdapterConfig,
+    active_adapter,
+    adapted_layers,
+    adapter_names,
+    adapter_parameter_count,
+    adapter_state_dict,
+    add_adapter,
+    load_adapter_state_dict,
+    merge,
+    merge_and_unwrap,
+    remove_adapter,
+    set_active,
+    trainable_parameters,
+    unmerge,
+)
 from hyperplex.models.transformer import TransformerClassifier, TransformerConfig, TransformerTranslator
 
 TARGETS = ["*.qkv_proj", "*.out_proj", "ffn.linear1", "ffn.linear2"]

@@ -7,8 +7,19 @@ import pytest
 import torch
 from torch import nn
 
-from hyperplex.adapters import (PHMAdapterConfig, SavedModule, active_adapter, adapter_state_dict, add_adapter,
-                                load_adapter, merge_and_unwrap, remove_adapter, save_adapter, saved_modules, set_active)
+from hyperplex.adapters import (
+    PHMAdapterConfig,
+    SavedModule,
+    active_adapter,
+    adapter_state_dict,
+    add_adapter,
+    load_adapter,
+    merge_and_unwrap,
+    remove_adapter,
+    save_adapter,
+    saved_modules,
+    set_active,
+)
 from hyperplex.adapters.io import SPEC_NAME
 from hyperplex.models.transformer import TransformerClassifier, TransformerConfig
 

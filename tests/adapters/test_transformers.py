@@ -6,8 +6,17 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from hyperplex.adapters import (PHMAdapterConfig, adapted_layers, adapter_state_dict, add_adapter, load_adapter, merge,  # noqa: E402
-                                save_adapter, trainable_parameters, unmerge)
+from hyperplex.adapters import (  # noqa: E402
+    PHMAdapterConfig,
+    adapted_layers,
+    adapter_state_dict,
+    add_adapter,
+    load_adapter,
+    merge,
+    save_adapter,
+    trainable_parameters,
+    unmerge,
+)
 
 
 def bert(seed=0):

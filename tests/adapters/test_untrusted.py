@@ -8,8 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from hyperplex.adapters import (PHMAdapterConfig, add_adapter, adapter_names, load_adapter, merge, save_adapter,
-                                unmerge)
+from hyperplex.adapters import PHMAdapterConfig, adapter_names, add_adapter, load_adapter, merge, save_adapter, unmerge
 from hyperplex.adapters.io import SPEC_NAME, WEIGHTS_NAME
 
 

@@ -155,8 +155,8 @@ def _float_model():
 
 def test_save_quantized_never_writes_over_the_float_folder_it_came_from(tmp_path):
     from hyperplex.convert import load_converted, save_converted
-    from hyperplex.int8 import quantize, save_quantized
     from hyperplex.guards import OutputError
+    from hyperplex.int8 import quantize, save_quantized
 
     folder = tmp_path / "float"
     save_converted(_float_model(), folder)
@@ -179,8 +179,8 @@ def test_save_quantized_never_writes_over_the_float_folder_it_came_from(tmp_path
 
 
 def test_save_quantized_into_a_hugging_face_folder_is_refused(tmp_path):
-    from hyperplex.int8 import quantize, save_quantized
     from hyperplex.guards import OutputError
+    from hyperplex.int8 import quantize, save_quantized
 
     folder = tmp_path / "hf"
     folder.mkdir()

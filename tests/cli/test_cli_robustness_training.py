@@ -17,14 +17,23 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_cli_robustness import (  # noqa: F401 - fixtures are used by name
+    TRAINING,
+    cls_config,
+    cls_model,
+    copy_model,
+    fail,
+    mt_config,
+    mt_model,
+    no_checkpoint,
+    snapshot,
+    world,
+    write_config,
+)
 
 from hyperplex.cli import main
 from hyperplex.config import merge
 from hyperplex.train.checkpoint import load_checkpoint, load_model_weights
-from test_cli_robustness import (  # noqa: F401 - fixtures are used by name
-    TRAINING, cls_config, cls_model, copy_model, fail, mt_config, mt_model, no_checkpoint, snapshot, world,
-    write_config,
-)
 
 
 def train_ok(capsys, *argv) -> str:

@@ -8,13 +8,12 @@ import sys
 
 import pytest
 import torch
+from conftest import without_compiler
 
 from hyperplex import cli
 from hyperplex.config import load_yaml
-from hyperplex.train.checkpoint import load_model_weights
 from hyperplex.inference.load import load_model
-
-from conftest import without_compiler
+from hyperplex.train.checkpoint import load_model_weights
 
 
 @pytest.fixture(scope="module")

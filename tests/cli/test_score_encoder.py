@@ -415,12 +415,12 @@ def test_compress_into_a_folder_another_run_holds_stops_and_writes_nothing(setup
 def test_an_int8_student_folder_is_scored_in_int8(setup, tmp_path, capsys):
     """A save_quantized folder scores as its int8 model (load_quantized), labelled ', int8', with the int8 weight
     file's bytes; load_converted refuses it by name instead of calling its weights missing."""
+    import torch
+
     from hyperplex.convert import load_converted
+    from hyperplex.convert.serialize import LoadError
     from hyperplex.int8 import factorised_layers, load_quantized, quantize, save_quantized
     from hyperplex.scoring.quality import embed_batched, read_sentences, sentence_transformer_embedder
-    from hyperplex.convert.serialize import LoadError
-
-    import torch
 
     teacher, data, folders = setup
     student = quantize(load_converted(folders["phm2"]))

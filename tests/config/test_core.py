@@ -8,7 +8,14 @@ from typing import ClassVar, Literal
 import pytest
 
 from hyperplex.config import (
-    ConfigError, dump_yaml, from_dict, load_yaml, merge, parse_overrides, reference_markdown, to_dict,
+    ConfigError,
+    dump_yaml,
+    from_dict,
+    load_yaml,
+    merge,
+    parse_overrides,
+    reference_markdown,
+    to_dict,
 )
 
 

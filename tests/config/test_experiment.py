@@ -11,8 +11,14 @@ import yaml
 from hyperplex.config import ConfigError
 from hyperplex.config import experiment as schema  # (a TestingConfig name here would be collected by pytest)
 from hyperplex.config.experiment import (
-    RESUMABLE_KEYS, build_experiment, check_beam_size, default_data_root, experiment_dict, load_experiment,
-    resolve_data_path, resume_experiment,
+    RESUMABLE_KEYS,
+    build_experiment,
+    check_beam_size,
+    default_data_root,
+    experiment_dict,
+    load_experiment,
+    resolve_data_path,
+    resume_experiment,
 )
 from hyperplex.models.rnn_translator import RNNTranslatorConfig
 from hyperplex.models.transformer import TransformerConfig

@@ -10,7 +10,14 @@ import yaml
 from hyperplex.config import ConfigError, load_yaml, parse_overrides
 from hyperplex.config.experiment import TrainingConfig, build_experiment, experiment_dict
 from hyperplex.config.reference import (
-    MARK, annotate_files, annotate_text, config_reference, config_template, main, strip_generated, template_values,
+    MARK,
+    annotate_files,
+    annotate_text,
+    config_reference,
+    config_template,
+    main,
+    strip_generated,
+    template_values,
 )
 from hyperplex.config.registry import ARCHITECTURES, TASKS
 

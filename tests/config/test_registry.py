@@ -15,7 +15,12 @@ from hyperplex.config import ConfigError
 from hyperplex.config.experiment import build_experiment, load_experiment
 from hyperplex.config.reference import config_reference
 from hyperplex.config.registry import (
-    ARCHITECTURES, TASKS, TaskEntry, get_architecture, get_task, register_task,
+    ARCHITECTURES,
+    TASKS,
+    TaskEntry,
+    get_architecture,
+    get_task,
+    register_task,
 )
 from hyperplex.data.datasets import Batch
 from hyperplex.nn.linear import LINEAR_KINDS, LinearKind, LinearSpec, make_linear, register_linear_kind

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from hyperplex.inference.parameters import params
 from hyperplex.config.experiment import load_experiment
 from hyperplex.config.registry import ARCHITECTURES, get_architecture
+from hyperplex.inference.parameters import params
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 

@@ -12,10 +12,15 @@ ort = pytest.importorskip("onnxruntime")
 
 from hyperplex.cli import main  # noqa: E402
 from hyperplex.convert import convert_linears, save_converted  # noqa: E402
-from hyperplex.int8 import model_bytes, quantize, save_quantized  # noqa: E402
 from hyperplex.convert.onnx import (  # noqa: E402
-    ONNX_TOLERANCE, PHM_MODES, ExportError, export_onnx, export_onnx_folder, phm_linear_premixed,
+    ONNX_TOLERANCE,
+    PHM_MODES,
+    ExportError,
+    export_onnx,
+    export_onnx_folder,
+    phm_linear_premixed,
 )
+from hyperplex.int8 import model_bytes, quantize, save_quantized  # noqa: E402
 from hyperplex.layers import LowRankLinear, PHMLinear  # noqa: E402
 
 
@@ -161,8 +166,8 @@ def test_refusals_leave_an_existing_file_unchanged(tmp_path):
 def test_transformer_classifier_from_a_train_folder(tmp_path, capsys):
     from test_cli_robustness import DEV_TSV, TSV, cls_config, write_config
 
-    from hyperplex.train.run import train
     from hyperplex.inference.load import load_model
+    from hyperplex.train.run import train
 
     data = tmp_path / "data"
     data.mkdir()

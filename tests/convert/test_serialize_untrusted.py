@@ -402,8 +402,8 @@ def test_save_converted_of_an_int8_model_says_where_it_goes(tmp_path):
 
 
 def test_nan_weights_are_refused_before_quantising(tmp_path):
-    from hyperplex.int8 import quantize
     from hyperplex.guards import NonFiniteError
+    from hyperplex.int8 import quantize
 
     m = plain_model()
     with torch.no_grad():

@@ -3,7 +3,11 @@ import re
 import pytest
 
 from hyperplex.data.arithmetic import (
-    ArithmeticSpec, evaluate_arithmetic_input, generate_arithmetic, generate_arithmetic_splits, iter_arithmetic,
+    ArithmeticSpec,
+    evaluate_arithmetic_input,
+    generate_arithmetic,
+    generate_arithmetic_splits,
+    iter_arithmetic,
     write_arithmetic,
 )
 

@@ -10,8 +10,15 @@ import json
 import pytest
 
 from hyperplex.cli.main import main
-from hyperplex.data.corpus import (CorpusError, build_corpus, evaluation_sentences, normalize_text, report_path,
-                                   split_sentences, write_corpus)
+from hyperplex.data.corpus import (
+    CorpusError,
+    build_corpus,
+    evaluation_sentences,
+    normalize_text,
+    report_path,
+    split_sentences,
+    write_corpus,
+)
 from hyperplex.data.readers import DataError, DataFileNotFoundError
 
 FILES = {

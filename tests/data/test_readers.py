@@ -7,8 +7,18 @@ import os
 
 import pytest
 
-from hyperplex.data.readers import (DataError, DataFileNotFoundError, DropReport, check_labels, filter_examples,
-                                    read_agreement, read_jsonl, read_lines, read_parallel, read_tsv)
+from hyperplex.data.readers import (
+    DataError,
+    DataFileNotFoundError,
+    DropReport,
+    check_labels,
+    filter_examples,
+    read_agreement,
+    read_jsonl,
+    read_lines,
+    read_parallel,
+    read_tsv,
+)
 
 
 def write(path, text: str, gz: bool = False, raw: bytes | None = None):

@@ -7,8 +7,14 @@ import random
 import pytest
 
 from hyperplex.data.readers import DataError
-from hyperplex.data.tokenizers import (TOKENIZERS, CharTokenizer, SentencePieceTokenizer, WordTokenizer,
-                                       build_tokenizer, load_tokenizer)
+from hyperplex.data.tokenizers import (
+    TOKENIZERS,
+    CharTokenizer,
+    SentencePieceTokenizer,
+    WordTokenizer,
+    build_tokenizer,
+    load_tokenizer,
+)
 from hyperplex.data.vocab import SPECIALS
 
 SENTENCES = [

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import write_tiny_config
 
 

@@ -6,7 +6,11 @@ import math
 import pytest
 
 from hyperplex.experiments.convergence import (
-    PAPER_TABLE2, convergence_section, row_courses, training_course, welch_gap,
+    PAPER_TABLE2,
+    convergence_section,
+    row_courses,
+    training_course,
+    welch_gap,
 )
 
 

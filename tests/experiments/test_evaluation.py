@@ -10,8 +10,8 @@ from hyperplex.experiments.cli import main
 
 
 def test_evaluation_equals_inference_evaluate_and_params_breakdown(done):
-    from hyperplex.inference.verbs import evaluate
     from hyperplex.inference.load import load_model
+    from hyperplex.inference.verbs import evaluate
     from hyperplex.models.params import parameter_breakdown
 
     _, out, _, results = done
@@ -23,8 +23,8 @@ def test_evaluation_equals_inference_evaluate_and_params_breakdown(done):
 
 
 def test_eval_split_row_scores_a_file_like_hyperplex_evaluate(tmp_path, write_plan):
-    from hyperplex.inference.verbs import evaluate
     from hyperplex.data.arithmetic import generate_arithmetic
+    from hyperplex.inference.verbs import evaluate
     held_out, _ = generate_arithmetic(12, 1, seed=99)  # PREFIX.src / PREFIX.tgt, as write_arithmetic names them
     for side, column in (("src", 0), ("tgt", 1)):
         (tmp_path / f"held_out.{side}").write_text("".join(pair[column] + "\n" for pair in held_out))

@@ -88,10 +88,11 @@ def test_an_untrained_adapter_row_saves_what_training_would_start_from(tmp_path)
     pytest.importorskip("transformers")
     from conftest import TINY_BERT_WORDS as WORDS
     from conftest import write_tiny_bert
-    from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
-    from hyperplex.inference.load import load_model
+
     from hyperplex.config.experiment import load_experiment
     from hyperplex.experiments.state import NOT_HEALED
+    from hyperplex.inference.load import load_model
+    from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
     from hyperplex.train.checkpoint import checkpoint_info, load_checkpoint
 
     bert = tmp_path / "bert"

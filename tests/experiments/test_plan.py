@@ -3,8 +3,8 @@ references, sweeps expanded into one row per value."""
 
 import pytest
 import yaml
-
 from conftest import write_tiny_config
+
 from hyperplex.experiments.plan import PlanError, load_plan
 from hyperplex.experiments.runs import run_overrides, validate
 

@@ -6,8 +6,8 @@ import statistics
 
 import pytest
 
-from hyperplex.experiments import plot as plot_sweep
 from hyperplex.experiments import markdown as report
+from hyperplex.experiments import plot as plot_sweep
 from hyperplex.experiments.intervals import summarize
 
 CONFIG = "configs/agreement_transformer.yaml"

@@ -4,8 +4,8 @@ window mean / max of the gradient norm they are read from."""
 import json
 
 import pytest
-
 from conftest import write_tiny_config
+
 from hyperplex.experiments.stability import stability
 from hyperplex.experiments.state import DIVERGED_FILE, folder_status
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperplex.experiments import plot as plot_sweep
-from hyperplex.experiments import markdown as report, summary
+from hyperplex.experiments import summary
 from hyperplex.experiments.intervals import summarize, t_quantile_975
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,12 +19,11 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from test_cli_robustness import EN, cls_config, mt_config, write_config, write_data
 
 from hyperplex.inference import verbs as inference
 from hyperplex.train.checkpoint import checkpoint_info, load_checkpoint, save_checkpoint, save_model_weights
 from hyperplex.train.run import train
-
-from test_cli_robustness import EN, cls_config, mt_config, write_config, write_data
 
 MT_FILES = ["src.json", "src_vocab.json", "tgt.json", "tgt_vocab.json"]
 CLS_FILES = ["text.json", "text_vocab.json"]
@@ -217,8 +216,8 @@ def test_classifier_vocabulary_missing(world, tmp_path):
 
 @pytest.mark.parametrize("verb", ["evaluate", "translate"])
 def test_a_file_that_is_not_a_hyperplex_checkpoint(world, tmp_path, verb):
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     plain = tmp_path / "plain.safetensors"
     save_file({"w": torch.zeros(2)}, str(plain))

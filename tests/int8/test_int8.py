@@ -20,8 +20,18 @@ from torch import nn
 
 from hyperplex import LowRankConfig, PHMConfig, compress
 from hyperplex.int8 import (
-    QUANT_SPEC_NAME, QUANT_WEIGHTS_NAME, Int8Config, QuantizationError, QuantizedLinear, QuantizedLowRankLinear,
-    QuantizedPHMLinear, load_quantized, model_bytes, quantize, relative_error, save_quantized,
+    QUANT_SPEC_NAME,
+    QUANT_WEIGHTS_NAME,
+    Int8Config,
+    QuantizationError,
+    QuantizedLinear,
+    QuantizedLowRankLinear,
+    QuantizedPHMLinear,
+    load_quantized,
+    model_bytes,
+    quantize,
+    relative_error,
+    save_quantized,
 )
 from hyperplex.layers import LowRankLinear, PHMLinear
 

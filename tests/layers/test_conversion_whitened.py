@@ -5,8 +5,14 @@ import torch
 from torch import nn
 
 from hyperplex.layers.conversion import (
-    kronecker_als, kronecker_decompose, kronecker_decompose_whitened, kronecker_factor_gram, lowrank_from_linear_whitened,
-    lowrank_whitened, phm_from_linear, phm_from_linear_whitened,
+    kronecker_als,
+    kronecker_decompose,
+    kronecker_decompose_whitened,
+    kronecker_factor_gram,
+    lowrank_from_linear_whitened,
+    lowrank_whitened,
+    phm_from_linear,
+    phm_from_linear_whitened,
 )
 
 D = torch.float64

@@ -3,14 +3,20 @@
 import pytest
 import torch
 
+import hyperplex.layers.functional as functional
 from hyperplex.algebra import cayley_dickson_rule
+from hyperplex.layers.dispatch import DEFAULT_PATH_SETTINGS, structured_weight_first, takes_blocked
 from hyperplex.layers.functional import (
-    materialize_weight, onednn_available, onednn_padded_rows, phm_linear, phm_linear_blocked, phm_linear_onednn,
-    phm_linear_reference, phm_linear_structured,
+    materialize_weight,
+    onednn_available,
+    onednn_padded_rows,
+    phm_linear,
+    phm_linear_blocked,
+    phm_linear_onednn,
+    phm_linear_reference,
+    phm_linear_structured,
     signed_permutation,
 )
-from hyperplex.layers.dispatch import DEFAULT_PATH_SETTINGS, structured_weight_first, takes_blocked
-import hyperplex.layers.functional as functional
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
@@ -193,7 +199,6 @@ def test_onednn_takes_strided_input_and_frozen_factors_under_grad_mode():
 
 @needs_onednn
 def test_onednn_pads_rows_to_a_bounded_set_of_shapes(monkeypatch):
-    import hyperplex.layers.functional as functional
 
     assert [onednn_padded_rows(r) for r in (1, 16, 17, 18, 33, 100, 1000, 1025)] == [1, 16, 18, 18, 36, 104, 1024, 1152]
     assert all(r <= onednn_padded_rows(r) <= r * 9 / 8 for r in range(1, 5000))  # at most 1/8 extra rows
@@ -232,7 +237,6 @@ def test_onednn_refuses_what_it_cannot_run_by_name():
 
 
 def test_onednn_self_check_failure_turns_it_off_once_with_a_warning(monkeypatch):
-    import hyperplex.layers.functional as functional
 
     monkeypatch.setattr(functional, "_ONEDNN", {})
     monkeypatch.setattr(functional, "_onednn_linear", lambda x, w: x @ w.T + 1.0)  # a wrong oneDNN

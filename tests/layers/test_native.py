@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from conftest import SUBPROCESS_ENV, without_compiler
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hyperplex.layers import PHMLinear, native
 from hyperplex.layers.functional import phm_linear_reference, phm_linear_structured
-
-from conftest import SUBPROCESS_ENV, without_compiler
 
 
 @pytest.fixture(scope="module")

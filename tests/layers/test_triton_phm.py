@@ -18,8 +18,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from hyperplex.layers import PHMLinear  # noqa: E402
-from hyperplex.layers import triton_phm  # noqa: E402
+from hyperplex.layers import (
+    PHMLinear,  # noqa: E402
+    triton_phm,  # noqa: E402
+)
 from hyperplex.layers.functional import phm_linear_reference  # noqa: E402
 from hyperplex.layers.triton_phm import plan, takes_triton, triton_phm_linear, triton_reason  # noqa: E402
 

@@ -11,6 +11,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from hyperplex.adapters import PHMAdaptedLinear, adapter_parameter_count
+from hyperplex.config import ConfigError
+from hyperplex.config.core import from_dict
 from hyperplex.models.finetune import (
     FINETUNE_KINDS,
     LOKR_FACTORS,
@@ -23,8 +25,6 @@ from hyperplex.models.finetune import (
     peft_count,
     weights_signature,
 )
-from hyperplex.config import ConfigError
-from hyperplex.config.core import from_dict
 
 
 def encoder(folder):

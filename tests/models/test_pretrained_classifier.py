@@ -18,13 +18,13 @@ transformers = pytest.importorskip("transformers")
 from conftest import TINY_BERT_WORDS as WORDS
 from conftest import assert_same_training_state, write_tiny_bert
 
-from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
-from hyperplex.train import run
-from hyperplex.inference.load import load_model
-from hyperplex.inference.parameters import params
 from hyperplex.cli.main import main
 from hyperplex.config.experiment import load_experiment
+from hyperplex.inference.load import load_model
+from hyperplex.inference.parameters import params
+from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
 from hyperplex.tasks import task_class
+from hyperplex.train import run
 from hyperplex.train.checkpoint import (
     CheckpointError,
     load_checkpoint,

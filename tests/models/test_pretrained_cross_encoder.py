@@ -20,16 +20,16 @@ transformers = pytest.importorskip("transformers")
 from conftest import TINY_BERT_WORDS as WORDS
 from conftest import assert_same_training_state
 
-from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
-from hyperplex.inference.load import load_model
-from hyperplex.inference.parameters import params
-from hyperplex.train.run import train
 from hyperplex.cli.main import main
 from hyperplex.config import ConfigError
 from hyperplex.config.experiment import load_experiment
 from hyperplex.config.registry import get_architecture
+from hyperplex.inference.load import load_model
+from hyperplex.inference.parameters import params
+from hyperplex.models.pretrained_classifier import BASE_KEY, PretrainedClassifier
 from hyperplex.tasks import task_class
 from hyperplex.train.checkpoint import load_checkpoint
+from hyperplex.train.run import train
 from hyperplex.train.trainer import Trainer
 
 LABELS = ["contradiction", "entailment"]

@@ -12,15 +12,22 @@ import torch
 pytest.importorskip("sentence_transformers")
 transformers = pytest.importorskip("transformers")
 
+from conftest import write_tiny_bert, write_tiny_sentence_transformer
+
 from hyperplex.convert import load_converted, save_converted
-from hyperplex.models.pretrained_student import (PretrainedStudent, PretrainedStudentConfig,
-                                                 balance_factor_scales, capture_block_io, embed, record_internals,
-                                                 tokenize, transformer_layers)
-from hyperplex.pretrained import load_sentence_transformer
 from hyperplex.layers.conversion import phm_from_linear
 from hyperplex.layers.phm import PHMLinear
-
-from conftest import write_tiny_bert, write_tiny_sentence_transformer
+from hyperplex.models.pretrained_student import (
+    PretrainedStudent,
+    PretrainedStudentConfig,
+    balance_factor_scales,
+    capture_block_io,
+    embed,
+    record_internals,
+    tokenize,
+    transformer_layers,
+)
+from hyperplex.pretrained import load_sentence_transformer
 
 SENTENCES = ["the cat sat on the mat", "a dog runs", "the big red dog is very good and fast",
              "small blue cat", "the film is bad", "a very slow dog sat on a big mat"]

@@ -4,8 +4,16 @@ import pytest
 import torch
 
 from hyperplex.models.rnn_translator import RNNTranslator, RNNTranslatorConfig
-from hyperplex.models.search import (Hypothesis, beam_search, decode, greedy_search, length_penalty,
-                                     load_unk_dictionary, reorder_state, replace_unk)
+from hyperplex.models.search import (
+    Hypothesis,
+    beam_search,
+    decode,
+    greedy_search,
+    length_penalty,
+    load_unk_dictionary,
+    reorder_state,
+    replace_unk,
+)
 
 EOS, A, B = 3, 4, 5
 

@@ -7,8 +7,14 @@ from torch import nn
 from hyperplex.algebra import hamilton, split_components
 from hyperplex.layers import PHMLinear
 from hyperplex.nn import LinearSpec
-from hyperplex.nn.attention import (ATTENTION_TYPES, HamiltonAttention, MultiHeadAttention, causal_mask,
-                                    component_softmax, split_fused)
+from hyperplex.nn.attention import (
+    ATTENTION_TYPES,
+    HamiltonAttention,
+    MultiHeadAttention,
+    causal_mask,
+    component_softmax,
+    split_fused,
+)
 
 D64 = torch.float64
 

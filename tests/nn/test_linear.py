@@ -63,8 +63,9 @@ def test_factor_rank_builds_low_rank_factors_for_phm_and_quaternion():
 
 
 def test_shared_rule_is_one_rule_for_the_layers_one_spec_builds_and_counted_once():
-    from hyperplex.models.params import parameter_breakdown
     from hyperplex.nn.transformer import TransformerEncoderLayer
+
+    from hyperplex.models.params import parameter_breakdown
 
     spec = LinearSpec("phm", n=4, shared_rule=True, rule_init="quaternion")
     block = TransformerEncoderLayer(16, 2, 32, attention_spec=spec, ffn_spec=spec)

@@ -7,8 +7,16 @@ from torch import nn
 from hyperplex.layers import PHMLinear
 from hyperplex.nn import LinearSpec
 from hyperplex.nn.attention import HamiltonAttention, causal_mask
-from hyperplex.nn.transformer_blocks import (FeedForward, TransformerDecoder, TransformerDecoderLayer, TransformerEmbedding,
-                                      TransformerEncoder, TransformerEncoderLayer, scoped_specs, sinusoidal_positions)
+from hyperplex.nn.transformer_blocks import (
+    FeedForward,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEmbedding,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+    scoped_specs,
+    sinusoidal_positions,
+)
 
 D64 = torch.float64
 

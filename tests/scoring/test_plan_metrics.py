@@ -22,12 +22,13 @@ pytest.importorskip("sklearn")
 
 from conftest import TINY_BERT_WORDS as WORDS
 from conftest import write_tiny_bert, write_tiny_config, write_tiny_sentence_transformer
-from hyperplex.scoring import plan_metrics as quality_metrics
+
 from hyperplex.experiments import markdown as report
 from hyperplex.experiments.cli import main
 from hyperplex.experiments.intervals import summarize
 from hyperplex.experiments.plan import PlanError, load_plan
 from hyperplex.experiments.state import NOT_HEALED
+from hyperplex.scoring import plan_metrics as quality_metrics
 
 INCLUDE = "*encoder.layer*"
 BUDGET = ["--training.max_steps=3", "--training.validation_every=3", "--training.max_epochs=1000",
@@ -293,8 +294,8 @@ def test_bench_compress_counts_match_the_models(setup, capsys):
 def test_int8_rows_score_the_quantized_form_with_its_bytes(setup, tmp_path):
     """``models_from`` rows with ``--testing.quantize=int8`` score the same models in int8: agreement close to the
     float model's, fewer bytes held and written; a compress run with testing.quantize int8 writes an int8 student."""
-    from hyperplex.train.run import compress
     from hyperplex.int8 import is_quantized, load_quantized
+    from hyperplex.train.run import compress
 
     _, data, config = setup
     rows = [{"name": "teacher", "config": str(config), "overrides": ["--model.kind=none"], "train": False, "seeds": [1]},

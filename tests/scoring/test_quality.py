@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from hyperplex.scoring.quality import carve_train_test, embed_batched, mean_cosine, sst2_probe, wikiqa_ranking
 from hyperplex.metrics import ranking_metrics
+from hyperplex.scoring.quality import carve_train_test, embed_batched, mean_cosine, sst2_probe, wikiqa_ranking
 
 VECTORS = {"q1": [1.0, 0.0], "right": [0.9, 0.1], "wrong": [0.0, 1.0], "half": [0.6, 0.8],
            "q2": [0.0, 1.0], "a": [1.0, 0.0], "b": [0.7, 0.7], "c": [0.1, 1.0]}
@@ -150,8 +150,8 @@ def test_an_int8_model_counts_the_parameters_of_its_float_model():
     from torch import nn
 
     from hyperplex.int8 import quantize
-    from hyperplex.scoring.quality import total_parameters
     from hyperplex.layers import LowRankLinear, PHMLinear
+    from hyperplex.scoring.quality import total_parameters
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(10, 64), PHMLinear(64, 128, 4), LowRankLinear(128, 64, 8), nn.Linear(64, 16),

@@ -4,7 +4,6 @@ student is the teacher, healing raises the dev cosine, resume is bitwise, the sa
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import yaml
@@ -12,17 +11,16 @@ import yaml
 pytest.importorskip("sentence_transformers")
 transformers = pytest.importorskip("transformers")
 
-from hyperplex.inference.load import load_model
-from hyperplex.inference.parameters import params
-from hyperplex.train.run import train
+from conftest import prepared_task, tiny_sentences, write_distill_config
+
 from hyperplex.cli.main import main
 from hyperplex.config.experiment import load_experiment
 from hyperplex.data.readers import DataError
+from hyperplex.inference.load import load_model
+from hyperplex.inference.parameters import params
 from hyperplex.tasks import build_task
 from hyperplex.train.checkpoint import load_model_weights
-
-from conftest import prepared_task, tiny_sentences, write_distill_config
-
+from hyperplex.train.run import train
 
 sentences = tiny_sentences  # 3–8 words from the tiny BERT's vocabulary; teacher_folder: tests/conftest.py
 

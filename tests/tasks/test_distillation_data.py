@@ -16,13 +16,12 @@ import yaml
 pytest.importorskip("sentence_transformers")
 pytest.importorskip("transformers")
 
+from conftest import tiny_sentences
+
 from hyperplex.config.experiment import load_experiment
 from hyperplex.data.lines import LazyBatches, LineIndex
 from hyperplex.data.readers import DataError
 from hyperplex.tasks import build_task
-
-from conftest import tiny_sentences
-
 
 sentences = tiny_sentences  # 3–8 words from the tiny BERT's vocabulary; teacher_folder: tests/conftest.py
 

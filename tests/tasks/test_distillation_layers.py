@@ -13,15 +13,11 @@ import torch
 pytest.importorskip("sentence_transformers")
 pytest.importorskip("transformers")
 
+from conftest import prepared_task, tiny_sentences, write_distill_config
+
 from hyperplex.cli.main import main
 from hyperplex.models.pretrained_student import record_internals, transformer_layers
 from hyperplex.tasks.distillation import attention_loss, distill_loss, hidden_state_loss
-
-
-
-
-from conftest import prepared_task, tiny_sentences, write_distill_config
-
 
 sentences = tiny_sentences  # 3–8 words from the tiny BERT's vocabulary; teacher_folder: tests/conftest.py
 
@@ -91,8 +87,8 @@ def test_padding_changes_no_sentences_layer_losses(tmp_path, teacher_folder):
 
 
 def test_compress_with_dropped_layers_layer_losses_and_blockwise_fitting(tmp_path, teacher_folder):
-    from hyperplex.inference.load import load_model
     from hyperplex.convert import load_converted
+    from hyperplex.inference.load import load_model
 
     path = write_config(tmp_path, teacher_folder, steps=6, extra={**LAYERED, "model.keep_layers": [1],
                                                                    "model.blockwise_steps": 5})

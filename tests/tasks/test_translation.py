@@ -4,9 +4,9 @@ memorises generated arithmetic expressions (003 §4.4 format) to exact-match acc
 import pytest
 import yaml
 
+from hyperplex.data.arithmetic import evaluate_arithmetic_input, generate_arithmetic
 from hyperplex.inference import verbs as inference
 from hyperplex.train import run
-from hyperplex.data.arithmetic import evaluate_arithmetic_input, generate_arithmetic
 
 
 @pytest.mark.parametrize("linear", [{"kind": "dense"}, {"kind": "quaternion"}])

@@ -14,8 +14,16 @@ from safetensors.torch import save_file
 from torch import nn
 
 from hyperplex.train.checkpoint import (
-    CheckpointError, CheckpointManager, average_checkpoints, capture_rng, checkpoint_info, load_checkpoint,
-    load_model_weights, restore_rng, save_checkpoint, save_model_weights,
+    CheckpointError,
+    CheckpointManager,
+    average_checkpoints,
+    capture_rng,
+    checkpoint_info,
+    load_checkpoint,
+    load_model_weights,
+    restore_rng,
+    save_checkpoint,
+    save_model_weights,
 )
 from hyperplex.train.optim import build_optimizer
 

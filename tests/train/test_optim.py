@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from hyperplex.train.optim import (
-    SCHEDULES, Constant, Halving, InverseSqrt, LinearDecay, apply_lr, build_optimizer, build_schedule,
+    SCHEDULES,
+    Constant,
+    Halving,
+    InverseSqrt,
+    LinearDecay,
+    apply_lr,
+    build_optimizer,
+    build_schedule,
 )
 
 

@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-
 from conftest import torchrun
 
 # Each rank: join the group the way the trainer does, train a DDP step, drop the wrapper, shut down, and

@@ -25,8 +25,15 @@ from hyperplex.tasks.translation import TranslationTask
 from hyperplex.train.checkpoint import CheckpointError
 from hyperplex.train.checkpoint.format import load_into, model_state
 from hyperplex.train.protocols import (
-    CustomCheckpointState, Describes, EvaluatesFiles, FitsWhenBuilt, OwnTokenizer, PairTextTokenizer,
-    PretrainedEmbeddings, SignsMetrics, Translates,
+    CustomCheckpointState,
+    Describes,
+    EvaluatesFiles,
+    FitsWhenBuilt,
+    OwnTokenizer,
+    PairTextTokenizer,
+    PretrainedEmbeddings,
+    SignsMetrics,
+    Translates,
 )
 from hyperplex.train.task import Task
 

@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import SUBPROCESS_ENV as ENV
+from conftest import torchrun, write_tiny_config
 
-from conftest import SUBPROCESS_ENV as ENV, torchrun, write_tiny_config
-
-from hyperplex.train.checkpoint import load_checkpoint, load_model_weights
 from hyperplex.inference.load import load_model
+from hyperplex.train.checkpoint import load_checkpoint, load_model_weights
 from hyperplex.train.run import train
-
 
 
 def train_losses(model_dir: Path) -> list[float]:

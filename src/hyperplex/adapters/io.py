@@ -26,14 +26,32 @@ from torch import nn
 
 from hyperplex.adapters.config import PHMAdapterConfig
 from hyperplex.adapters.layer import AdapterWrapper, PHMAdaptedLinear
-from hyperplex.adapters.model import (active_adapter, adapter_config, adapter_layer_sizes, adapter_names,
-                                      adapter_saved_modules, add_adapter, set_active)
-from hyperplex.adapters.state_dict import (adapter_state_dict, base_signature, expected_adapter_shapes,
-                                      load_adapter_state_dict, state_mismatch)
+from hyperplex.adapters.model import (
+    active_adapter,
+    adapter_config,
+    adapter_layer_sizes,
+    adapter_names,
+    adapter_saved_modules,
+    add_adapter,
+    set_active,
+)
+from hyperplex.adapters.state_dict import (
+    adapter_state_dict,
+    base_signature,
+    expected_adapter_shapes,
+    load_adapter_state_dict,
+    state_mismatch,
+)
 from hyperplex.adapters.targets import check_adapter_name, outer_modules
 from hyperplex.fileio import read_bounded, sha256_file
-from hyperplex.guards import (InputFileError, check_finite, check_input_file, check_output_folder, input_file_problem,
-                              write_set)
+from hyperplex.guards import (
+    InputFileError,
+    check_finite,
+    check_input_file,
+    check_output_folder,
+    input_file_problem,
+    write_set,
+)
 from hyperplex.layers.selection import dense_sizes, is_dense
 
 __all__ = ["save_adapter", "load_adapter", "read_adapter_spec", "WEIGHTS_NAME", "SPEC_NAME", "FORMAT", "VERSION"]

@@ -9,7 +9,14 @@
 """
 
 from hyperplex.config.core import (
-    ConfigError, dump_yaml, from_dict, load_yaml, merge, parse_overrides, reference_markdown, to_dict,
+    ConfigError,
+    dump_yaml,
+    from_dict,
+    load_yaml,
+    merge,
+    parse_overrides,
+    reference_markdown,
+    to_dict,
 )
 
 __all__ = ["ConfigError", "dump_yaml", "from_dict", "load_yaml", "merge", "parse_overrides", "reference_markdown",

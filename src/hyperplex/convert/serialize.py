@@ -37,11 +37,15 @@ import torch
 from torch import nn
 
 from hyperplex.convert.linears import KINDS, apply_spec, conversion_spec, to_dense
+from hyperplex.fileio import (
+    UnsafePathError,
+    check_folder_files,
+    inside,
+    read_bounded,
+    sha256_file,
+)
 from hyperplex.guards import NonFiniteError, check_finite
 from hyperplex.pretrained import QUANTIZED_SPEC, read_modules_json
-from hyperplex.fileio import (
-    UnsafePathError, check_folder_files, inside, read_bounded, sha256_file,
-)
 
 __all__ = ["save_converted", "load_converted", "read_spec", "model_skeleton", "read_tensors",
            "non_persistent_buffers", "SPEC_NAME", "WEIGHTS_NAME", "FORMAT", "FORMAT_VERSION", "LoadError"]

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 from hyperplex.config import from_dict, merge, parse_overrides, to_dict
-from hyperplex.scoring import plan_metrics as quality_metrics
 from hyperplex.experiments.plan import Plan, Row
 from hyperplex.experiments.records import recorded_evaluation, write_record
 from hyperplex.experiments.runs import Run
 from hyperplex.experiments.state import folder_status
 from hyperplex.fileio import atomic_write_text
+from hyperplex.scoring import plan_metrics as quality_metrics
 
 __all__ = ["evaluate_model", "evaluation_key", "cached_evaluation", "evaluate_each"]
 
@@ -31,9 +31,9 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
     (distillation models): its metrics join ``metrics``, and ``size`` / ``quality_details`` are added
     (:mod:`hyperplex.scoring.plan_metrics`)."""
     from hyperplex.config.experiment import TestingConfig
-    from hyperplex.models.params import parameter_breakdown
-    from hyperplex.inference.verbs import score
     from hyperplex.inference.load import inference_form, load_model
+    from hyperplex.inference.verbs import score
+    from hyperplex.models.params import parameter_breakdown
     from hyperplex.train.protocols import SignsMetrics
 
     cfg, task, model = load_model(str(model_dir), checkpoint, data_root)

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyperplex.config import ConfigError, dump_yaml, load_yaml
-from hyperplex.scoring import plan_metrics as quality_metrics
 from hyperplex.experiments.matching import check_param_matches
 from hyperplex.experiments.plan import TASK_METRICS, Plan, PlanError, Row
 from hyperplex.experiments.state import PLAN_MARK, RECORD_FILE, folder_status, read_record, trained
+from hyperplex.scoring import plan_metrics as quality_metrics
 
 __all__ = ["Run", "run_overrides", "validate", "saved_config", "config_diff", "load_yaml_text"]
 

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyperplex.experiments.intervals import summarize
-from hyperplex.experiments.plan import RowSpec
 from hyperplex.experiments.markdown import format_count
+from hyperplex.experiments.plan import RowSpec
 from hyperplex.fileio import atomic_write_text
 
 #: How the summary names the command that generated it.

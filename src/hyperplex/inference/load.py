@@ -15,7 +15,12 @@ from pathlib import Path
 
 from hyperplex.config import ConfigError, load_yaml
 from hyperplex.config.experiment import (
-    ExperimentConfig, build_experiment, default_data_root, experiment_dict, flatten, upgrade_saved_config,
+    ExperimentConfig,
+    build_experiment,
+    default_data_root,
+    experiment_dict,
+    flatten,
+    upgrade_saved_config,
 )
 from hyperplex.fileio import inside
 from hyperplex.train.checkpoint import BEST, LAST, checkpoint_info, load_into, load_model_weights

@@ -4,11 +4,21 @@ with an :class:`hyperplex.Int8Config`; this package holds the parts.
 """
 
 from hyperplex.int8.folder import (
-    QUANT_FORMAT, QUANT_FORMAT_VERSION, QUANT_SPEC_NAME, QUANT_WEIGHTS_NAME, load_model_folder, load_quantized,
+    QUANT_FORMAT,
+    QUANT_FORMAT_VERSION,
+    QUANT_SPEC_NAME,
+    QUANT_WEIGHTS_NAME,
+    load_model_folder,
+    load_quantized,
     save_quantized,
 )
 from hyperplex.int8.layers import (
-    PHM_PATHS, QuantizationError, QuantizedLinear, QuantizedLowRankLinear, QuantizedPHMLinear, quantized_engine,
+    PHM_PATHS,
+    QuantizationError,
+    QuantizedLinear,
+    QuantizedLowRankLinear,
+    QuantizedPHMLinear,
+    quantized_engine,
 )
 from hyperplex.int8.transform import Int8Config, factorised_layers, is_quantized, model_bytes, quantize, relative_error
 

@@ -13,8 +13,16 @@ from torch.ao.nn.quantized.dynamic import Linear as _TorchDynamicLinear
 
 from hyperplex.convert.serialize import QUANTIZED_SPEC_NAME, deduplicate_tensors, non_persistent_buffers, retie_aliases
 from hyperplex.int8.layers import (
-    PHM_PATHS, QUANTIZED_NAME, QuantizationError, QuantizedLinear, QuantizedLowRankLinear, QuantizedPHMLinear,
-    empty_layer, layer_entry, quantized_engine, quantized_layers,
+    PHM_PATHS,
+    QUANTIZED_NAME,
+    QuantizationError,
+    QuantizedLinear,
+    QuantizedLowRankLinear,
+    QuantizedPHMLinear,
+    empty_layer,
+    layer_entry,
+    quantized_engine,
+    quantized_layers,
 )
 from hyperplex.layers.lowrank import LowRankLinear
 from hyperplex.layers.phm import PHMLinear
@@ -59,7 +67,7 @@ def _float_twin(module: nn.Module) -> nn.Module:
         twin = nn.Linear(module.in_features, module.out_features, bias=module._weight_bias()[1] is not None)
     source = getattr(module, "hyperplex_quantized_from", None)
     if source is not None:
-        setattr(twin, "hyperplex_converted_from", source)
+        twin.hyperplex_converted_from = source
     return twin.eval()
 
 

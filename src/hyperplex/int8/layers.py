@@ -23,7 +23,11 @@ from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as _TorchDynamicLinear
 
 from hyperplex.layers.functional import (
-    mix_partial_products, phm_linear_structured, premix_inputs, refuse_off_cpu, side_by_side,
+    mix_partial_products,
+    phm_linear_structured,
+    premix_inputs,
+    refuse_off_cpu,
+    side_by_side,
 )
 from hyperplex.layers.lowrank import LowRankLinear
 from hyperplex.layers.phm import PHMLinear
@@ -120,7 +124,7 @@ class QuantizedLinear(_TorchDynamicLinear):
         return super().forward(x.float()).to(x.dtype)
 
     @classmethod
-    def from_weight(cls, weight: Tensor, bias: Tensor | None) -> "QuantizedLinear":
+    def from_weight(cls, weight: Tensor, bias: Tensor | None) -> QuantizedLinear:
         """Quantise a float ``weight`` ``(out, in)`` per output channel; ``bias`` ``(out,)`` or ``None``."""
         out_features, in_features = weight.shape
         layer = cls(in_features, out_features, bias_=bias is not None, dtype=torch.qint8)
@@ -169,7 +173,7 @@ class QuantizedLowRankLinear(nn.Module):
         self.left = QuantizedLinear(rank, out_features, bias_=bias, dtype=torch.qint8).eval()
 
     @classmethod
-    def from_float(cls, layer: LowRankLinear) -> "QuantizedLowRankLinear":
+    def from_float(cls, layer: LowRankLinear) -> QuantizedLowRankLinear:
         """Quantise ``layer``'s ``right`` and ``left`` (per output row); the bias is kept in float."""
         new = cls(layer.in_features, layer.out_features, layer.rank, bias=layer.bias is not None)
         new.right = QuantizedLinear.from_weight(layer.right, None)
@@ -228,7 +232,7 @@ class QuantizedPHMLinear(nn.Module):
             self.blocks = QuantizedLinear(in_features // n, out_features, bias_=False, dtype=torch.qint8).eval()
 
     @classmethod
-    def from_float(cls, layer: PHMLinear, path: str = "auto") -> "QuantizedPHMLinear":
+    def from_float(cls, layer: PHMLinear, path: str = "auto") -> QuantizedPHMLinear:
         """Quantise ``layer``'s ``Sᵢ``; rule and bias are copied in float. ``path``: one of :data:`PHM_PATHS`,
         or ``"auto"``: ``"premixed"`` when ``in_features ≤ out_features``, else ``"int8"``."""
         n, k, d = layer.n, layer.out_features, layer.in_features

@@ -16,8 +16,16 @@ from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as _TorchDynamicLinear
 
 from hyperplex.int8.layers import (
-    PHM_PATHS, QUANTIZED_NAME, QuantizationError, QuantizedLinear, QuantizedLowRankLinear, QuantizedPHMLinear,
-    is_int8_module, layer_entry, quantized_engine, quantized_layers,
+    PHM_PATHS,
+    QUANTIZED_NAME,
+    QuantizationError,
+    QuantizedLinear,
+    QuantizedLowRankLinear,
+    QuantizedPHMLinear,
+    is_int8_module,
+    layer_entry,
+    quantized_engine,
+    quantized_layers,
 )
 from hyperplex.layers.lowrank import LowRankLinear
 from hyperplex.layers.phm import PHMLinear

@@ -1,15 +1,29 @@
 """Linear layers: PHM (learned or fixed hypercomplex rules), its Appendix-A form, and low-rank."""
 
+from hyperplex.layers.conversion import kronecker_decompose
 from hyperplex.layers.diffusion import DiffusionPHMLinear
 from hyperplex.layers.dispatch import PathSettings
 from hyperplex.layers.functional import (
-    formation_buffer_bytes, materialize_weight, phm_linear, phm_linear_blocked, phm_linear_lowrank, phm_linear_premixed,
-    phm_linear_reference, phm_linear_structured, release_formation_buffers,
+    formation_buffer_bytes,
+    materialize_weight,
+    phm_linear,
+    phm_linear_blocked,
+    phm_linear_lowrank,
+    phm_linear_premixed,
+    phm_linear_reference,
+    phm_linear_structured,
+    release_formation_buffers,
 )
 from hyperplex.layers.lowrank import LowRankLinear, lowrank_parameter_count, matching_rank
-from hyperplex.layers.conversion import kronecker_decompose
 from hyperplex.layers.phm import (
-    FORWARD_MODES, PHMLinear, PHMRule, cache_dense_weights, cached_bytes, phm_parameter_count, release_dense_caches, shared_weights,
+    FORWARD_MODES,
+    PHMLinear,
+    PHMRule,
+    cache_dense_weights,
+    cached_bytes,
+    phm_parameter_count,
+    release_dense_caches,
+    shared_weights,
 )
 
 __all__ = [

@@ -65,7 +65,7 @@ class DiffusionPHMLinear(nn.Module):
         return F.linear(input, self.dense_weight(), self.bias)
 
     @classmethod
-    def from_phm(cls, layer: PHMLinear) -> "DiffusionPHMLinear":
+    def from_phm(cls, layer: PHMLinear) -> DiffusionPHMLinear:
         """The Appendix-A parameters expressing the same ``H`` as ``layer`` (any rule, shared or not; low-rank
         ``Sᵢ`` are formed)."""
         with torch.no_grad():

@@ -81,7 +81,7 @@ class LowRankLinear(nn.Module):
         return F.linear(F.linear(input, self.right), self.left, self.bias)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, rank: int) -> tuple["LowRankLinear", float]:
+    def from_linear(cls, linear: nn.Linear, rank: int) -> tuple[LowRankLinear, float]:
         """Truncated SVD of the dense weight; returns ``(layer, ‖W − L R‖_F / ‖W‖_F)``
         (:func:`hyperplex.layers.conversion.lowrank_from_linear`)."""
         from hyperplex.layers.conversion import lowrank_from_linear

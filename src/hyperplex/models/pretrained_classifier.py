@@ -27,6 +27,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from hyperplex.config.registry import ModelConfig
 from hyperplex.models.finetune import (
     FINETUNE_KINDS,
     FineTuneConfig,
@@ -34,7 +35,6 @@ from hyperplex.models.finetune import (
     attach,
     weights_signature,
 )
-from hyperplex.config.registry import ModelConfig
 from hyperplex.pretrained import MINILM, load_transformer, transformer_folder
 
 __all__ = [

@@ -197,7 +197,7 @@ class record_internals:
         self._keys: list[Tensor] = []
         self._handles: list = []
 
-    def __enter__(self) -> "record_internals":
+    def __enter__(self) -> record_internals:
         def keep_hidden(module, args, output):
             self.hidden.append(output[0] if isinstance(output, tuple) else output)
 

@@ -32,7 +32,7 @@ Shapes everywhere: query ``(B, H)`` (one step) or ``(B, T, H)`` (T steps at once
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn

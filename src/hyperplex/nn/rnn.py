@@ -241,7 +241,7 @@ class PHMLSTM(nn.Module):
 
     # ------------------------------------------------------------------ conversion
     @classmethod
-    def from_lstm(cls, lstm: nn.LSTM, linear: LinearSpec | None = None) -> "PHMLSTM":
+    def from_lstm(cls, lstm: nn.LSTM, linear: LinearSpec | None = None) -> PHMLSTM:
         """A :class:`PHMLSTM` with the weights of ``lstm``.
 
         Dense and ``n = 1`` specs reproduce ``lstm`` exactly (``b = b_ih + b_hh``). For ``n > 1``

@@ -270,8 +270,8 @@ def _check_arguments(students: list[str], teacher: str | None, metrics: list[str
 def _load_models(found: list[Student], teacher: str, data_root: str | None, threads: int):
     """(teacher, students) loaded on the CPU, each student checked to embed in the teacher's width; the
     torch threads set for their size."""
-    from hyperplex.scoring.quality import BATCH_SIZE, sentence_transformer_embedder
     from hyperplex.pretrained import load_sentence_transformer
+    from hyperplex.scoring.quality import BATCH_SIZE, sentence_transformer_embedder
     from hyperplex.threads import TOKENS_PER_SENTENCE, model_width, set_threads
 
     teacher_model = load_sentence_transformer(teacher)
@@ -291,11 +291,16 @@ def _score_rows(teacher: str, teacher_model, found: list[Student], models: list,
     """One row per model, the teacher first: the metrics of :func:`~hyperplex.scoring.quality.score_embedder`
     and the sizes of :func:`~hyperplex.scoring.quality.encoder_size` (the teacher's selected layers: every
     layer a student converted). Also the details (counts) of the last row."""
-    from hyperplex.scoring.quality import (
-        BATCH_SIZE, encoder_size, score_embedder, sentence_transformer_embedder, teacher_agreement, total_parameters,
-    )
     from hyperplex.int8 import is_quantized
     from hyperplex.pretrained import resolve_model_path
+    from hyperplex.scoring.quality import (
+        BATCH_SIZE,
+        encoder_size,
+        score_embedder,
+        sentence_transformer_embedder,
+        teacher_agreement,
+        total_parameters,
+    )
 
     specs = [_converted_spec(model) for model in models]
     converted = list(dict.fromkeys(entry["name"] for spec in specs for entry in spec))

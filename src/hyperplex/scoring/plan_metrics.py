@@ -143,8 +143,8 @@ def model_size(model) -> dict:
     conversion with the same targets/exclude/min_features would replace. An int8 form of the dense copy
     has no float layers left to select from: its ``selected_params`` are ``None``."""
     from hyperplex.convert.compress import PHMConfig, compress
-    from hyperplex.scoring.quality import encoder_size
     from hyperplex.int8 import is_quantized
+    from hyperplex.scoring.quality import encoder_size
 
     report = model.report
     if report is None and is_quantized(model.encoder):

@@ -20,21 +20,27 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hyperplex.config.core import ConfigError
+from hyperplex.config.experiment import DataConfig
+from hyperplex.config.registry import get_architecture
 from hyperplex.data.datasets import ClassificationDataset, JointPairDataset, PairDataset
 from hyperplex.data.phrases import carve_sentences
 from hyperplex.data.readers import DataError, DropReport, check_labels, read_agreement, read_jsonl, read_tsv
 from hyperplex.data.tokenizers import Tokenizer
 from hyperplex.data.vocab import PAD_INDEX, Vocabulary
-from hyperplex.config.core import ConfigError
-from hyperplex.config.experiment import DataConfig
-from hyperplex.config.registry import get_architecture
-from hyperplex.train.protocols import Describes, OwnTokenizer, PairTextTokenizer, PretrainedEmbeddings, TextTokenizer
-from hyperplex.train.task import Task
+from hyperplex.metrics import accuracy, ranking_metrics
 from hyperplex.tasks.common import (
-    carve_random, carve_seed, data_file, load_saved_vocabularies, lowercase_if, subset, tokenizer_and_vocab,
+    carve_random,
+    carve_seed,
+    data_file,
+    load_saved_vocabularies,
+    lowercase_if,
+    subset,
+    tokenizer_and_vocab,
     vocabulary_files,
 )
-from hyperplex.metrics import accuracy, ranking_metrics
+from hyperplex.train.protocols import Describes, OwnTokenizer, PairTextTokenizer, PretrainedEmbeddings, TextTokenizer
+from hyperplex.train.task import Task
 
 
 # ---------------------------------------------------------------------------- text → ids

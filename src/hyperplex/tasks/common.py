@@ -6,10 +6,10 @@ import random
 from pathlib import Path
 
 from hyperplex.config import load_yaml
+from hyperplex.config.experiment import DataConfig, ExperimentConfig, resolve_data_path
 from hyperplex.data.readers import DataError
 from hyperplex.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
 from hyperplex.data.vocab import Vocabulary
-from hyperplex.config.experiment import DataConfig, ExperimentConfig, resolve_data_path
 
 
 def data_file(path: str, data_root: str | None, suffix: str = "", key: str = "data.train") -> Path:

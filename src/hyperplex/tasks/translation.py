@@ -16,18 +16,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hyperplex.config.registry import get_architecture
+from hyperplex.data.arithmetic import FILE_SUFFIXES as ARITHMETIC_SUFFIXES
+from hyperplex.data.arithmetic import generate_arithmetic
 from hyperplex.data.datasets import Seq2SeqDataset
-from hyperplex.data.arithmetic import FILE_SUFFIXES as ARITHMETIC_SUFFIXES, generate_arithmetic
 from hyperplex.data.readers import DataError, DropReport, read_parallel
 from hyperplex.data.vocab import BOS_INDEX, EOS, EOS_INDEX, PAD_INDEX, UNK, UNK_INDEX
-from hyperplex.config.registry import get_architecture
-from hyperplex.train.task import Task
+from hyperplex.metrics import corpus_bleu, corpus_chrf, perplexity
 from hyperplex.tasks.common import (
-    carve_random, carve_seed, data_file, load_saved_vocabularies, lowercase_if, subset, tokenizer_and_vocab,
+    carve_random,
+    carve_seed,
+    data_file,
+    load_saved_vocabularies,
+    lowercase_if,
+    subset,
+    tokenizer_and_vocab,
     vocabulary_files,
 )
-from hyperplex.metrics import corpus_bleu, corpus_chrf, perplexity
-
+from hyperplex.train.task import Task
 
 #: Most tokens of a line decoded by a model without a position table (an RNN translator); longer lines are cut
 #: with a warning, as a Transformer's are at its ``max_positions``.

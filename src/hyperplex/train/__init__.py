@@ -2,11 +2,29 @@
 :mod:`hyperplex.metrics`; the verbs that use a trained model without training it are :mod:`hyperplex.inference`."""
 
 from hyperplex.train.checkpoint import (
-    Checkpoint, CheckpointError, CheckpointManager, atomic_write, average_checkpoints, capture_rng,
-    checkpoint_info, load_checkpoint, load_model_weights, restore_rng, save_checkpoint, save_model_weights,
+    Checkpoint,
+    CheckpointError,
+    CheckpointManager,
+    atomic_write,
+    average_checkpoints,
+    capture_rng,
+    checkpoint_info,
+    load_checkpoint,
+    load_model_weights,
+    restore_rng,
+    save_checkpoint,
+    save_model_weights,
 )
 from hyperplex.train.optim import (
-    OPTIMIZERS, SCHEDULES, Constant, Halving, InverseSqrt, LinearDecay, Schedule, apply_lr, build_optimizer,
+    OPTIMIZERS,
+    SCHEDULES,
+    Constant,
+    Halving,
+    InverseSqrt,
+    LinearDecay,
+    Schedule,
+    apply_lr,
+    build_optimizer,
     build_schedule,
 )
 from hyperplex.train.plots import plot_attention, plot_metrics, plot_phm_rules

@@ -25,16 +25,21 @@ from torch import nn
 
 from hyperplex.config import dump_yaml
 from hyperplex.config.experiment import ExperimentConfig, experiment_dict
-from hyperplex.train.task import Task, metric_mode
 from hyperplex.fileio import atomic_write_text
 from hyperplex.train.checkpoint import (
-    LAST, CheckpointError, CheckpointManager, load_checkpoint, load_into, model_state, restore_rng,
+    LAST,
+    CheckpointError,
+    CheckpointManager,
+    load_checkpoint,
+    load_into,
+    model_state,
+    restore_rng,
 )
 from hyperplex.train.interrupts import InterruptFlag, TrainingInterrupted
+from hyperplex.train.logs import MetricsWriter, setup_logger
 from hyperplex.train.optim import Schedule, apply_lr, build_optimizer, build_schedule
 from hyperplex.train.process import check_writable, distributed, resolve_device
-from hyperplex.train.logs import MetricsWriter, setup_logger
-
+from hyperplex.train.task import Task, metric_mode
 
 
 class TrainingError(RuntimeError):

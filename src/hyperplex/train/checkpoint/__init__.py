@@ -12,8 +12,16 @@
 
 from hyperplex.train.checkpoint.averaging import average_checkpoints, write_average
 from hyperplex.train.checkpoint.format import (
-    Checkpoint, CheckpointError, atomic_write, checkpoint_info, load_checkpoint, load_into, load_model_weights,
-    model_state, save_checkpoint, save_model_weights,
+    Checkpoint,
+    CheckpointError,
+    atomic_write,
+    checkpoint_info,
+    load_checkpoint,
+    load_into,
+    load_model_weights,
+    model_state,
+    save_checkpoint,
+    save_model_weights,
 )
 from hyperplex.train.checkpoint.manager import BEST, LAST, CheckpointManager
 from hyperplex.train.checkpoint.rng import capture_rng, restore_rng

@@ -12,6 +12,7 @@ from torch import Tensor
 from hyperplex.train.checkpoint.format import CheckpointError, load_model_weights, save_model_weights
 from hyperplex.train.checkpoint.manager import BEST, LAST, CheckpointManager
 
+
 # ---------------------------------------------------------------------------- averaging
 def average_checkpoints(paths: Sequence) -> dict[str, Tensor]:
     """Element-wise mean of the model weights of several checkpoints (Vaswani et al. 2017 §6.1).

@@ -35,7 +35,6 @@ from torch import Tensor
 
 from hyperplex import fileio
 from hyperplex.fileio import WriteError
-
 from hyperplex.train.checkpoint.rng import capture_rng
 from hyperplex.train.protocols import CustomCheckpointState
 

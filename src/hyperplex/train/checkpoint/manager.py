@@ -12,7 +12,11 @@ from torch import Tensor
 
 from hyperplex import fileio
 from hyperplex.train.checkpoint.format import (
-    CheckpointError, _save, atomic_write, checkpoint_info, save_checkpoint,
+    CheckpointError,
+    _save,
+    atomic_write,
+    checkpoint_info,
+    save_checkpoint,
 )
 
 log = logging.getLogger(__name__)

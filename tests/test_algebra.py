@@ -269,22 +269,22 @@ def test_hamilton_example_values():
 # --------------------------------------------------------------------------------------
 
 _E = basis(4)
-ONE, I, J, K = _E[0], _E[1], _E[2], _E[3]
+ONE, QI, QJ, QK = _E[0], _E[1], _E[2], _E[3]
 
 
 @pytest.mark.parametrize(
     "lhs,rhs,expected",
     [
-        pytest.param(I, J, K, id="ij=k"),
-        pytest.param(J, K, I, id="jk=i"),
-        pytest.param(K, I, J, id="ki=j"),
-        pytest.param(J, I, -K, id="ji=-k"),
-        pytest.param(K, J, -I, id="kj=-i"),
-        pytest.param(I, K, -J, id="ik=-j"),
-        pytest.param(I, I, -ONE, id="ii=-1"),
-        pytest.param(J, J, -ONE, id="jj=-1"),
-        pytest.param(K, K, -ONE, id="kk=-1"),
-        pytest.param(ONE, K, K, id="1k=k"),
+        pytest.param(QI, QJ, QK, id="ij=k"),
+        pytest.param(QJ, QK, QI, id="jk=i"),
+        pytest.param(QK, QI, QJ, id="ki=j"),
+        pytest.param(QJ, QI, -QK, id="ji=-k"),
+        pytest.param(QK, QJ, -QI, id="kj=-i"),
+        pytest.param(QI, QK, -QJ, id="ik=-j"),
+        pytest.param(QI, QI, -ONE, id="ii=-1"),
+        pytest.param(QJ, QJ, -ONE, id="jj=-1"),
+        pytest.param(QK, QK, -ONE, id="kk=-1"),
+        pytest.param(ONE, QK, QK, id="1k=k"),
     ],
 )
 def test_quaternion_unit_products(lhs, rhs, expected):
@@ -296,8 +296,8 @@ def test_quaternion_unit_products(lhs, rhs, expected):
 def test_ijk_is_minus_one():
     """i j k = −1 (Hamilton's i² = j² = k² = ijk = −1)."""
     m = mul(4)
-    assert torch.equal(m(m(I, J), K), -ONE)
-    assert torch.equal(hamilton(hamilton(I, J), K), -ONE)
+    assert torch.equal(m(m(QI, QJ), QK), -ONE)
+    assert torch.equal(hamilton(hamilton(QI, QJ), QK), -ONE)
 
 
 # --------------------------------------------------------------------------------------

@@ -85,7 +85,8 @@ def test_map_mrr_hand_computed():
     assert mean_average_precision(GROUPS, SCORES, LABELS) == pytest.approx(sum(ap) / 3)
     assert mean_reciprocal_rank(GROUPS, SCORES, LABELS) == pytest.approx(sum(rr) / 3)
     result = ranking_metrics(GROUPS, SCORES, LABELS)
-    assert result == {"map": pytest.approx(sum(ap) / 3), "mrr": pytest.approx(sum(rr) / 3), "questions": 3, "skipped": 1}
+    assert result == {"map": pytest.approx(sum(ap) / 3), "mrr": pytest.approx(sum(rr) / 3), "questions": 3,
+                      "skipped": 1}
 
 
 def test_ties_keep_input_order():

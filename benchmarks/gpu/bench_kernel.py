@@ -75,7 +75,8 @@ def ceilings(device: str, copy_mib: int, matmul: int, warmup: int, reps: int) ->
     dst = torch.empty_like(src)
     copy_ms = median_ms(lambda: dst.copy_(src), device, warmup, reps)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    a, b = torch.randn(matmul, matmul, device=device, dtype=dtype), torch.randn(matmul, matmul, device=device, dtype=dtype)
+    a, b = (torch.randn(matmul, matmul, device=device, dtype=dtype),
+            torch.randn(matmul, matmul, device=device, dtype=dtype))
     mm_ms = median_ms(lambda: a @ b, device, warmup, reps)
     return {"copy_GBps": 2 * src.numel() * 4 / copy_ms / 1e6, "copy_MiB": copy_mib,
             "dense_TFLOPs": 2 * matmul ** 3 / mm_ms / 1e9, "matmul": matmul, "matmul_dtype": str(dtype)}

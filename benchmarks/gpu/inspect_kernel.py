@@ -74,7 +74,8 @@ def summarise_ptx(ptx: str) -> str:
     loads = sorted(set(re.findall(r"ld\.global(?:\.[a-z0-9]+)*", ptx)))
     mma = sorted(set(re.findall(r"(?:wgmma|mma)\.[a-z0-9._]+", ptx)))
     asynchronous = "cp.async" in ptx
-    return f"loads {', '.join(loads) or 'none'}; cp.async {'yes' if asynchronous else 'no'}; {', '.join(mma) or 'no mma'}"
+    return (f"loads {', '.join(loads) or 'none'}; cp.async {'yes' if asynchronous else 'no'}; "
+            f"{', '.join(mma) or 'no mma'}")
 
 
 def main(argv=None) -> int:
@@ -95,7 +96,8 @@ def main(argv=None) -> int:
         if i == 0 and args.ptx:
             Path(args.ptx).write_text(kernel.asm["ptx"])
         print(f"{dtype} n={n:<2} rows={rows:<2} grid={plan.grid} warps={plan.num_warps} tile={plan.block_m}x"
-              f"{plan.block_q}x{plan.block_j}: {resource_usage(kernel.asm['cubin'])}; {summarise_ptx(kernel.asm['ptx'])}",
+              f"{plan.block_q}x{plan.block_j}: {resource_usage(kernel.asm['cubin'])}; "
+              f"{summarise_ptx(kernel.asm['ptx'])}",
               flush=True)
     return 0
 

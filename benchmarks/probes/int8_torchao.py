@@ -5,8 +5,9 @@ For each layer kind at MiniLM's shapes (dense, low-rank at PHM n=4's parameter c
 weights, per-tensor dynamic int8 activations) and the same computation with torchao's int8 tensors
 (``Int8DynamicActivationInt8WeightConfig`` and ``Int8WeightOnlyConfig`` through ``quantize_``) are timed in
 interleaved rounds (each variant's per-call time in a round of back-to-back calls; median of the rounds).
-torchao quantises ``nn.Linear`` weights, so its low-rank layer is two ``nn.Linear`` and its PHM layer the stacked (or side-by-side) ``Sᵢ`` as one ``nn.Linear``, mixed by the rule
-in float exactly as :class:`hyperplex.int8.QuantizedPHMLinear` does.
+torchao quantises ``nn.Linear`` weights, so its low-rank layer is two ``nn.Linear`` and its PHM layer the
+stacked (or side-by-side) ``Sᵢ`` as one ``nn.Linear``, mixed by the rule in float exactly as
+:class:`hyperplex.int8.QuantizedPHMLinear` does.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/int8_torchao.py            # ≈ 1 min on one core
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/int8_torchao.py --rounds 3 --shapes 384x384

@@ -29,4 +29,6 @@ __all__ = [
     "Int8Config", "quantize", "save_quantized", "load_quantized", "model_bytes", "QuantizationError",
     # adapters
     "PHMAdapterConfig", "add_adapter", "save_adapter", "load_adapter",
+    # the package version
+    "__version__",
 ]

@@ -125,7 +125,8 @@ def inside(folder: str | os.PathLike, name, where: str) -> str:
         raise UnsafePathError(f"{where}: {name!r} is an absolute path; a name inside {os.fspath(folder)} is expected")
     parts = name.replace("\\", "/").split("/")
     if ".." in parts:
-        raise UnsafePathError(f"{where}: {name!r} steps out of {os.fspath(folder)} ('..'); a name inside it is expected")
+        raise UnsafePathError(f"{where}: {name!r} steps out of {os.fspath(folder)} ('..'); "
+                              "a name inside it is expected")
     root = os.path.realpath(folder)
     path = os.path.join(os.fspath(folder), name)
     real = os.path.realpath(path)

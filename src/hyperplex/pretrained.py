@@ -115,7 +115,8 @@ def transformer_folder(path: str) -> str:
         if found:
             folder = os.path.join(path, found[0].get("path", ""))
     if not os.path.isfile(os.path.join(folder, "config.json")):
-        raise ValueError(f"model.path: {path} is not a model folder (no config.json{' in ' + folder if folder != path else ''})")
+        raise ValueError(f"model.path: {path} is not a model folder "
+                         f"(no config.json{' in ' + folder if folder != path else ''})")
     return folder
 
 
@@ -125,7 +126,8 @@ def load_sentence_transformer(path: str):
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:
-        raise ImportError(f"model.path: loading a pretrained model needs sentence-transformers: {PRETRAINED_EXTRA}") from None
+        raise ImportError("model.path: loading a pretrained model needs sentence-transformers: "
+                          f"{PRETRAINED_EXTRA}") from None
     return SentenceTransformer(folder, device="cpu").eval()
 
 

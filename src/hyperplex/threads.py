@@ -28,7 +28,8 @@ import os
 
 import torch
 
-__all__ = ["WORK_PER_THREAD", "TOKENS_PER_SENTENCE", "available_cores", "choose_threads", "model_width", "parse_threads", "set_threads"]
+__all__ = ["WORK_PER_THREAD", "TOKENS_PER_SENTENCE", "available_cores", "choose_threads", "model_width",
+           "parse_threads", "set_threads"]
 
 #: Multiply-adds of one matrix product below which a further thread costs more than it saves
 #: (2²⁴ ≈ 16.8 M, e.g. 256 rows × 256²; measured by ``benchmarks/probes/bench_threads.py``).

@@ -82,9 +82,10 @@ def test_a_base_with_other_weights_is_refused_unless_allowed(tmp_path):
     save_adapter(model, "a", tmp_path)
     other = classifier(seed=1)  # same architecture, other weights
     before = snapshot(other)
-    with pytest.raises(ValueError, match=rf"{SPEC_NAME}: the base model's weights differ from those the adapter was saved "
-                                         r"with \(SHA-256 of the 6 adapted layers' weights and biases: saved [0-9a-f]{16}…, "
-                                         r"this model [0-9a-f]{16}…; saved on TransformerClassifier .*allow_other_base_weights=True"):
+    with pytest.raises(ValueError, match=rf"{SPEC_NAME}: the base model's weights differ from those the adapter was "
+                                         r"saved with \(SHA-256 of the 6 adapted layers' weights and biases: saved "
+                                         r"[0-9a-f]{16}…, this model [0-9a-f]{16}…; saved on TransformerClassifier "
+                                         r".*allow_other_base_weights=True"):
         load_adapter(other, tmp_path)
     assert_unchanged(other, before)
     with torch.no_grad():  # one changed number in one adapted layer is enough
@@ -161,5 +162,6 @@ def test_a_transformers_base_is_recorded_by_its_folder(tmp_path):
     load_adapter(transformers.BertModel.from_pretrained(folder), tmp_path / "adapter")
     torch.manual_seed(5)
     stranger = transformers.BertModel(model.config)  # the architecture without the pretrained weights
-    with pytest.raises(ValueError, match=r"weights differ.*saved on (.*) \(transformers\..*BertModel\), this model is \1 "):
+    with pytest.raises(ValueError, match=r"weights differ.*saved on (.*) \(transformers\..*BertModel\), "
+                                         r"this model is \1 "):
         load_adapter(stranger, tmp_path / "adapter")  # its config carries the same name: the weights decide

@@ -214,7 +214,8 @@ def test_bad_config_names_the_field(kwargs, message):
 def test_config_from_dict_rejects_unknown_keys():
     with pytest.raises(ValueError, match=r"spec.json: unknown PHMAdapterConfig key\(s\) \['alpha'\]"):
         PHMAdapterConfig.from_dict({"n": 4, "alpha": 8}, where="spec.json")
-    assert PHMAdapterConfig.from_dict(PHMAdapterConfig(n=2, targets=("q",)).to_dict()) == PHMAdapterConfig(n=2, targets=("q",))
+    assert (PHMAdapterConfig.from_dict(PHMAdapterConfig(n=2, targets=("q",)).to_dict())
+            == PHMAdapterConfig(n=2, targets=("q",)))
 
 
 def test_bad_add_adapter_calls_are_clear_and_leave_the_model_untouched():

@@ -95,9 +95,11 @@ def test_each_adapter_has_its_own_head_and_switching_selects_it():
     add_adapter(model, "b", config(rank=None))
     assert [name for name, _ in saved_modules(model)] == ["classifier"]
     assert set(model.classifier.adapters) == {"a", "b"}
-    assert torch.equal(model.classifier.adapters["b"].weight, model.classifier.base_layer.weight)  # copied from the original
+    assert torch.equal(model.classifier.adapters["b"].weight,
+                       model.classifier.base_layer.weight)  # copied from the original
     train(model)
-    assert not model.classifier.adapters["a"].weight.requires_grad and model.classifier.adapters["b"].weight.requires_grad
+    assert (not model.classifier.adapters["a"].weight.requires_grad
+            and model.classifier.adapters["b"].weight.requires_grad)
     set_active(model, "a")
     assert torch.equal(model(*x), out_a)
     set_active(model, None)
@@ -130,8 +132,8 @@ def test_modules_to_save_errors_name_the_key_and_change_nothing():
     reference = copy.deepcopy(model)
     with pytest.raises(ValueError, match=r"PHMAdapterConfig.modules_to_save: pattern 'head' matches no module"):
         add_adapter(model, "a", config(modules_to_save=["head"]))
-    with pytest.raises(ValueError, match=r"layer 'encoder.layers.0.ffn.linear1': inside 'encoder.layers.0.ffn', a module "
-                                         r"trained in full"):
+    with pytest.raises(ValueError, match=r"layer 'encoder.layers.0.ffn.linear1': inside 'encoder.layers.0.ffn', "
+                                         r"a module trained in full"):
         add_adapter(model, "a", config(modules_to_save=[]), layers=["encoder.layers.0.ffn.linear1"],
                     saved=["encoder.layers.0.ffn"])
     with pytest.raises(ValueError, match=r"modules_to_save must be a list of non-empty glob patterns"):
@@ -153,8 +155,9 @@ def test_a_head_of_another_shape_is_refused_by_name(tmp_path):
     save_adapter(model, "a", tmp_path)
     other = base(classes=5)
     state = {k: v.clone() for k, v in other.state_dict().items()}
-    with pytest.raises(ValueError, match=rf"{SPEC_NAME}: the adapter does not fit this model: classifier: the module to "
-                                         r"save differs: bias saved \[3\], model \[5\], weight saved \[3, 16\], model \[5, 16\]"):
+    with pytest.raises(ValueError, match=rf"{SPEC_NAME}: the adapter does not fit this model: classifier: "
+                                         r"the module to save differs: bias saved \[3\], model \[5\], "
+                                         r"weight saved \[3, 16\], model \[5, 16\]"):
         load_adapter(other, tmp_path, allow_other_base_weights=True)  # a shape is never allowed to differ
     assert state.keys() == other.state_dict().keys()
     assert all(torch.equal(v, other.state_dict()[k]) for k, v in state.items())

@@ -274,5 +274,6 @@ def test_score_encoder_json_over_a_students_spec_is_refused_before_loading(tmp_p
 
 def test_demo_never_draws_into_a_model_folder(model, capsys):
     before = snapshot(model)
-    refused(capsys, ["demo", "--quick", "--out", str(model)], f"--out {model}: holds a model folder of `hyperplex train`")
+    refused(capsys, ["demo", "--quick", "--out", str(model)],
+            f"--out {model}: holds a model folder of `hyperplex train`")
     assert snapshot(model) == before

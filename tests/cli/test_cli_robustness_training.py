@@ -1,6 +1,6 @@
 """Hostile inputs for ``hyperplex train`` / ``params`` / ``evaluate``: budgets that must hold, resume with
-changed settings, Ctrl-C and SIGTERM, config files that lie, corrupted model folders and data files. Every case runs through the real CLI and checks the
-exit code and the message; a refused command changes nothing on disk.
+changed settings, Ctrl-C and SIGTERM, config files that lie, corrupted model folders and data files. Every case runs
+through the real CLI and checks the exit code and the message; a refused command changes nothing on disk.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def test_resume_with_a_larger_max_steps_extends_a_finished_run_exactly(world, tm
     log = log_of(tmp_path / "a")
     assert "resume: training.max_steps: 2 → 4" in log and "the new budget continues it" in log
     assert yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())["training"]["max_steps"] == 4
-    a, b = load_model_weights(tmp_path / "a" / "last.safetensors"), load_model_weights(tmp_path / "b" / "last.safetensors")
+    a, b = (load_model_weights(tmp_path / "a" / "last.safetensors"),
+            load_model_weights(tmp_path / "b" / "last.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -183,7 +184,8 @@ def test_signal_saves_a_resumable_checkpoint_and_resume_matches_an_uninterrupted
                           (tmp_path / "b", [f"--training.max_steps={k + 5}"])):
         done = subprocess.run(_command(cfg, folder, *extra), capture_output=True, text=True, env=ENV)
         assert done.returncode == 0, done.stderr
-    a, b = load_model_weights(tmp_path / "a" / "last.safetensors"), load_model_weights(tmp_path / "b" / "last.safetensors")
+    a, b = (load_model_weights(tmp_path / "a" / "last.safetensors"),
+            load_model_weights(tmp_path / "b" / "last.safetensors"))
     assert all(torch.equal(a[key], b[key]) for key in a)
 
     def train_losses(folder):
@@ -295,8 +297,8 @@ def test_config_whose_top_level_is_a_list(tmp_path, capsys):
 def test_jsonl_line_that_is_not_json_names_file_and_line(world, tmp_path, capsys):
     path = tmp_path / "train.jsonl"
     path.write_text('{"sentence": "good film", "label": "pos"}\n{"sentence": "bad film", "label": "neg"\n')
-    cfg = write_config(tmp_path / "cfg.yaml", merge(cls_config(world.data), {"data": {"format": "jsonl", "train": str(path),
-                                                                           "dev": str(path)}}))
+    cfg = write_config(tmp_path / "cfg.yaml", merge(cls_config(world.data), {
+        "data": {"format": "jsonl", "train": str(path), "dev": str(path)}}))
     msg = fail(capsys, "train", cfg, "--model-dir", tmp_path / "m")
     assert msg.startswith(f"{path}, line 2: invalid JSON"), msg
     no_checkpoint(tmp_path / "m")
@@ -305,8 +307,8 @@ def test_jsonl_line_that_is_not_json_names_file_and_line(world, tmp_path, capsys
 def test_jsonl_line_that_is_an_array_names_file_and_line(world, tmp_path, capsys):
     path = tmp_path / "train.jsonl"
     path.write_text('{"sentence": "good film", "label": "pos"}\n["bad film", "neg"]\n')
-    cfg = write_config(tmp_path / "cfg.yaml", merge(cls_config(world.data), {"data": {"format": "jsonl", "train": str(path),
-                                                                           "dev": str(path)}}))
+    cfg = write_config(tmp_path / "cfg.yaml", merge(cls_config(world.data), {
+        "data": {"format": "jsonl", "train": str(path), "dev": str(path)}}))
     msg = fail(capsys, "train", cfg, "--model-dir", tmp_path / "m")
     assert msg.startswith(f"{path}, line 2: expected a JSON object, found list"), msg
 
@@ -315,7 +317,8 @@ def test_tsv_with_crlf_and_a_byte_order_mark_trains_with_clean_labels(world, tmp
     """A Windows-saved tsv (BOM + CRLF) is the same data: labels must not keep a '\\r' nor the header a BOM."""
     text = (world.data / "train.tsv").read_text()
     (tmp_path / "train.tsv").write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
-    cfg = write_config(tmp_path / "cfg.yaml", merge(cls_config(world.data), {"data": {"train": str(tmp_path / "train.tsv")}}))
+    cfg = write_config(tmp_path / "cfg.yaml", merge(cls_config(world.data), {
+        "data": {"train": str(tmp_path / "train.tsv")}}))
     train_ok(capsys, cfg, "--model-dir", tmp_path / "m")
     assert load_checkpoint(tmp_path / "m" / "last.safetensors").extra["task"]["labels"] == ["neg", "pos"]
 
@@ -331,7 +334,8 @@ def test_agreement_line_with_an_unknown_verb_tag_names_file_and_line(world, tmp_
 
 def test_training_file_that_is_a_folder(world, tmp_path, capsys):
     (tmp_path / "train.tsv").mkdir()
-    cfg = write_config(tmp_path / "cfg.yaml", merge(cls_config(world.data), {"data": {"train": str(tmp_path / "train.tsv")}}))
+    cfg = write_config(tmp_path / "cfg.yaml", merge(cls_config(world.data), {
+        "data": {"train": str(tmp_path / "train.tsv")}}))
     msg = fail(capsys, "train", cfg, "--model-dir", tmp_path / "m")
     assert str(tmp_path / "train.tsv") in msg, msg
     no_checkpoint(tmp_path / "m")

@@ -109,7 +109,8 @@ def test_average_refuses_to_overwrite_an_input_or_a_managed_checkpoint(trained, 
     shutil.copytree(model_dir, folder)
     before = snapshot(folder)
     best = sorted(folder.glob("best-*.safetensors"))
-    assert cli.main(["average", str(folder / "best.safetensors"), *map(str, best), "-o", str(folder / "best.safetensors")]) == 1
+    assert cli.main(["average", str(folder / "best.safetensors"), *map(str, best), "-o",
+                     str(folder / "best.safetensors")]) == 1
     assert "best.safetensors: is also an input of this command" in capsys.readouterr().err
     assert cli.main(["average", *map(str, best), "-o", str(folder / "last.safetensors")]) == 1
     assert "last.safetensors: is a file of the model folder of `hyperplex train`" in capsys.readouterr().err

@@ -20,7 +20,8 @@ def test_report_summary_prints_the_section_naming_the_verb(capsys):
     assert main(["report", "summary", *results]) == 0
     out = capsys.readouterr().out
     assert out.startswith(summary.START) and out.rstrip().endswith(summary.END)
-    assert out == f"{summary.START}\n{summary.render([(p, summary.load_results(p)) for p in results], 'hyperplex report summary').rstrip()}\n{summary.END}\n"
+    rendered = summary.render([(p, summary.load_results(p)) for p in results], "hyperplex report summary")
+    assert out == f"{summary.START}\n{rendered.rstrip()}\n{summary.END}\n"
     assert "hyperplex report summary" in out
 
 

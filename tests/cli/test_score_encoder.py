@@ -1,8 +1,8 @@
-"""``hyperplex score-encoder`` (hyperplex/scoring/encoders.py, its table hyperplex/cli/score_encoder.py) on a tiny random
-BERT teacher saved as a SentenceTransformer folder and its PHM / low-rank conversions, with tiny synthetic
-agreement, WikiQA and SST-2 files: the teacher row, the n = 1 conversion scoring exactly as the teacher, parameter counts and file sizes
-against an independent count, the JSON equal to the printed table, `hyperplex compress` folders (student/
-and the best checkpoint, teacher from their config), and one clear error line for each bad input."""
+"""``hyperplex score-encoder`` (hyperplex/scoring/encoders.py, its table hyperplex/cli/score_encoder.py) on a tiny
+random BERT teacher saved as a SentenceTransformer folder and its PHM / low-rank conversions, with tiny synthetic
+agreement, WikiQA and SST-2 files: the teacher row, the n = 1 conversion scoring exactly as the teacher, parameter
+counts and file sizes against an independent count, the JSON equal to the printed table, `hyperplex compress` folders
+(student/ and the best checkpoint, teacher from their config), and one clear error line for each bad input."""
 
 from __future__ import annotations
 
@@ -326,7 +326,8 @@ def test_hostile_folders_are_refused_and_nothing_outside_them_changes(setup, com
     import hashlib
 
     def snapshot(folder):
-        return {os.path.relpath(os.path.join(r, f), folder): hashlib.sha256(open(os.path.join(r, f), "rb").read()).hexdigest()
+        return {os.path.relpath(os.path.join(r, f), folder):
+                hashlib.sha256(open(os.path.join(r, f), "rb").read()).hexdigest()
                 for r, _, fs in os.walk(folder) for f in fs}
 
     teacher, data, folders = setup
@@ -438,7 +439,8 @@ def test_an_int8_student_folder_is_scored_in_int8(setup, tmp_path, capsys):
     assert row["file_bytes"] == sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
     sentences = read_sentences(data / DEFAULT_FILES["agreement"])
     reloaded = sentence_transformer_embedder(load_quantized(folder), 8)
-    teachers = sentence_transformer_embedder(sentence_transformers.SentenceTransformer(os.fspath(teacher), device="cpu"), 8)
+    teachers = sentence_transformer_embedder(
+        sentence_transformers.SentenceTransformer(os.fspath(teacher), device="cpu"), 8)
     expected = torch.nn.functional.cosine_similarity(embed_batched(reloaded, sentences, 8),
                                                      embed_batched(teachers, sentences, 8), dim=-1).mean()
     assert row["agreement"] == pytest.approx(float(expected), abs=1e-5)

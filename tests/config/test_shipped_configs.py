@@ -36,7 +36,8 @@ def test_every_architecture_has_the_one_constructor_signature(name):
 
 
 def table_rows(table: str) -> dict[str, int]:
-    """``{component: count}`` of a :func:`hyperplex.inference.parameters.params` table (``| name | 1,234 | 1.23K | share |`` rows)."""
+    """``{component: count}`` of a :func:`hyperplex.inference.parameters.params` table
+    (``| name | 1,234 | 1.23K | share |`` rows)."""
     rows = [line.split("|") for line in table.splitlines()[3:] if line.startswith("|")]  # after title, header, rule
     return {cells[1].strip(): int(cells[2].replace(",", "")) for cells in rows}
 

@@ -36,7 +36,8 @@ def test_phm_layers_hold_the_kronecker_svd_and_report_counts_independently():
     weights = {name: mod.weight.detach().clone() for name, mod in m.named_modules() if isinstance(mod, nn.Linear)}
     report = convert_linears(m, "phm", n=4, min_features=1)
     assert [r.name for r in report.converted] == ["0.up", "0.down", "1.up", "1.down"]
-    assert {r.name: r.reason for r in report.skipped} == {"0.head": "n=4 does not divide 6x32", "1.head": "n=4 does not divide 6x32"}
+    assert {r.name: r.reason for r in report.skipped} == {"0.head": "n=4 does not divide 6x32",
+                                                          "1.head": "n=4 does not divide 6x32"}
     for row in report.converted:
         layer = m.get_submodule(row.name)
         assert isinstance(layer, PHMLinear) and getattr(layer, CONVERTED_FROM) == "linear"
@@ -71,7 +72,8 @@ def test_lowrank_uses_matching_rank_or_explicit_rank():
     assert isinstance(layer, LowRankLinear) and layer.rank == r == report.converted[0].rank
     assert lowrank_parameter_count(32, 64, r) <= phm_parameter_count(32, 64, 4)
     s = torch.linalg.svdvals(W)
-    assert report.converted[0].relative_error == pytest.approx(float((s[r:].square().sum() / s.square().sum()).sqrt()), rel=1e-9)
+    assert report.converted[0].relative_error == pytest.approx(float((s[r:].square().sum() / s.square().sum()).sqrt()),
+                                                               rel=1e-9)
     m2 = model()
     report2 = convert_linears(m2, "lowrank", rank=3, min_features=1)
     assert all(m2.get_submodule(row.name).rank == 3 for row in report2.converted)
@@ -152,7 +154,8 @@ def test_multihead_attention_out_proj_stays_dense():
 def test_errors_are_clear_and_raised_before_any_change():
     m = model()
     before = [type(mod) for mod in m.modules()]
-    with pytest.raises(ValueError, match=r"include pattern '\*\.query' matches no nn.Linear/Conv1D layer.*0\.up, 0\.down"):
+    with pytest.raises(ValueError, match=r"include pattern '\*\.query' matches no nn.Linear/Conv1D layer.*0\.up, "
+                                         r"0\.down"):
         convert_linears(m, include=["*.up", "*.query"])
     with pytest.raises(ValueError, match=r"n=5 divides none of the 6 selected layers \(sizes 32x64, 64x32, 6x32\)"):
         convert_linears(m, "phm", n=5, min_features=1)
@@ -190,12 +193,14 @@ def test_gpt2_conv1d_converted_forward_generate_and_back(tiny_gpt2):
     W = reference.transformer.h[0].attn.c_attn.weight.detach()  # (in, out): Conv1D stores Wᵀ
     assert (attn.in_features, attn.out_features) == (32, 96)
     _, _, error = kronecker_decompose(W.t(), 4)
-    assert error == pytest.approx(float(torch.linalg.norm(W.t() - attn.dense_weight().detach()) / torch.linalg.norm(W)), rel=1e-5)
+    assert error == pytest.approx(float(torch.linalg.norm(W.t() - attn.dense_weight().detach()) / torch.linalg.norm(W)),
+                                  rel=1e-5)
     out = m2(ids).logits
     assert m2.generate(ids[:1], **greedy).shape == (1, 15)
     to_dense(m2)
     back = m2.transformer.h[0].attn.c_attn
-    assert type(back) is Conv1D and back.weight.shape == (32, 96) and torch.equal(back.weight, attn.dense_weight().detach().t())
+    assert (type(back) is Conv1D and back.weight.shape == (32, 96)
+            and torch.equal(back.weight, attn.dense_weight().detach().t()))
     torch.testing.assert_close(m2(ids).logits, out, rtol=1e-5, atol=1e-5)
 
 

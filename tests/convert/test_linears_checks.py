@@ -26,7 +26,8 @@ def test_a_non_finite_value_in_the_seventh_layer_converts_nothing(value, shown, 
     with torch.no_grad():
         getattr(model[6], what).view(-1)[3] = value
     types, state = snapshot(model)
-    with pytest.raises(ValueError, match=rf"layer '6': its {what} holds 1 non-finite value\(s\) \({re.escape(shown)}\); no layer"):
+    with pytest.raises(ValueError, match=rf"layer '6': its {what} holds 1 non-finite value\(s\) "
+                                         rf"\({re.escape(shown)}\); no layer"):
         convert_linears(model, kind, n=4)
     assert [type(m) for m in model] == types == [nn.Linear] * 13
     now = model.state_dict()

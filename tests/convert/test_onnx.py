@@ -84,7 +84,8 @@ def test_premixed_kernel_equals_the_layer():
 
 def test_unknown_phm_mode(tmp_path):
     with pytest.raises(ExportError, match="unknown phm mode"):
-        export_onnx(nn.Sequential(PHMLinear(8, 8, 2)), tmp_path / "n.onnx", example_inputs=torch.randn(3, 8), phm="dense")
+        export_onnx(nn.Sequential(PHMLinear(8, 8, 2)), tmp_path / "n.onnx", example_inputs=torch.randn(3, 8),
+                    phm="dense")
     assert os.listdir(tmp_path) == []
 
 

@@ -39,7 +39,8 @@ def test_plain_module_round_trip_needs_the_architecture(tmp_path):
     with pytest.raises(LoadError, match="pass the dense architecture"):
         load_converted(tmp_path)
     loaded = load_converted(tmp_path, model=plain_model())
-    assert isinstance(loaded[0], PHMLinear) and loaded[0].rule_name == "quaternion" and isinstance(loaded[2], LowRankLinear)
+    assert (isinstance(loaded[0], PHMLinear) and loaded[0].rule_name == "quaternion"
+            and isinstance(loaded[2], LowRankLinear))
     assert torch.equal(loaded(x), expected)
 
 
@@ -133,7 +134,8 @@ def test_spec_of_another_architecture(tmp_path, tiny_gpt2):
     spec["layers"][0]["name"] = "encoder.layer.0.attention.self.query"
     spec_path.write_text(json.dumps(spec))
     with pytest.raises(LoadError, match=r"hyperplex_convert.json: layer 'encoder.layer.0.attention.self.query' "
-                                        r"\(layers\[0\]\) does not exist in the rebuilt GPT2LMHeadModel.*another architecture"):
+                                        r"\(layers\[0\]\) does not exist in the rebuilt GPT2LMHeadModel"
+                                        r".*another architecture"):
         load_converted(tmp_path)
     spec["layers"][0]["name"] = "transformer.h.0.attn.c_attn"
     spec["layers"][0]["out_features"] = 64
@@ -171,7 +173,8 @@ def test_tensor_shape_mismatch_and_missing_tensor_name_file_and_tensor(tmp_path)
         load_converted(tmp_path, model=plain_model())
     del tensors["0.left"]
     save_file(tensors, os.fspath(weights))
-    with pytest.raises(LoadError, match=r"model.safetensors: tensor '0.left' of the rebuilt Sequential is not in the file"):
+    with pytest.raises(LoadError, match=r"model.safetensors: tensor '0.left' of the rebuilt Sequential "
+                                        r"is not in the file"):
         load_converted(tmp_path, model=plain_model())
     tensors["0.left"], tensors["extra"] = torch.zeros(32, 1), torch.zeros(1)
     save_file(tensors, os.fspath(weights))
@@ -181,7 +184,8 @@ def test_tensor_shape_mismatch_and_missing_tensor_name_file_and_tensor(tmp_path)
 
 def test_bad_spec_json(tmp_path):
     (tmp_path / SPEC_NAME).write_text('{"format": "something-else", "version": 1}')
-    with pytest.raises(LoadError, match="hyperplex_convert.json: key 'format' is 'something-else', expected 'hyperplex-converted'"):
+    with pytest.raises(LoadError, match="hyperplex_convert.json: key 'format' is 'something-else', expected "
+                                        "'hyperplex-converted'"):
         load_converted(tmp_path)
     (tmp_path / SPEC_NAME).write_text('{"format": ')
     with pytest.raises(LoadError, match="invalid JSON"):

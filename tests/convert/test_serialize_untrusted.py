@@ -258,7 +258,8 @@ def test_save_converted_refuses_the_folder_the_model_came_from(tmp_path, bert_fo
         save_converted(model, source)
     assert snapshot(source) == before
     save_converted(model, source, overwrite=True)  # explicit: allowed
-    assert torch.equal(load_converted(source).embeddings.word_embeddings.weight, model.embeddings.word_embeddings.weight)
+    assert torch.equal(load_converted(source).embeddings.word_embeddings.weight,
+                       model.embeddings.word_embeddings.weight)
 
 
 def test_a_loaded_converted_model_is_not_saved_back_over_its_folder_by_default(saved_plain):

@@ -76,7 +76,8 @@ def test_auto_takes_the_triton_kernel_on_cuda_at_few_rows(cuda_device, check, mo
     with torch.no_grad():
         got = layer(x)
     assert calls == [1] and got.dtype == dtype
-    check.assert_within({"output": check.relative_error(got, _reference(layer, x))}, "bf16" if dtype != torch.float32 else "fp32")
+    check.assert_within({"output": check.relative_error(got, _reference(layer, x))},
+                        "bf16" if dtype != torch.float32 else "fp32")
     layer(x)  # with weight gradients: the differentiable paths, not the kernel
     assert calls == [1]
 

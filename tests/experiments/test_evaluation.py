@@ -29,7 +29,8 @@ def test_eval_split_row_scores_a_file_like_hyperplex_evaluate(tmp_path, write_pl
     for side, column in (("src", 0), ("tgt", 1)):
         (tmp_path / f"held_out.{side}").write_text("".join(pair[column] + "\n" for pair in held_out))
     plan = write_plan(tmp_path, rows=[{"name": "phm2", "config": "tiny.yaml", "seeds": [1]},
-                                       {"name": "phm2_file", "models_from": "phm2", "eval_split": str(tmp_path / "held_out")}])
+                                       {"name": "phm2_file", "models_from": "phm2",
+                                        "eval_split": str(tmp_path / "held_out")}])
     out = tmp_path / "out"
     assert main([str(plan), "--out", str(out)]) == 0
     rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
@@ -52,7 +53,8 @@ def test_evaluate_each_fills_the_caches_the_report_reads(tmp_path, monkeypatch, 
     assert set(caches) == {"evaluation-dense.json", "evaluation-dense_beam1.json"}
     assert "evaluated for row 'dense_beam1'" in capsys.readouterr().err
     calls = []
-    monkeypatch.setattr(evaluation, "evaluate_model", lambda *a, **k: calls.append(a))  # the report must not re-evaluate
+    # the report must not re-evaluate
+    monkeypatch.setattr(evaluation, "evaluate_model", lambda *a, **k: calls.append(a))
     assert main([str(plan), "--out", str(out), "--report-only"]) == 0
     assert calls == []
     results = json.loads((out / "results.json").read_text())

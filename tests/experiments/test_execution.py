@@ -101,7 +101,8 @@ def test_an_untrained_adapter_row_saves_what_training_would_start_from(tmp_path)
     rng = random.Random(1)
     for split, count in (("train", 48), ("dev", 16)):
         rows = [" ".join(rng.choice(WORDS) for _ in range(5)) for _ in range(count)]
-        (tmp_path / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{r}\t{int('good' in r)}\n" for r in rows))
+        (tmp_path / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{r}\t{int('good' in r)}\n"
+                                                                             for r in rows))
     config = tmp_path / "finetune.yaml"
     config.write_text(yaml.safe_dump({
         "name": "tiny_finetune", "data": {"task": "classification", "format": "tsv", "train": "train.tsv",

@@ -73,7 +73,8 @@ def test_plan_keys_are_checked_like_every_config(tmp_path):
             load_plan(path)
     path.write_text(yaml.safe_dump({"title": "t", "metrics": ["loss"], "rows": [row], "digits": 3}))
     plan = load_plan(path)
-    assert (plan.name, plan.digits, plan.checkpoint, plan.rows[0].seeds, plan.rows[0].label) == ("p", 3, "last", [1], "a")
+    assert ((plan.name, plan.digits, plan.checkpoint, plan.rows[0].seeds, plan.rows[0].label)
+            == ("p", 3, "last", [1], "a"))
 
 
 def test_the_plan_reference_is_generated_from_the_schema():

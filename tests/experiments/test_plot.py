@@ -30,7 +30,8 @@ def _row(name, values):
 
 
 def _unswept():
-    return {"plan": {"name": "agreement", "title": "no sweep", "metrics": ["accuracy"]}, "rows": [_row("a", [1.0, 2.0])]}
+    return {"plan": {"name": "agreement", "title": "no sweep", "metrics": ["accuracy"]},
+            "rows": [_row("a", [1.0, 2.0])]}
 
 
 def _sweep_results():

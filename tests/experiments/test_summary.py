@@ -23,9 +23,14 @@ def _in_the_repository(monkeypatch):
 
 
 CONFIG = "configs/agreement_transformer.yaml"  # linear.kind: dense in the file (no override needed)
-PHM = lambda n: ["--model.linear.kind=phm", f"--model.linear.n={n}"]
-LOWRANK = lambda n: ["--model.linear.kind=lowrank", f"--model.linear.n={n}",
-                     "--model.linear.rank_rounding=nearest"]
+
+
+def PHM(n):
+    return ["--model.linear.kind=phm", f"--model.linear.n={n}"]
+
+
+def LOWRANK(n):
+    return ["--model.linear.kind=lowrank", f"--model.linear.n={n}", "--model.linear.rank_rounding=nearest"]
 
 
 def _row(name, values, overrides=(), label=None, match_params="", models_from="", eval_split="", params=(1000, 100),
@@ -80,7 +85,10 @@ def test_linear_kind_from_overrides_then_config_file():
 
 def test_dense_counterpart_shares_the_other_overrides():
     """As in multi30k_lstm.yaml: several dense rows differ in attention; the PHM row pairs with its own."""
-    att = lambda a, f: [f"--model.attention={a}", f"--model.input_feeding={f}"]
+
+    def att(a, f):
+        return [f"--model.attention={a}", f"--model.input_feeding={f}"]
+
     rows = [_row("global_dot", [30.0, 31.0, 32.0], att("dot", "false")),
             _row("local_p", [33.0, 34.0, 35.0], att("local-p", "true")),
             _row("local_p_phm4", [32.0, 33.0, 34.0], att("local-p", "true") + PHM(4)),
@@ -173,7 +181,8 @@ def test_missing_plan_is_listed_not_fatal(tmp_path, capsys):
     missing = tmp_path / "snli" / "results.json"
     assert summary.main([str(good), str(missing)]) == 0
     captured = capsys.readouterr()
-    assert captured.out.startswith("<!-- summary -->\n### Summary") and captured.out.rstrip().endswith("<!-- /summary -->")
+    assert (captured.out.startswith("<!-- summary -->\n### Summary")
+            and captured.out.rstrip().endswith("<!-- /summary -->"))
     assert f"Not in the summary yet (no results.json): `{missing}`." in captured.out
     assert "2026-11-23" not in captured.out  # the date of a report is in its record, not on the page
     assert f"{missing}: no such file" in captured.err

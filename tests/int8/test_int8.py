@@ -61,14 +61,16 @@ def test_phm_layer_matches_float(n, rule, path):
         assert q.blocks.weight().q_per_channel_scales().shape == (96,)  # one scale per output row of each Sᵢ
     else:
         assert q.blocks.weight().shape == (96 // n, 64)  # [S₁ … S_n] side by side
-    assert torch.allclose(q.dequantized_phm_weight(), layer.phm_weight, atol=float(layer.phm_weight.detach().abs().max()) / 127)
+    assert torch.allclose(q.dequantized_phm_weight(), layer.phm_weight,
+                          atol=float(layer.phm_weight.detach().abs().max()) / 127)
     assert q.path == (("premixed" if 64 <= 96 else "int8") if path == "auto" else path)
 
 
 def test_phm_paths_agree_with_dequantized_structure():
     torch.manual_seed(1)
     layer = PHMLinear(48, 32, 4).eval()
-    a, b = QuantizedPHMLinear.from_float(layer, "auto").eval(), QuantizedPHMLinear.from_float(layer, "dequantized").eval()
+    a, b = (QuantizedPHMLinear.from_float(layer, "auto").eval(),
+            QuantizedPHMLinear.from_float(layer, "dequantized").eval())
     assert a.path == "int8"  # d > k
     x = torch.randn(9, 48)
     # same int8 weights; the paths differ only by the int8 path's activation quantisation
@@ -81,7 +83,8 @@ def test_lowrank_and_dense_layers_match_float():
     low = LowRankLinear(64, 48, 12).eval()
     dense = nn.Linear(64, 48).eval()
     x = torch.randn(20, 64)
-    q_low, q_dense = QuantizedLowRankLinear.from_float(low).eval(), QuantizedLinear.from_weight(dense.weight, dense.bias)
+    q_low, q_dense = (QuantizedLowRankLinear.from_float(low).eval(),
+                      QuantizedLinear.from_weight(dense.weight, dense.bias))
     with torch.no_grad():
         assert relative_error(low(x), q_low(x)) < LAYER_TOLERANCE
         assert relative_error(dense(x), q_dense(x)) < LAYER_TOLERANCE
@@ -275,7 +278,7 @@ def test_torch_ao_deprecation_notice_is_not_hidden(monkeypatch):
     original = DynamicLinear.set_weight_bias
 
     def noisy(self, *args):
-        warnings.warn("quantized tensor creation functions ... are deprecated", UserWarning)
+        warnings.warn("quantized tensor creation functions ... are deprecated", UserWarning, stacklevel=2)
         return original(self, *args)
 
     monkeypatch.setattr(DynamicLinear, "set_weight_bias", noisy)

@@ -211,7 +211,8 @@ def test_onednn_pads_rows_to_a_bounded_set_of_shapes(monkeypatch):
         x = torch.randn(rows, 24)
         got = phm_linear_onednn(x, rule, weight, bias)  # padded rows computed, then dropped
         torch.testing.assert_close(got, phm_linear_structured(x, rule, weight, bias), rtol=1e-5, atol=1e-5)
-    assert seen == {(onednn_padded_rows(r) * 4, 6) for r in range(1, 70)} and len(seen) == 16 + 8 + 8 + 1  # 65-69 rows: one bucket, 72
+    # 65-69 rows: one bucket, 72
+    assert seen == {(onednn_padded_rows(r) * 4, 6) for r in range(1, 70)} and len(seen) == 16 + 8 + 8 + 1
 
 
 @needs_onednn

@@ -26,7 +26,8 @@ def test_from_linear_exact_on_low_rank_and_optimal():
     dense2 = nn.Linear(20, 12, dtype=torch.float64)
     layer2, error2 = LowRankLinear.from_linear(dense2, 4)
     W = dense2.weight.detach()
-    assert error2 == pytest.approx((torch.linalg.norm(W - layer2.dense_weight()) / torch.linalg.norm(W)).item(), rel=1e-9)
+    assert error2 == pytest.approx((torch.linalg.norm(W - layer2.dense_weight()) / torch.linalg.norm(W)).item(),
+                                   rel=1e-9)
     s = torch.linalg.svdvals(W)
     assert error2 == pytest.approx((s[4:].square().sum() / s.square().sum()).sqrt().item(), rel=1e-9)
 

@@ -65,7 +65,8 @@ def _assert_close_to_reference(y, ref, magnitude=None):
 
 
 def _magnitude(x, rule, weight, bias):
-    """``Σ |Aᵢ[a, c]| |Sᵢ[q, j]| |x_c[j]| + |b|`` per output: the size of the terms a float32 sum of the product adds up."""
+    """``Σ |Aᵢ[a, c]| |Sᵢ[q, j]| |x_c[j]| + |b|`` per output: the size of the terms a float32 sum of the product adds
+    up."""
     return _reference(x.abs(), rule.abs(), weight.abs(), None if bias is None else bias.abs())
 
 
@@ -271,7 +272,8 @@ def test_a_call_overrides_the_environment_variable(kernel, monkeypatch):
 def test_environment_variable_with_an_unknown_value_is_refused(monkeypatch):
     monkeypatch.setattr(native, "_enabled", None)
     monkeypatch.setenv(native.ENV_VAR, "maybe")
-    with pytest.raises(ValueError, match=r"HYPERPLEX_NATIVE='maybe': expected one of 1, true, .*, off, auto \(or empty\)"):
+    with pytest.raises(ValueError, match=r"HYPERPLEX_NATIVE='maybe': "
+                                         r"expected one of 1, true, .*, off, auto \(or empty\)"):
         with torch.no_grad():
             _qualifying_layer()(torch.randn(1, 1024))
 
@@ -368,7 +370,8 @@ def test_an_installed_build_is_taken_where_the_variable_is_unset(kernel_cache, m
     assert installed["library"] == str(library) and installed["marker"] == str(kernel_cache / native.INSTALL_MARKER)
     record = _marker(kernel_cache)
     assert record["sha256"] == hashlib.sha256(library.read_bytes()).hexdigest()
-    assert record["self_check"] == installed["self_check"] and len(record["self_check"]) == len(native.SELF_CHECK_SHAPES)
+    assert record["self_check"] == installed["self_check"]
+    assert len(record["self_check"]) == len(native.SELF_CHECK_SHAPES)
     assert all(r["error"] <= native.SELF_CHECK_TOLERANCE for r in record["self_check"])
     assert native.installed_native_kernel() == library
     with torch.no_grad():

@@ -109,7 +109,8 @@ def test_custom_rule_tensor_is_fixed_buffer():
         ((32, 16, 0), {}, r"positive integer"),
         ((32, 16, -2), {}, r"positive integer"),
         ((32, 16, 2.0), {}, r"positive integer"),
-        ((32, 16, 4), {"rule": "quaternions"}, r"unknown rule 'quaternions'; valid: 'learned', 'real', 'complex', 'quaternion'"),
+        ((32, 16, 4), {"rule": "quaternions"},
+         r"unknown rule 'quaternions'; valid: 'learned', 'real', 'complex', 'quaternion'"),
         ((32, 16, 8), {"rule": "quaternion"}, r"rule 'quaternion' needs n=4, got n=8"),
         ((32, 16, 4), {"rule": torch.zeros(4, 4, 4)}, r"all zeros"),
         ((32, 16, 4), {"rule": torch.randn(4, 4)}, r"shape \(4, 4, 4\), got \(4, 4\)"),
@@ -360,7 +361,8 @@ def test_inference_dispatch_takes_onednn_between_few_and_many_rows(monkeypatch):
     widening, narrowing, square = PHMLinear(384, 1536, 4), PHMLinear(1536, 384, 4), PHMLinear(384, 384, 4)
     with torch.no_grad():
         # MiniLM's shapes stay off it by default (memory): the rules without oneDNN
-        assert widening.choose_mode(100) == "premixed" and narrowing.choose_mode(100) == square.choose_mode(100) == "structured"
+        assert widening.choose_mode(100) == "premixed"
+        assert narrowing.choose_mode(100) == square.choose_mode(100) == "structured"
         assert widening.choose_mode(129) == narrowing.choose_mode(129) == square.choose_mode(129) == "materialized"
         assert narrowing.choose_mode(20) == "structured"
         assert PHMLinear(1024, 1024, 4).choose_mode(7) == "structured"  # 7 · 2^20 < 2^23; 2^20 is not premixed
@@ -406,7 +408,8 @@ def test_default_inference_holds_no_dense_copy(rows, shape, path):
         y = layer(x)
         y2 = layer(x)
     assert layer._cache is None and layer.cached_bytes == 0
-    torch.testing.assert_close(y, phm_linear_reference(x, layer.phm_rule, layer.phm_weight, layer.bias), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(y, phm_linear_reference(x, layer.phm_rule, layer.phm_weight, layer.bias), rtol=1e-4,
+                               atol=1e-5)
     torch.testing.assert_close(y, y2)
 
 

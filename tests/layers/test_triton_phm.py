@@ -64,7 +64,8 @@ def _relative_error(got, want):
 @pytest.mark.parametrize("rows", [1, 64])
 @pytest.mark.parametrize("n,d,k", SHAPES)
 def test_matches_the_float64_reference(n, d, k, rows, with_bias, dtype):
-    gen = torch.Generator().manual_seed(n * 1_000_003 + d * 1009 + k * 31 + rows * 7 + 2 * with_bias + (dtype == torch.bfloat16))
+    gen = torch.Generator().manual_seed(n * 1_000_003 + d * 1009 + k * 31 + rows * 7 + 2 * with_bias
+                                        + (dtype == torch.bfloat16))
     x, rule, weight, bias = _inputs(n, d, k, rows, dtype, with_bias, gen)
     want = _reference(x, rule, weight, bias)
     out = torch.full((rows, k), float("nan"), dtype=dtype, device=DEVICE)

@@ -117,8 +117,10 @@ def test_qatt_forward_matches_reference_loop():
                             for i in range(len(A))])
         A_al = torch.stack([torch.stack([(Fw[:, j, c, None] * Aq[:, c]).sum(0) for c in range(4)]).reshape(-1)
                             for j in range(len(B))])
-        c1 = sum(model.compare(compcat([A_al[j], B[j], hamilton(A_al[j], B[j]), A_al[j] - B[j]])) for j in range(len(B)))
-        c2 = sum(model.compare(compcat([B_al[i], A[i], hamilton(B_al[i], A[i]), B_al[i] - A[i]])) for i in range(len(A)))
+        c1 = sum(model.compare(compcat([A_al[j], B[j], hamilton(A_al[j], B[j]), A_al[j] - B[j]]))
+                 for j in range(len(B)))
+        c2 = sum(model.compare(compcat([B_al[i], A[i], hamilton(B_al[i], A[i]), B_al[i] - A[i]]))
+                 for i in range(len(A)))
         y = model.aggregate(compcat([c1, c2, hamilton(c1, c2), c1 - c2]))
         torch.testing.assert_close(logits[n], model.output(y))
 

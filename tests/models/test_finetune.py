@@ -156,7 +156,8 @@ def test_bad_input_names_the_key(bert_folder):
     with pytest.raises(ValueError, match=r"model\.adapter\.n=3 must divide"):  # matching needs the PHM adapter too
         attach(model, FineTuneConfig(kind="lora", n=3, targets=["query"]))
     # nothing was changed by the refused calls
-    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items()) and state.keys() == model.state_dict().keys()
+    assert (all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+            and state.keys() == model.state_dict().keys())
     assert all(p.requires_grad for p in model.parameters())
 
 

@@ -29,7 +29,8 @@ def within(count, paper, tol=0.03):
 def tiny_classifier_count(spec, scope="all"):
     """T2T transformer_tiny encoder (2 layers, 4 heads, hidden 128, filter 512) + 128→2 classifier."""
     config = TransformerConfig(d_model=128, num_heads=4, d_ff=512, encoder_layers=2, linear=spec, linear_scope=scope)
-    return parameter_breakdown(TransformerClassifier(config, vocab_size=1000, num_classes=2))["total_without_embeddings"]
+    return parameter_breakdown(
+        TransformerClassifier(config, vocab_size=1000, num_classes=2))["total_without_embeddings"]
 
 
 @pytest.mark.parametrize("spec,scope,paper", [

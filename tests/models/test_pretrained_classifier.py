@@ -142,7 +142,8 @@ def model_bytes(path) -> int:
 def test_adapter_checkpoint_is_much_smaller_than_the_model(tmp_path, bert_folder):
     adapter = train(write_config(tmp_path / "a", bert_folder, "phm", rank=1))
     full = train(write_config(tmp_path / "f", bert_folder, "full"))
-    small, big = model_bytes(tmp_path / "a" / "m" / "best.safetensors"), model_bytes(tmp_path / "f" / "m" / "best.safetensors")
+    small, big = (model_bytes(tmp_path / "a" / "m" / "best.safetensors"),
+                  model_bytes(tmp_path / "f" / "m" / "best.safetensors"))
     trainable = 4 * sum(p.numel() for p in adapter.model.parameters() if p.requires_grad)
     assert big == sum(t.numel() * t.element_size() for t in full.model.state_dict().values())  # full: everything
     assert small == trainable + 32  # the adapter + head in float32 and the 32-byte SHA-256 of the base

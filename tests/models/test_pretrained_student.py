@@ -80,7 +80,8 @@ def test_a_keep_list_that_does_not_fit_is_one_error(teacher4):
     for bad in ([2, 1], [1, 1], [-1, 2]):
         with pytest.raises(ValueError, match=r"model\.keep_layers: expected distinct .* increasing"):
             PretrainedStudentConfig(path=os.fspath(teacher4), keep_layers=bad)
-    with pytest.raises(ValueError, match=r"model\.keep_layers: the teacher has 4 transformer layers .*\[4\] out of range"):
+    with pytest.raises(ValueError, match=r"model\.keep_layers: the teacher has 4 transformer layers "
+                                         r".*\[4\] out of range"):
         student(teacher4, kind="none", keep_layers=[0, 4])
 
 
@@ -141,7 +142,8 @@ def test_balanced_factor_scales_keep_h_bit_for_bit(n):
     x = torch.randn(5, 256)
     layer.eval()
     torch.testing.assert_close(layer(x), x @ before.T + layer.bias, atol=1e-5, rtol=1e-5)
-    ratio = layer.phm_rule.detach().square().mean((1, 2)).sqrt() / layer.phm_weight.detach().square().mean((1, 2)).sqrt()
+    ratio = (layer.phm_rule.detach().square().mean((1, 2)).sqrt()
+             / layer.phm_weight.detach().square().mean((1, 2)).sqrt())
     assert torch.all((ratio > 0.5) & (ratio < 2.0)), ratio  # within √2 of balanced (powers of two)
     # fixed rules are left alone
     fixed = PHMLinear(64, 48, 4, rule="quaternion")

@@ -94,7 +94,10 @@ def test_phm_switch_makes_every_linear_map_phm():
         _model(linear=LinearSpec("phm", n=2))
     linear_maps = [m for m in phm.modules() if isinstance(m, (nn.Linear, PHMLinear))]
     assert linear_maps and all(isinstance(m, PHMLinear) and m.n == 4 for m in linear_maps)
-    count = lambda m: sum(p.numel() for p in m.parameters())
+
+    def count(m):
+        return sum(p.numel() for p in m.parameters())
+
     assert count(phm) < count(dense)
     quaternion = _model(linear=LinearSpec("quaternion"), dense_output_layer=True)
     assert type(quaternion.output_layer) is nn.Linear

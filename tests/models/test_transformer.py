@@ -108,8 +108,10 @@ def test_quaternion_full_and_partial_parameter_ratios():
 
 def test_rescale_and_config_errors():
     assert tiny_config(rescale=2.0).sizes() == (32, 64)
-    assert TransformerConfig(linear=LinearSpec("phm", n=2), rescale=math.sqrt(2)).sizes() == (728, 2896)  # 724.1 → multiple of lcm(2, 8, 2)
-    with pytest.raises(ValueError, match=r"must be a multiple of 4 × model.num_heads \(Hamilton attention splits each head into 4 components\) = 8"):
+    # 724.1 → multiple of lcm(2, 8, 2)
+    assert TransformerConfig(linear=LinearSpec("phm", n=2), rescale=math.sqrt(2)).sizes() == (728, 2896)
+    with pytest.raises(ValueError, match=r"must be a multiple of 4 × model.num_heads \(Hamilton attention splits each "
+                                         r"head into 4 components\) = 8"):
         TransformerConfig(d_model=20, num_heads=2, attention_type="hamilton").sizes()
     with pytest.raises(ValueError, match="share_embeddings"):
         TransformerTranslator(tiny_config(share_embeddings=True), 12, 13)

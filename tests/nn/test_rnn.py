@@ -150,7 +150,10 @@ def test_input_projection_is_one_call_per_layer_and_direction():
 def test_quaternion_parameter_count():
     dense = PHMLSTM(16, 16)
     quat = PHMLSTM(16, 16, linear=LinearSpec("quaternion"))
-    count = lambda m: sum(p.numel() for p in m.parameters())
+
+    def count(m):
+        return sum(p.numel() for p in m.parameters())
+
     assert count(quat) == (16 * 64 + 16 * 64) // 4 + 64
     assert count(dense) == 16 * 64 * 2 + 64
 

@@ -98,7 +98,8 @@ def test_decoder_layer_equals_torch(pre_norm):
     torch.testing.assert_close(out, expected)
 
 
-@pytest.mark.parametrize("attention_type,spec", [("dot", LinearSpec("phm", n=2)), ("hamilton", LinearSpec("quaternion"))])
+@pytest.mark.parametrize("attention_type,spec", [("dot", LinearSpec("phm", n=2)),
+                                                 ("hamilton", LinearSpec("quaternion"))])
 def test_decoder_stack_incremental_equals_full(attention_type, spec):
     torch.manual_seed(2)
     dec = TransformerDecoder(2, 16, num_heads=2, d_ff=32, dropout=0.0, attention_spec=spec, ffn_spec=spec,

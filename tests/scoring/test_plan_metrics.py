@@ -192,7 +192,8 @@ def test_unhealed_rows_are_saved_untrained_and_healed_rows_trained(done):
     assert all(r["metrics"]["agreement"] != start for r in rows["phm2"]["runs"])
     text = (out / "results.md").read_text()
     table = [line for line in text.splitlines() if line.startswith("| ")]
-    assert table[0] == ("| row | n | cosine | agreement | wikiqa_map | wikiqa_mrr | sst2_probe | params | params w/o emb. "
+    assert table[0] == ("| row | n | cosine | agreement | wikiqa_map | wikiqa_mrr | sst2_probe | params | "
+                        "params w/o emb. "
                         "| converted layers | params of those layers | file size | weights in memory | training time |")
     for row in rows.values():  # float models: 4 bytes per parameter, plus a few buffers (position ids)
         for run in row["runs"]:
@@ -298,7 +299,8 @@ def test_int8_rows_score_the_quantized_form_with_its_bytes(setup, tmp_path):
     from hyperplex.train.run import compress
 
     _, data, config = setup
-    rows = [{"name": "teacher", "config": str(config), "overrides": ["--model.kind=none"], "train": False, "seeds": [1]},
+    rows = [{"name": "teacher", "config": str(config), "overrides": ["--model.kind=none"], "train": False,
+             "seeds": [1]},
             {"name": "teacher_int8", "models_from": "teacher", "eval_overrides": ["--testing.quantize=int8"]},
             {"name": "phm2_converted", "config": str(config), "train": False, "seeds": [1]},
             {"name": "phm2_int8", "models_from": "phm2_converted", "eval_overrides": ["--testing.quantize=int8"]}]

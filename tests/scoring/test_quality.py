@@ -22,7 +22,10 @@ def test_mean_cosine_hand_values():
     sentences = list(VECTORS)
     assert mean_cosine(lookup, lookup, sentences) == pytest.approx(1.0)
     assert mean_cosine(lookup, lambda s: -3 * lookup(s), sentences) == pytest.approx(-1.0)
-    rotated = lambda s: lookup(s) @ torch.tensor([[0.0, 1.0], [-1.0, 0.0]])  # 90 degrees: orthogonal
+
+    def rotated(s):
+        return lookup(s) @ torch.tensor([[0.0, 1.0], [-1.0, 0.0]])  # 90 degrees: orthogonal
+
     assert mean_cosine(lookup, rotated, sentences, batch_size=3) == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError, match="disagree on shape"):
         mean_cosine(lookup, lambda s: torch.ones(len(s), 3), sentences)
@@ -71,10 +74,16 @@ def test_sst2_probe_separable_and_split(tmp_path):
     path = tmp_path / "train.tsv.gz"
     rows = [(f"good film {i}", 1) if i % 2 else (f"bad film {i}", 0) for i in range(60)]
     write_sst(path, rows)
-    by_word = lambda s: torch.tensor([[float("good" in x), float("bad" in x), len(x) / 10] for x in s])
+
+    def by_word(s):
+        return torch.tensor([[float("good" in x), float("bad" in x), len(x) / 10] for x in s])
+
     result = sst2_probe(by_word, path, train_size=40, test_size=20, split_seed=3)
     assert result == {"accuracy": 1.0, "train": 40, "test": 20, "split_seed": 3, "carve": "random", "pool": 60}
-    noise = lambda s: torch.randn(len(s), 4, generator=torch.Generator().manual_seed(len(s)))  # no signal
+
+    def noise(s):
+        return torch.randn(len(s), 4, generator=torch.Generator().manual_seed(len(s)))  # no signal
+
     assert sst2_probe(noise, path, train_size=40, test_size=20)["accuracy"] < 1.0
     with pytest.raises(ValueError, match="exceeds the 60 examples"):
         sst2_probe(by_word, path, train_size=50, test_size=20)

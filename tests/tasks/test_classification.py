@@ -14,7 +14,8 @@ from hyperplex.train.run import train
 WORDS = "the a cat dog bird runs sits sees big small red blue".split()
 
 
-def train_and_evaluate(tmp_path, data: dict, model: dict, steps: int = 60, lr: float = 5e-3, log_every: int = 1000) -> dict:
+def train_and_evaluate(tmp_path, data: dict, model: dict, steps: int = 60, lr: float = 5e-3,
+                       log_every: int = 1000) -> dict:
     cfg = {"name": "toy", "seed": 1, "data": {"tokenizer": "word", **data}, "model": model,
            "training": {"lr": lr, "batch_size": 16, "max_steps": steps, "max_epochs": 1000, "validation_every": steps,
                         "num_threads": 1, "progress_bar": False, "plots": False, "log_every": log_every},
@@ -72,7 +73,7 @@ def test_agreement_overfits(tmp_path):
     assert metrics["accuracy"] == 100.0
     # Another file in the same format (e.g. numpred.test.1, one attractor each) scores through --split FILE:
     # here the first 4 lines with their labels flipped, so the overfitted model gets exactly 0%.
-    flipped = [("VBZ" if l.startswith("VBP") else "VBP") + l[3:] for l in lines[:4]]
+    flipped = [("VBZ" if line.startswith("VBP") else "VBP") + line[3:] for line in lines[:4]]
     (tmp_path / "flipped.txt").write_text("\n".join(flipped) + "\n")
     other = evaluate(str(tmp_path / "model"), split=str(tmp_path / "flipped.txt"))
     assert other["accuracy"] == 0.0

@@ -82,7 +82,8 @@ def test_padding_changes_no_sentences_layer_losses(tmp_path, teacher_folder):
         s_out, s_hidden, s_att = internals(model.encoder, batch)
         t_out, t_hidden, t_att = internals(task.teacher, batch)
         mask = batch["attention_mask"]
-        values.append((float(hidden_state_loss(s_hidden, t_hidden, mask)[0]), float(attention_loss(s_att, t_att, mask)[0])))
+        values.append((float(hidden_state_loss(s_hidden, t_hidden, mask)[0]),
+                       float(attention_loss(s_att, t_att, mask)[0])))
     assert values[1] == pytest.approx(values[0], rel=1e-3, abs=1e-8)
 
 

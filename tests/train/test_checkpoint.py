@@ -266,7 +266,8 @@ def test_manager_keeps_best_k_max(tmp_path):
     assert os.path.samefile(tmp_path / "best.safetensors", tmp_path / "best-5.safetensors")
     assert torch.equal(load_checkpoint(tmp_path / "best.safetensors").model_state["w"], state(4.0)["w"])
     index = json.loads((tmp_path / "checkpoints.json").read_text())
-    assert index["metric_name"] == "bleu" and [e["file"] for e in index["best"]] == ["best-5.safetensors", "best-2.safetensors"]
+    assert (index["metric_name"] == "bleu"
+            and [e["file"] for e in index["best"]] == ["best-5.safetensors", "best-2.safetensors"])
     assert m.best_metric == 4.0 and m.is_better(4.5, m.best_metric) and not m.is_better(4.0, 4.0)
     # the bookkeeping survives a restart
     again = CheckpointManager(tmp_path, keep_best=2, metric_mode="max", metric_name="bleu")

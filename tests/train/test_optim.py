@@ -19,7 +19,8 @@ def params():
     return [torch.nn.Parameter(torch.zeros(3))]
 
 
-@pytest.mark.parametrize("name,cls", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD)])
+@pytest.mark.parametrize("name,cls", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW),
+                                      ("sgd", torch.optim.SGD)])
 def test_build_optimizer_types_and_hyperparameters(name, cls):
     opt = build_optimizer(params(), name, lr=0.5, weight_decay=0.1, momentum=0.9)
     assert type(opt) is cls

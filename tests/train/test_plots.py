@@ -26,7 +26,8 @@ def write_metrics(path, rows):
 def test_plot_metrics(tmp_path):
     rows = [(s, 1, "train", "lr", 1e-3) for s in (10, 20, 30)]
     rows += [(s, 1, "train", "loss", 3.0 - 0.1 * s / 10) for s in (10, 20, 30)]
-    rows += [(20, 1, "dev", "loss", 2.9), (20, 1, "dev", "bleu", 1.5), (30, 2, "dev", "loss", 2.7), (30, 2, "dev", "bleu", 2.5)]
+    rows += [(20, 1, "dev", "loss", 2.9), (20, 1, "dev", "bleu", 1.5),
+             (30, 2, "dev", "loss", 2.7), (30, 2, "dev", "bleu", 2.5)]
     write_metrics(tmp_path / "metrics.csv", rows)
     series = read_metrics_csv(tmp_path / "metrics.csv")
     assert series[("loss", "dev")] == ([20, 30], [2.9, 2.7])

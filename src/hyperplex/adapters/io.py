@@ -88,7 +88,8 @@ def save_adapter(model: nn.Module, name: str, folder: str | os.PathLike) -> None
     state = {key: t.contiguous().clone() for key, t in adapter_state_dict(model, name).items()}
     folder = os.fspath(folder)
     if os.path.exists(folder) and not os.path.isdir(folder):
-        raise ValueError(f"{folder}: exists and is a file; save_adapter writes a folder ({SPEC_NAME} and {WEIGHTS_NAME})")
+        raise ValueError(f"{folder}: exists and is a file; save_adapter writes a folder "
+                         f"({SPEC_NAME} and {WEIGHTS_NAME})")
     check_output_folder(folder, "save_adapter", SPEC_NAME)  # never over another model's files
     check_finite(state, f"save_adapter {name!r}")  # load_adapter refuses them: such a file could never be loaded
     os.makedirs(folder, exist_ok=True)
@@ -119,7 +120,8 @@ def read_adapter_spec(folder: str | os.PathLike) -> tuple[dict, PHMAdapterConfig
     if problem is not None and problem != "does not exist":
         raise InputFileError(f"{path}: the adapter spec {problem}; a file written by save_adapter is expected")
     if problem is not None:
-        raise FileNotFoundError(f"{path}: no adapter spec here (expected {SPEC_NAME} and {WEIGHTS_NAME} from save_adapter)")
+        raise FileNotFoundError(f"{path}: no adapter spec here "
+                                f"(expected {SPEC_NAME} and {WEIGHTS_NAME} from save_adapter)")
     try:
         spec = json.loads(read_bounded(path, MAX_SPEC_BYTES).decode("utf-8"))
     except json.JSONDecodeError as e:
@@ -146,7 +148,8 @@ def read_adapter_spec(folder: str | os.PathLike) -> tuple[dict, PHMAdapterConfig
     config = PHMAdapterConfig.from_dict(spec["config"], where=f"{path}: 'config'")
     check_adapter_name(spec["name"], f"{path}: key 'name'")
     for layer, sizes in spec["layers"].items():
-        if not (isinstance(sizes, dict) and all(isinstance(sizes.get(k), int) for k in ("in_features", "out_features"))):
+        if not (isinstance(sizes, dict)
+                and all(isinstance(sizes.get(k), int) for k in ("in_features", "out_features"))):
             raise ValueError(f"{path}: layers.{layer} must be {{'in_features': int, 'out_features': int}}")
     if not spec["layers"]:
         raise ValueError(f"{path}: 'layers' is empty")
@@ -224,7 +227,8 @@ def load_adapter(model: nn.Module, folder: str | os.PathLike, name: str | None =
     weights_path = os.path.join(folder, WEIGHTS_NAME)
     check_input_file(weights_path, f"the weights file {spec_path} refers to")
     if sha256_file(weights_path) != spec["weights_sha256"]:
-        raise ValueError(f"{weights_path}: SHA-256 differs from the one in {spec_path} (file changed or from another save)")
+        raise ValueError(f"{weights_path}: SHA-256 differs from the one in {spec_path} "
+                         "(file changed or from another save)")
     state = load_file(weights_path)
     check_finite(state, weights_path)  # the rule save_adapter applies too
     problem = state_mismatch(expected_adapter_shapes(config, sizes, spec["modules_to_save"]), state)

@@ -118,7 +118,8 @@ def add_adapter(model: nn.Module, name: str, config: PHMAdapterConfig, *, layers
                         f"got {type(config).__name__}")
     check_adapter_name(name)
     if name in adapter_names(model):
-        raise ValueError(f"the model already has an adapter named {name!r}; remove_adapter it first or pick another name")
+        raise ValueError(f"the model already has an adapter named {name!r}; "
+                         "remove_adapter it first or pick another name")
     if (merged := _merged(model)) is not None:
         raise RuntimeError(f"adapter {merged!r} is merged into the weights; unmerge(model) before adding another")
     modules = dict(outer_modules(model))
@@ -134,9 +135,9 @@ def add_adapter(model: nn.Module, name: str, config: PHMAdapterConfig, *, layers
         record = [(param, param.requires_grad) for param in model.parameters()]
     for param in model.parameters():
         param.requires_grad_(False)
-    for (path, module), delta in zip(targets, deltas):
+    for (_path, module), delta in zip(targets, deltas):
         _wrap(model, module, PHMAdaptedLinear, record).adapters[name] = delta
-    for path, module in to_save:
+    for _path, module in to_save:
         _wrap(model, module, SavedModule, record).add_copy(name)
     set_active(model, name)
     return model

@@ -106,7 +106,7 @@ def select_targets(model: nn.Module, config: PHMAdapterConfig, key: str = "PHMAd
 
 def resolve_targets(model: nn.Module, targets, n: int = 1, key: str = "PHMAdapterConfig", exclude=()) -> list[str]:
     """Dotted names of the ``nn.Linear`` / ``Conv1D`` layers of ``model`` that the glob patterns ``targets``
-    select and the patterns ``exclude`` do not (the rule of :class:`PHMAdapterConfig`), in module order. ``ValueError`` (its message starts with
-    ``key``, e.g. ``model.adapter``) naming a pattern that matches no linear layer, or every selected
-    layer whose in/out features ``n`` does not divide."""
+    select and the patterns ``exclude`` do not (the rule of :class:`PHMAdapterConfig`), in module order.
+    ``ValueError`` (its message starts with ``key``, e.g. ``model.adapter``) naming a pattern that matches no linear
+    layer, or every selected layer whose in/out features ``n`` does not divide."""
     return select_targets(model, PHMAdapterConfig(n=n, targets=tuple(targets), exclude=tuple(exclude)), key)

@@ -1,5 +1,6 @@
 """Command-line interface: ``hyperplex {demo,train,compress,score-encoder,corpus,evaluate,translate,params,average,
-experiment,report,export,native,config-reference}``. Benchmarks are scripts of a source checkout (``python benchmarks/bench_phm.py``), not verbs.
+experiment,report,export,native,config-reference}``. Benchmarks are scripts of a source checkout
+(``python benchmarks/bench_phm.py``), not verbs.
 
 Errors end with one line on stderr saying what is wrong and where, and exit code 1 (2 for
 usage errors); ``--debug`` shows the traceback instead.

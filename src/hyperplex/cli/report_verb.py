@@ -1,5 +1,5 @@
-"""``hyperplex report {summary,frontier,budget,sweep,convergence}`` and ``hyperplex config-reference``: the tables and figures
-of experiment results, and the config reference, as verbs of the one command line. Each report's arguments and
+"""``hyperplex report {summary,frontier,budget,sweep,convergence}`` and ``hyperplex config-reference``: the tables and
+figures of experiment results, and the config reference, as verbs of the one command line. Each report's arguments and
 work are its module's (:mod:`hyperplex.experiments.summary`, ``.frontier``, ``.budget``, ``.plot``)."""
 
 from __future__ import annotations

@@ -32,11 +32,13 @@ class DataConfig:
     train: str = field(default="", metadata={"help": "training file (or prefix for parallel data), relative to the "
                                              "data root unless absolute"})
     dev: str = field(default="", metadata={"help": "validation file/prefix; empty = carve `dev_fraction` of train"})
-    src: str = field(default="", metadata={"help": "parallel data: source suffix/language, e.g. `en` reads PREFIX.en(.gz)"})
+    src: str = field(default="", metadata={"help": "parallel data: source suffix/language, "
+                                                   "e.g. `en` reads PREFIX.en(.gz)"})
     tgt: str = field(default="", metadata={"help": "parallel data: target suffix/language"})
     text_field: str = field(default="sentence", metadata={"help": "tsv/jsonl classification: the text column"})
     a_field: str = field(default="premise", metadata={"help": "pair tasks: first text column (premise / question)"})
-    b_field: str = field(default="hypothesis", metadata={"help": "pair tasks: second text column (hypothesis / answer)"})
+    b_field: str = field(default="hypothesis", metadata={"help": "pair tasks: second text column "
+                                                                 "(hypothesis / answer)"})
     label_field: str = field(default="label", metadata={"help": "label column"})
     group_field: str = field(default="qid", metadata={"help": "ranking: the question-id column"})
     labels: list[str] = field(default_factory=list, metadata={
@@ -46,7 +48,8 @@ class DataConfig:
                                                         "validation split (fixed by `split_seed`)"})
     split_seed: int = field(default=1, metadata={"help": "seed of the validation split carved by `dev_fraction` "
                                                  "(and of the generated arithmetic data), separate from `seed` so "
-                                                 "that runs with different seeds share one split. A model folder whose config has no `split_seed` carved with its "
+                                                 "that runs with different seeds share one split. A model folder whose "
+                                                 "config has no `split_seed` carved with its "
                                                  "`seed`, and still does when resumed or evaluated"})
     carve: Literal["random", "sentences"] = field(default="random", metadata={
         "help": "how `dev_fraction` is carved (classification): random = random examples; sentences = SST-2 style "
@@ -132,7 +135,8 @@ class TrainingConfig:
     early_stopping_metric: str = field(default="", metadata={
         "help": "validation metric that picks the best checkpoint and drives early stopping: loss, ppl, bleu, chrf, "
                 "accuracy, map, mrr; empty = the task's default (bleu, accuracy or map)"})
-    patience: int = field(default=0, metadata={"help": "stop after this many validations without improvement; 0 = never"})
+    patience: int = field(default=0, metadata={"help": "stop after this many validations without improvement; "
+                                                       "0 = never"})
     keep_best: int = field(default=1, metadata={"help": "keep the k best checkpoints by the validation metric"})
     log_every: int = field(default=50, metadata={"help": "log training loss every N steps"})
     device: str = field(default="auto", metadata={"help": "auto (cuda if available), cpu, cuda, cuda:1 …"})
@@ -259,7 +263,8 @@ def build_experiment(raw: dict) -> ExperimentConfig:
     return from_dict(ExperimentConfig, raw)
 
 
-def load_experiment(path: str | Path, overrides: list[str] | None = None, model_dir: str | None = None) -> ExperimentConfig:
+def load_experiment(path: str | Path, overrides: list[str] | None = None,
+                    model_dir: str | None = None) -> ExperimentConfig:
     """Read ``path``, apply dotted ``overrides`` and ``model_dir``, validate everything."""
     raw = load_yaml(path)
     if overrides:

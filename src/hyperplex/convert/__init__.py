@@ -18,8 +18,8 @@ from hyperplex.convert.report import ConversionReport, LayerReport
 from hyperplex.convert.serialize import LoadError, load_converted, save_converted
 
 __all__ = [
-    "PHMConfig", "LowRankConfig", "compress", "convert_linears", "to_dense", "conversion_spec", "apply_spec", "CONVERTED_FROM",
-    "ConversionReport", "LayerReport", "save_converted", "load_converted", "LoadError",
+    "PHMConfig", "LowRankConfig", "compress", "convert_linears", "to_dense", "conversion_spec", "apply_spec",
+    "CONVERTED_FROM", "ConversionReport", "LayerReport", "save_converted", "load_converted", "LoadError",
 ]
 
 from hyperplex._deprecated import attribute_getter  # noqa: E402  names that moved out, for one release

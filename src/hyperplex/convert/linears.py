@@ -123,7 +123,8 @@ def _plan(module: nn.Module, kind: str, n: int, rank: int | None, include: list[
         undivided = [r for r in rows if r.reason.startswith(f"n={n} does not divide")]
         if undivided:
             sizes = sorted({f"{r.out_features}x{r.in_features}" for r in undivided})
-            raise ValueError(f"n={n} divides none of the {len(undivided)} selected layers (sizes {', '.join(sizes[:8])}); "
+            raise ValueError(f"n={n} divides none of the {len(undivided)} selected layers "
+                             f"(sizes {', '.join(sizes[:8])}); "
                              f"choose an n that divides both sizes of some layer")
         reasons = sorted({r.reason for r in rows})
         raise ValueError("no layer selected for conversion; reasons: " + "; ".join(reasons[:6]))
@@ -149,7 +150,8 @@ def _check_weights(layers: dict[str, nn.Module], sources: dict[str, str]) -> Non
                                  f"({', '.join(kinds)}); no layer was converted")
 
 
-def _build(view: _Dense, kind: str, n: int, rank: int | None, rule: RuleSpec, init: str) -> tuple[nn.Module, int | None]:
+def _build(view: _Dense, kind: str, n: int, rank: int | None, rule: RuleSpec,
+           init: str) -> tuple[nn.Module, int | None]:
     """The replacement layer for one dense layer (same dtype and device), and its rank (low-rank)."""
     W = view.weight.detach()
     factory = {"device": W.device, "dtype": W.dtype}
@@ -345,7 +347,8 @@ def _dense_from(layer: nn.Module, source: str) -> nn.Module:
             else:  # Conv1D always has a bias; a bias-free source had none, so zero reproduces it
                 dense.bias.zero_()
         return dense
-    dense = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, device=H.device, dtype=H.dtype)
+    dense = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, device=H.device,
+                      dtype=H.dtype)
     with torch.no_grad():
         dense.weight.copy_(H)
         if layer.bias is not None:
@@ -375,7 +378,8 @@ def to_dense(module: nn.Module) -> ConversionReport:
         parent_name, _, child = name.rpartition(".")
         setattr(module.get_submodule(parent_name), child, dense)
         rows.append(LayerReport(name, source, layer.in_features, layer.out_features, "converted", kind="dense",
-                                params_before=_param_count(layer), params_after=_param_count(dense), relative_error=0.0))
+                                params_before=_param_count(layer), params_after=_param_count(dense),
+                                relative_error=0.0))
     return ConversionReport(rows, before, _param_count(module))
 
 
@@ -418,7 +422,8 @@ def apply_spec(module: nn.Module, spec: list[dict], where: str = "the spec") -> 
         expected = "conv1d" if entry["from_conv1d"] else "linear"
         if source != expected:
             raise ValueError(f"{where}: layer {name!r} is a {type(old).__name__} in the rebuilt model, expected "
-                             f"{'Conv1D' if expected == 'conv1d' else 'nn.Linear'}; a model folder of another architecture?")
+                             f"{'Conv1D' if expected == 'conv1d' else 'nn.Linear'}; "
+                             "a model folder of another architecture?")
         view = _dense_view(old, source)
         if (view.in_features, view.out_features, view.bias is not None) != (
                 entry["in_features"], entry["out_features"], entry["bias"]):

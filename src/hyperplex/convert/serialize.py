@@ -314,21 +314,26 @@ def _check_layer(entry, i: int, path: str) -> None:
     if not isinstance(entry["name"], str) or not entry["name"]:
         raise LoadError(f"{where}: key 'name' is {_short(entry['name'])}, expected a dotted module name")
     if entry["kind"] not in KINDS:
-        raise LoadError(f"{where} ({entry['name']!r}): key 'kind' is {_short(entry['kind'])}; valid: {', '.join(KINDS)}")
+        raise LoadError(f"{where} ({entry['name']!r}): key 'kind' is {_short(entry['kind'])}; "
+                        f"valid: {', '.join(KINDS)}")
     for key in ("in_features", "out_features"):
         if not _is_int(entry[key]):
-            raise LoadError(f"{where} ({entry['name']!r}): key {key!r} is {_short(entry[key])}, expected a positive integer")
+            raise LoadError(f"{where} ({entry['name']!r}): key {key!r} is {_short(entry[key])}, "
+                            "expected a positive integer")
     for key in ("bias", "from_conv1d"):
         if not isinstance(entry[key], bool):
             raise LoadError(f"{where} ({entry['name']!r}): key {key!r} is {_short(entry[key])}, expected true or false")
     if entry["kind"] == "phm":
         if not _is_int(entry["n"]):
-            raise LoadError(f"{where} ({entry['name']!r}): key 'n' is {_short(entry['n'])}, expected a positive integer")
+            raise LoadError(f"{where} ({entry['name']!r}): key 'n' is {_short(entry['n'])}, "
+                            "expected a positive integer")
         rules = ("learned", "custom", *ALGEBRAS)
         if entry["rule"] not in rules:
-            raise LoadError(f"{where} ({entry['name']!r}): key 'rule' is {_short(entry['rule'])}; valid: {', '.join(rules)}")
+            raise LoadError(f"{where} ({entry['name']!r}): key 'rule' is {_short(entry['rule'])}; "
+                            f"valid: {', '.join(rules)}")
     elif not _is_int(entry["rank"]):
-        raise LoadError(f"{where} ({entry['name']!r}): key 'rank' is {_short(entry['rank'])}, expected a positive integer")
+        raise LoadError(f"{where} ({entry['name']!r}): key 'rank' is {_short(entry['rank'])}, "
+                        "expected a positive integer")
 
 
 def _short(value) -> str:
@@ -460,7 +465,8 @@ def _skeleton_transformers(folder: str, description: dict) -> nn.Module:
     config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     with torch.device("meta"):
         model = cls(config)
-    if os.path.isfile(os.path.join(folder, "generation_config.json")) and getattr(model, "generation_config", None) is not None:
+    if (os.path.isfile(os.path.join(folder, "generation_config.json"))
+            and getattr(model, "generation_config", None) is not None):
         model.generation_config = transformers.GenerationConfig.from_pretrained(folder, local_files_only=True)
     return model
 
@@ -640,7 +646,7 @@ def _load_tensors(model: nn.Module, path: str, spec: dict, assign: bool, check_o
         return
     state = {key: values[key] for key in expected}
     model.load_state_dict(state, strict=True, assign=True)
-    for key, tensor in extra.items():
+    for key, _tensor in extra.items():
         owner, _, leaf = key.rpartition(".")
         model.get_submodule(owner)._buffers[leaf] = values[key]
     retie_aliases(model, aliases)

@@ -184,8 +184,8 @@ class SentencePieceTokenizer(Tokenizer):
             hint = re.search(r"Vocabulary size too high.*", message)
             detail = hint.group(0) if hint else message.strip().splitlines()[-1]
             raise ValueError(f"sentencepiece could not train a {model_type} model with vocab_size={vocab_size} "
-                             f"on {len(lines)} lines: {detail.rstrip('.')}; lower vocab_size or pass hard_vocab_limit=False "
-                             f"to accept a smaller vocabulary") from None
+                             f"on {len(lines)} lines: {detail.rstrip('.')}; lower vocab_size or pass "
+                             f"hard_vocab_limit=False to accept a smaller vocabulary") from None
         return cls(model.getvalue())
 
     def tokenize(self, text: str) -> list[str]:

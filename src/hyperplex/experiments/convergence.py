@@ -114,7 +114,8 @@ def row_courses(results: dict, records: Path | None, metric: str = "bleu") -> li
     for row in results["rows"]:
         if row.get("models_from"):
             continue
-        runs = [r for r in row["runs"] if r.get("status") in ("finished", "diverged") and metric in r.get("metrics", {})]
+        runs = [r for r in row["runs"]
+                if r.get("status") in ("finished", "diverged") and metric in r.get("metrics", {})]
         courses = [training_course(_files(r, records, row["name"]), metric) for r in runs]
         seconds = [r["train_seconds"] for r in runs if r.get("train_seconds")]
         params = runs[0]["params"]["total"] if runs and runs[0].get("params") else None
@@ -194,7 +195,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--metric", default="bleu", help="the validation metric early stopping watched (default bleu)")
     parser.add_argument("--compare", action="append", default=[], metavar="ROW:BASE[:PAPER]",
                         help="a gap to report, ROW minus BASE (row names of the plan); PAPER names the row of the "
-                             f"paper's Table 2 quoted beside it ({', '.join(k for k in PAPER_TABLE2 if k != 'corpora')})")
+                             "paper's Table 2 quoted beside it "
+                             f"({', '.join(k for k in PAPER_TABLE2 if k != 'corpora')})")
     parser.add_argument("--append-to", metavar="FILE",
                         help="also replace the <!-- plan:PLAN.convergence --> section of this markdown file")
 

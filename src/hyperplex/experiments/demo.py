@@ -143,7 +143,8 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False, seed: int = 0, 
     set_threads(threads, rows=256, width=8)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    steps = {"rotation": 300, "quaternion": 300, "octonion": 400} if quick else {"rotation": 2000, "quaternion": 1500, "octonion": 2500}
+    steps = ({"rotation": 300, "quaternion": 300, "octonion": 400} if quick
+             else {"rotation": 2000, "quaternion": 1500, "octonion": 2500})
     start = time.perf_counter()
     results = [
         learn_rotation(steps["rotation"], seed),

@@ -139,7 +139,8 @@ def frontier_table(points: list[FrontierPoint], metrics=METRICS, serving_sizes: 
     fronts = {m: set(pareto_front(points, m)) for m in metrics}
     sizes = list(serving_sizes or [])
     serving_head = [f"sent/s batch {b} (× teacher)" for b in sizes] + (["peak memory Δ"] if sizes else [])
-    lines = ["| row | n | weights in memory | file | " + " | ".join([*metrics, *serving_head]) + " | on the frontier of |",
+    lines = ["| row | n | weights in memory | file | " + " | ".join([*metrics, *serving_head])
+             + " | on the frontier of |",
              "|---|---:|---:|---:|" + "---:|" * (len(metrics) + len(serving_head)) + "---|"]
     for p in sorted(points, key=lambda p: p["held_bytes"]):
         on = ", ".join(m for m in metrics if p["name"] in fronts[m]) or "–"

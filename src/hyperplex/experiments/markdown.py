@@ -294,7 +294,7 @@ def sweep_table(results: dict, key: str) -> list[str]:
              f"`{sweep_plot_name(key)}` next to results.md):", "",
              "| model | " + " | ".join(f"{short} {v:g}" if isinstance(v, float) else f"{short} {v}" for v in values)
              + " |", "|---|" + "---:|" * len(values)]
-    for base, by_value in groups.items():
+    for _base, by_value in groups.items():
         label = next(iter(by_value.values()))["label"].rsplit(", ", 1)[0]
         cells = [_sweep_cell(by_value[v], metric, digits) if v in by_value else "–" for v in values]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")

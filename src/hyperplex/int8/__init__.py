@@ -25,5 +25,6 @@ from hyperplex.int8.transform import Int8Config, factorised_layers, is_quantized
 __all__ = [
     "Int8Config", "quantize", "model_bytes", "is_quantized", "factorised_layers", "relative_error", "save_quantized",
     "load_quantized", "load_model_folder", "QUANT_SPEC_NAME", "QUANT_WEIGHTS_NAME", "QUANT_FORMAT",
-    "QUANT_FORMAT_VERSION", "QuantizedLinear", "QuantizedLowRankLinear", "QuantizedPHMLinear", "QuantizationError", "PHM_PATHS", "quantized_engine",
+    "QUANT_FORMAT_VERSION", "QuantizedLinear", "QuantizedLowRankLinear", "QuantizedPHMLinear", "QuantizationError",
+    "PHM_PATHS", "quantized_engine",
 ]

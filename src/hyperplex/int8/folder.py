@@ -185,7 +185,8 @@ def _read_quant_spec(folder: str) -> dict:
 def _float_layer_matches(layer: nn.Module, entry: dict) -> bool:
     """Whether ``layer`` (in the rebuilt float model) is what the int8 spec entry was quantised from."""
     kinds = {"phm": PHMLinear, "lowrank": LowRankLinear, "linear": nn.Linear}
-    if not isinstance(layer, kinds.get(entry.get("kind"), ())) or (entry["kind"] == "linear" and type(layer) is not nn.Linear):
+    if (not isinstance(layer, kinds.get(entry.get("kind"), ()))
+            or (entry["kind"] == "linear" and type(layer) is not nn.Linear)):
         return False
     if (layer.in_features, layer.out_features, layer.bias is not None) != (
             entry["in_features"], entry["out_features"], entry["bias"]):
@@ -231,7 +232,8 @@ def load_quantized(folder, model: nn.Module | None = None) -> nn.Module:
         raise serialize.LoadError(str(err)) from None
     expected_sha = spec.get("sha256", {}).get(spec["weights"]) if isinstance(spec.get("sha256"), dict) else None
     if expected_sha is None:
-        raise serialize.LoadError(f"{spec_path}: key 'sha256' records no checksum for the weights file {spec['weights']!r}")
+        raise serialize.LoadError(f"{spec_path}: key 'sha256' records no checksum for the weights file "
+                                  f"{spec['weights']!r}")
     if sha256_file(weights_path) != expected_sha:
         raise serialize.LoadError(f"{weights_path}: SHA-256 does not match the one {QUANT_SPEC_NAME} records (key "
                                   f"'sha256'); the file is damaged or was changed after saving")

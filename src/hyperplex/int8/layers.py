@@ -109,7 +109,8 @@ class QuantizedLinear(_TorchDynamicLinear):
     0); the bias stays float. ``forward``: ``(*, in_features)`` float → ``(*, out_features)`` float.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias_: bool = True, dtype: torch.dtype = torch.qint8) -> None:
+    def __init__(self, in_features: int, out_features: int, bias_: bool = True,
+                 dtype: torch.dtype = torch.qint8) -> None:
         super().__init__(in_features, out_features, bias_=bias_, dtype=dtype)
         placeholder = torch._make_per_channel_quantized_tensor(  # per-channel from the start, values loaded later
             torch.zeros(out_features, in_features, dtype=torch.int8), torch.ones(out_features, dtype=torch.float64),
@@ -324,7 +325,8 @@ def empty_layer(entry: dict) -> nn.Module:
 
 
 def quantized_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """The top-level int8 layers :func:`~hyperplex.int8.transform.quantize` put in (not the ``QuantizedLinear`` inside them)."""
+    """The top-level int8 layers :func:`~hyperplex.int8.transform.quantize` put in (not the ``QuantizedLinear``
+    inside them)."""
     layers: dict[str, nn.Module] = {}
     for name, module in model.named_modules():
         if isinstance(module, (QuantizedPHMLinear, QuantizedLowRankLinear, QuantizedLinear)):

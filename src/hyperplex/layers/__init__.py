@@ -28,7 +28,9 @@ from hyperplex.layers.phm import (
 
 __all__ = [
     "PHMLinear", "PHMRule", "PathSettings", "DiffusionPHMLinear", "LowRankLinear", "FORWARD_MODES",
-    "shared_weights", "cache_dense_weights", "cached_bytes", "release_dense_caches", "phm_parameter_count", "lowrank_parameter_count", "matching_rank", "kronecker_decompose",
-    "materialize_weight", "phm_linear", "phm_linear_blocked", "phm_linear_lowrank", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured",
+    "shared_weights", "cache_dense_weights", "cached_bytes", "release_dense_caches", "phm_parameter_count",
+    "lowrank_parameter_count", "matching_rank", "kronecker_decompose",
+    "materialize_weight", "phm_linear", "phm_linear_blocked", "phm_linear_lowrank", "phm_linear_premixed",
+    "phm_linear_reference", "phm_linear_structured",
     "formation_buffer_bytes", "release_formation_buffers",
 ]

@@ -22,7 +22,8 @@ from hyperplex.layers.lowrank import LowRankLinear
 from hyperplex.layers.phm import PHMLinear, PHMRule, RuleSpec
 
 __all__ = ["kronecker_decompose", "phm_from_linear", "lowrank_from_linear", "to_linear", "linear_from",
-           "dense_weight", "copy_into_like", "lowrank_whitened", "kronecker_factor_gram", "kronecker_decompose_whitened",
+           "dense_weight", "copy_into_like", "lowrank_whitened", "kronecker_factor_gram",
+           "kronecker_decompose_whitened",
            "kronecker_als", "lowrank_from_linear_whitened", "phm_from_linear_whitened"]
 
 
@@ -311,11 +312,13 @@ def kronecker_als(weight: Tensor, gram: Tensor, rule: Tensor, blocks: Tensor, sw
     - ``S``-step: collect row ``q`` of every ``Sᵢ`` into ``s_q`` (``d`` entries, index ``(i, j)``). Row
       ``(a, q)`` of ``H`` is ``(B_a ⊗ I) s_q`` with ``B_a[c, i] = Aᵢ[a, c]``, so ``∂L/∂s_q = 0`` reads
       ``N s_q = Σ_a (B_a ⊗ I)ᵀ G w_{a,q}`` with one ``d × d`` matrix for every ``q``:
-      ``N[(i, j), (i', j')] = Σ_{c,c'} K[c, i, c', i'] G[(c, j), (c', j')]``, ``K[c, i, c', i'] = Σ_a Aᵢ[a, c] A_{i'}[a, c']``,
+      ``N[(i, j), (i', j')] = Σ_{c,c'} K[c, i, c', i'] G[(c, j), (c', j')]``,
+      ``K[c, i, c', i'] = Σ_a Aᵢ[a, c] A_{i'}[a, c']``,
       right-hand side ``Σ_{a,c} Aᵢ[a, c] Y[(a, q), (c, j)]``.
     - ``A``-step: row ``a`` of every ``Aᵢ`` forms ``α_a`` (``n²`` entries, index ``(i, c)``); ``∂L/∂α_a = 0``
       reads ``P α_a = b_a`` with one ``n² × n²`` matrix
-      ``P[(i, c), (i', c')] = Σ_{j,j'} T[i, j, i', j'] G[(c, j), (c', j')]``, ``T[i, j, i', j'] = Σ_q Sᵢ[q, j] S_{i'}[q, j']``,
+      ``P[(i, c), (i', c')] = Σ_{j,j'} T[i, j, i', j'] G[(c, j), (c', j')]``,
+      ``T[i, j, i', j'] = Σ_q Sᵢ[q, j] S_{i'}[q, j']``,
       ``b_a[i, c] = Σ_{q,j} Sᵢ[q, j] Y[(a, q), (c, j)]``.
 
     Only ``d × d``, ``n² × n²`` and ``(k, d)`` matrices are formed. A sweep is an ``S``-step then an
@@ -355,7 +358,8 @@ def kronecker_als(weight: Tensor, gram: Tensor, rule: Tensor, blocks: Tensor, sw
         if not update_rule:
             continue
         S_flat = S.permute(1, 0, 2).reshape(k_n, n * d_n)
-        T = (S_flat.T @ S_flat).reshape(n, d_n, n, d_n).permute(0, 2, 1, 3).reshape(n * n, d_n * d_n)  # [(i, i'), (j, j')]
+        # [(i, i'), (j, j')]
+        T = (S_flat.T @ S_flat).reshape(n, d_n, n, d_n).permute(0, 2, 1, 3).reshape(n * n, d_n * d_n)
         P = (T @ G_cc.T).reshape(n, n, n, n).permute(0, 2, 1, 3).reshape(n * n, n * n)  # [(i, c), (i', c')]
         b = torch.einsum("iqj,aqcj->aic", S, Y).reshape(n, n * n)
         A = _solve_spd((P + P.T) / 2, b).reshape(n, n, n).permute(1, 0, 2).contiguous()  # A[i, a, c]

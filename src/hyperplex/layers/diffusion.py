@@ -54,7 +54,8 @@ class DiffusionPHMLinear(nn.Module):
                 self.bias.uniform_(-bound, bound)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, n={self.n}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, n={self.n}, "
+                f"bias={self.bias is not None}")
 
     def dense_weight(self) -> Tensor:
         """``H`` of eq. A.1, ``(out_features, in_features)``."""

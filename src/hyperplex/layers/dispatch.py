@@ -64,7 +64,8 @@ class PathSettings:
     #: cache, so the cached GEMM wins even at one row ("Cold cache": a warm-cache rule).
     cache_resident_weight: int = 2 ** 19
 
-    # -- small weights in inference without the cache (``benchmarks/probes/bench_paths.py``; docs/phm.md, "Forward paths") --
+    # -- small weights in inference without the cache --
+    # (``benchmarks/probes/bench_paths.py``; docs/phm.md, "Forward paths")
     #: Weights below this take, up to ``small_weight_row_limit`` rows, the pre-mixed path when the layer widens
     #: (``k > d``: one GEMM of reduction length ``d``) and the structured path otherwise; larger weights keep the
     #: general rule (the side-by-side copy of the ``Sᵢ`` is read and written on every call).

@@ -42,9 +42,11 @@ from torch import Tensor
 
 from hyperplex.layers.dispatch import recording_operations, structured_weight_first
 
-__all__ = ["FORMATION_BUFFER_MAX_BYTES", "ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS", "formation_buffer", "formation_buffer_bytes", "materialize_weight",
+__all__ = ["FORMATION_BUFFER_MAX_BYTES", "ONEDNN_BUCKETS_PER_OCTAVE", "ONEDNN_EXACT_ROWS", "formation_buffer",
+           "formation_buffer_bytes", "materialize_weight",
            "mix_partial_products", "onednn_available", "onednn_padded_rows", "onednn_reason", "phm_linear",
-           "phm_linear_blocked", "phm_linear_lowrank", "phm_linear_onednn", "phm_linear_premixed", "phm_linear_reference", "phm_linear_structured", "premix_inputs", "side_by_side",
+           "phm_linear_blocked", "phm_linear_lowrank", "phm_linear_onednn", "phm_linear_premixed",
+           "phm_linear_reference", "phm_linear_structured", "premix_inputs", "side_by_side",
            "refuse_off_cpu", "release_formation_buffers", "signed_permutation"]
 
 
@@ -440,7 +442,8 @@ def phm_linear_onednn(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | No
     return out.reshape(*x.shape[:-1], n * k_n)
 
 
-def phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None, mode: str = "materialized") -> Tensor:
+def phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None,
+               mode: str = "materialized") -> Tensor:
     """Functional PHM layer: ``mode`` is ``"materialized"``, ``"structured"``, ``"premixed"`` or ``"onednn"``
     (inference only); all are exact."""
     if mode == "structured":

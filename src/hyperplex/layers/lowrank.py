@@ -49,7 +49,8 @@ class LowRankLinear(nn.Module):
     Shape: input ``(*, d)``, output ``(*, k)``.
     """
 
-    def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = True, device=None, dtype=None) -> None:
+    def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = True,
+                 device=None, dtype=None) -> None:
         super().__init__()
         if not isinstance(rank, int) or rank < 1:
             raise ValueError(f"rank must be a positive integer, got {rank!r}")
@@ -71,7 +72,8 @@ class LowRankLinear(nn.Module):
                 self.bias.uniform_(-bound, bound)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
+                f"bias={self.bias is not None}")
 
     def dense_weight(self) -> Tensor:
         """``L R`` as an ``(out_features, in_features)`` matrix."""

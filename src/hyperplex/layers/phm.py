@@ -52,7 +52,8 @@ def _check_sizes(in_features: int, out_features: int, n: int) -> None:
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
     if in_features % n or out_features % n:
-        valid = [m for m in range(1, math.gcd(in_features, out_features) + 1) if in_features % m == 0 and out_features % m == 0]
+        valid = [m for m in range(1, math.gcd(in_features, out_features) + 1)
+                 if in_features % m == 0 and out_features % m == 0]
         raise ValueError(
             f"n={n} must divide both in_features={in_features} and out_features={out_features}; "
             f"valid n for these sizes: {valid}"
@@ -395,7 +396,8 @@ class PHMLinear(nn.Module):
         if self._shared_weight is not None:  # inside shared_weights(): H formed once for many calls
             return F.linear(input, self._shared_weight, self.bias)
         if self.factor_rank is None and input.is_cuda and triton_phm.takes_triton(input, self):
-            return triton_phm.triton_phm_linear(input, self.phm_rule, self.phm_weight, self.bias)  # fused few-row kernel
+            # fused few-row kernel
+            return triton_phm.triton_phm_linear(input, self.phm_rule, self.phm_weight, self.bias)
         rows = input.numel() // self.in_features
         mode = self.choose_mode(rows, input.requires_grad and torch.is_grad_enabled())
         if mode == "structured":
@@ -465,8 +467,8 @@ def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int) -
     entries are skipped) with ``n > 1`` whose
     :meth:`~PHMLinear.choose_mode` for ``rows`` (the total rows over all the calls) forms ``H``
     (``"materialized"`` or ``"cached"``; not the paths that never form it: structured, pre-mixed, oneDNN,
-    streamed, which each call then takes for its own rows) computes with that one ``H``: ``dense_weight()`` (differentiable when weight
-    gradients are needed), or the kept ``H`` of a layer with ``cache_dense``. Without
+    streamed, which each call then takes for its own rows) computes with that one ``H``: ``dense_weight()``
+    (differentiable when weight gradients are needed), or the kept ``H`` of a layer with ``cache_dense``. Without
     ``cache_dense`` the ``H`` lives only as long as the context. Results equal the per-call paths up to
     rounding. Do not change the parameters inside the context (an optimizer step): ``H`` would
     be stale. Contexts nest; the outer ``H`` is restored on exit.

@@ -225,15 +225,18 @@ def triton_reason(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None =
     if device.type != "cuda" and not (interpreting() and device.type == "cpu"):
         return f"it runs on CUDA tensors (or CPU tensors under TRITON_INTERPRET=1), got {device}"
     if x.dtype not in TRITON_DTYPES or weight.dtype != x.dtype:
-        return f"input and factors must share one of {', '.join(map(str, TRITON_DTYPES))}, got {x.dtype} and {weight.dtype}"
+        return (f"input and factors must share one of {', '.join(map(str, TRITON_DTYPES))}, got {x.dtype} and "
+                f"{weight.dtype}")
     n = weight.shape[0]
     if not 1 < n <= MAX_N or tuple(rule.shape) != (n, n, n):
-        return f"it takes 1 < n ≤ {MAX_N} and a rule of shape (n, n, n), got factors {tuple(weight.shape)}, rule {tuple(rule.shape)}"
+        return (f"it takes 1 < n ≤ {MAX_N} and a rule of shape (n, n, n), got factors {tuple(weight.shape)}, "
+                f"rule {tuple(rule.shape)}")
     return None
 
 
 def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None, *,
-                      out: Tensor | None = None, programs: int | None = None, _workspace: Tensor | None = None) -> Tensor:
+                      out: Tensor | None = None, programs: int | None = None,
+                      _workspace: Tensor | None = None) -> Tensor:
     """``x Hᵀ + b`` through the fused kernel. ``x`` ``(..., d)``, ``rule`` ``(n, n, n)``, ``weight`` ``(n, k/n, d/n)``,
     ``bias`` ``(k,)`` or ``None`` → ``(..., k)`` in ``x``'s dtype. Forward only.
 

@@ -122,7 +122,8 @@ class _PairModel(nn.Module):
             if bool((lengths < 1).any()) or bool((lengths > tokens.shape[1]).any()):
                 raise ValueError(f"{name}: {label}_lengths must lie in [1, {tokens.shape[1]}], got {lengths.tolist()}")
         return (self.embedding(a), self.embedding(b),
-                lengths_to_mask(a_lengths.to(a.device), a.shape[1]), lengths_to_mask(b_lengths.to(b.device), b.shape[1]))
+                lengths_to_mask(a_lengths.to(a.device), a.shape[1]),
+                lengths_to_mask(b_lengths.to(b.device), b.shape[1]))
 
 
 # --------------------------------------------------------------------------- NLI encoder (ICLR App. B.1)
@@ -136,16 +137,19 @@ class NLIEncoderConfig(ModelConfig):
     bidirectional: bool = field(default=False, metadata={
         "help": "bidirectional encoder; default false (App. B.1 uses unidirectional encoders)"})
     dropout: float = field(default=0.1, metadata={
-        "help": "dropout on embeddings, between LSTM layers and before MLP layers (not given in the paper); default 0.1"})
+        "help": "dropout on embeddings, between LSTM layers and before MLP layers (not given in the paper); "
+                "default 0.1"})
     mlp_dim: int = field(default=300, metadata={"help": "width of the MLP hidden layers; default 300"})
     mlp_layers: int = field(default=2, metadata={
         "help": "hidden layers of the MLP before the output layer (App. B.1: two-layer 300D MLP); default 2"})
-    activation: Literal["relu", "tanh", "gelu"] = field(default="relu", metadata={"help": _ACTIVATION_HELP + "; default relu"})
+    activation: Literal["relu", "tanh", "gelu"] = field(default="relu", metadata={
+        "help": _ACTIVATION_HELP + "; default relu"})
     features: Literal["infersent", "concat"] = field(default="infersent", metadata={
         "help": "pair features from pooled u, v: infersent = [u; v; |u-v|; u*v] (Conneau et al. 2017, standard "
                 "practice; App. B.1 does not say), concat = [u; v]; default infersent"})
     freeze_embeddings: bool = field(default=False, metadata={
-        "help": "keep word embeddings fixed (App. B.1 fixes GloVe; leave false when training from scratch); default false"})
+        "help": "keep word embeddings fixed (App. B.1 fixes GloVe; leave false when training from scratch); "
+                "default false"})
     linear: LinearSpec = field(default_factory=LinearSpec, metadata={
         "help": "linear maps of the LSTM and the MLP: phm n=2/5/10 gives the PHM-LSTM of Table 1"})
 
@@ -174,7 +178,8 @@ class NLIEncoderClassifier(_PairModel):
         self.embedding_dropout = nn.Dropout(config.dropout)
         self.mlp = _feed_forward([features] + [config.mlp_dim] * config.mlp_layers, config.linear,
                                  config.activation, config.dropout, factory)
-        self.output = make_linear(config.mlp_dim if config.mlp_layers else features, num_outputs, LinearSpec(), **factory)
+        self.output = make_linear(config.mlp_dim if config.mlp_layers else features, num_outputs, LinearSpec(),
+                                  **factory)
 
     def extra_repr(self) -> str:
         return f"num_outputs={self.num_outputs}, pad_index={self.pad_index}"
@@ -206,8 +211,10 @@ class DecomposableAttentionConfig(ModelConfig):
     projection: bool = field(default=True, metadata={
         "help": "linear projection of the embeddings to hidden_size (Parikh et al.); false needs "
                 "hidden_size == embedding_dim; default true"})
-    dropout: float = field(default=0.2, metadata={"help": "dropout before every feed-forward layer (Parikh et al.: 0.2); default 0.2"})
-    activation: Literal["relu", "tanh", "gelu"] = field(default="relu", metadata={"help": _ACTIVATION_HELP + "; default relu"})
+    dropout: float = field(default=0.2, metadata={
+        "help": "dropout before every feed-forward layer (Parikh et al.: 0.2); default 0.2"})
+    activation: Literal["relu", "tanh", "gelu"] = field(default="relu", metadata={
+        "help": _ACTIVATION_HELP + "; default relu"})
     freeze_embeddings: bool = field(default=False, metadata={"help": "keep word embeddings fixed; default false"})
     linear: LinearSpec = field(default_factory=LinearSpec, metadata={"help": "every linear map but the output layer"})
 
@@ -233,7 +240,8 @@ class DecomposableAttention(_PairModel):
                              f"got {d} and {config.embedding_dim}")
         config.linear.check_divides(config.embedding_dim, d, where="DecomposableAttentionConfig")
         spec, act, p = config.linear, config.activation, config.dropout
-        self.projection = make_linear(config.embedding_dim, d, spec, bias=False, **factory) if config.projection else nn.Identity()
+        self.projection = (make_linear(config.embedding_dim, d, spec, bias=False, **factory) if config.projection
+                           else nn.Identity())
         self.attend = _feed_forward([d, d, d], spec, act, p, factory)  # F
         self.compare = _feed_forward([4 * d, d, d], spec, act, p, factory)  # G
         self.aggregate = _feed_forward([2 * d, d, d], spec, act, p, factory)  # H
@@ -262,11 +270,13 @@ class QuaternionAttentionConfig(ModelConfig):
 
     embedding_dim: int = field(default=300, metadata={"help": "word embedding size; default 300"})
     hidden_size: int = field(default=200, metadata={
-        "help": "real size of the quaternion representations, 4 x the paper's d (d=50 -> 200); multiple of 4; default 200"})
+        "help": "real size of the quaternion representations, 4 x the paper's d (d=50 -> 200); multiple of 4; "
+                "default 200"})
     projection: bool = field(default=True, metadata={
         "help": "non-linear projection of the (pre-trained) embeddings into quaternion space (§3.4); false treats "
                 "each embedding as [r; x; y; z] and needs hidden_size == embedding_dim; default true"})
-    ffn_layers: int = field(default=1, metadata={"help": "layers of each quaternion FFN (compare and final); default 1"})
+    ffn_layers: int = field(default=1, metadata={"help": "layers of each quaternion FFN (compare and final); "
+                                                         "default 1"})
     dropout: float = field(default=0.2, metadata={"help": "dropout before every feed-forward layer; default 0.2"})
     activation: Literal["relu", "tanh", "gelu"] = field(default="relu", metadata={
         "help": _ACTIVATION_HELP + " (component-wise, §3.1); default relu"})
@@ -308,7 +318,8 @@ class QuaternionAttentionModel(_PairModel):
         config.linear.check_divides(4 * d, d, where="QuaternionAttentionConfig.linear")
         act, p = config.activation, config.dropout
         if config.projection:
-            config.projection_linear.check_divides(config.embedding_dim, d, where="QuaternionAttentionConfig.projection_linear")
+            config.projection_linear.check_divides(config.embedding_dim, d,
+                                                   where="QuaternionAttentionConfig.projection_linear")
             self.projection = _feed_forward([config.embedding_dim, d], config.projection_linear, act, p, factory)
         else:
             self.projection = nn.Dropout(p)

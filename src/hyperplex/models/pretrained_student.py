@@ -19,8 +19,8 @@ from torch import Tensor, nn
 from hyperplex.config.registry import ModelConfig
 from hyperplex.pretrained import MINILM, load_sentence_transformer, resolve_model_path
 
-__all__ = ["PretrainedStudent", "PretrainedStudentConfig", "conversion_config", "balance_factor_scales", "capture_block_io",
-           "check_layer_indices", "embed",
+__all__ = ["PretrainedStudent", "PretrainedStudentConfig", "conversion_config", "balance_factor_scales",
+           "capture_block_io", "check_layer_indices", "embed",
            "fit_blocks", "keep_transformer_layers", "record_internals",
            "resolve_layer_map", "resolve_model_path", "tokenize", "transformer_layers"]
 
@@ -89,7 +89,8 @@ class PretrainedStudentConfig(ModelConfig):
             raise ValueError(f"model.layer_map: expected teacher layer indices ≥ 0, got {self.layer_map}")
         if self.keep_layers and self.layer_map and len(self.layer_map) != len(self.keep_layers):
             raise ValueError(f"model.layer_map: the student has {len(self.keep_layers)} layers (model.keep_layers "
-                             f"{self.keep_layers}), so the map needs {len(self.keep_layers)} entries, got {self.layer_map}")
+                             f"{self.keep_layers}), so the map needs {len(self.keep_layers)} entries, got "
+                             f"{self.layer_map}")
         for key in ("distill_hidden", "distill_attention", "blockwise_steps"):
             if getattr(self, key) < 0:
                 raise ValueError(f"model.{key} must be ≥ 0, got {getattr(self, key)}")

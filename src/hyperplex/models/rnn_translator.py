@@ -64,7 +64,8 @@ class RNNTranslatorConfig(ModelConfig):
     attention: str = field(default="general", metadata={
         "help": "none | dot | general | concat | local-m | local-p (any key of hyperplex.nn.luong.ATTENTIONS); "
                 "default general"})
-    window: int = field(default=10, metadata={"help": "half-width D of the local-m/local-p window, σ = D/2; default 10"})
+    window: int = field(default=10, metadata={"help": "half-width D of the local-m/local-p window, σ = D/2; "
+                                                      "default 10"})
     local_p_normalize: bool = field(default=True, metadata={
         "help": "renormalise local-p weights after the Gaussian so they sum to 1 (false: Luong eq. 3.9 literally); "
                 "default true"})
@@ -85,7 +86,8 @@ class RNNTranslatorConfig(ModelConfig):
         if isinstance(self.linear, dict):  # convenience for hand-written dicts
             self.linear = LinearSpec(**self.linear)
         if self.attention not in ATTENTIONS:
-            raise ValueError(f"RNNTranslatorConfig.attention: unknown {self.attention!r}; valid: {', '.join(ATTENTIONS)}")
+            raise ValueError(f"RNNTranslatorConfig.attention: unknown {self.attention!r}; valid: "
+                             f"{', '.join(ATTENTIONS)}")
         for name in ("embedding_dim", "hidden_size", "encoder_layers", "decoder_layers", "window"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -47,10 +47,12 @@ class TransformerConfig(ModelConfig):
     d_ff: int = field(default=2048, metadata={"help": "hidden width of the position-wise FFN; default 2048"})
     encoder_layers: int = field(default=6, metadata={"help": "encoder layers; default 6"})
     decoder_layers: int = field(default=6, metadata={"help": "decoder layers (translator only); default 6"})
-    dropout: float = field(default=0.1, metadata={"help": "dropout on embeddings, sublayer outputs and FFN hidden; 0.1"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout on embeddings, sublayer outputs and FFN "
+                                                          "hidden; 0.1"})
     attention_dropout: float = field(default=0.0, metadata={"help": "dropout on attention weights; default 0.0"})
     pre_norm: bool = field(default=True, metadata={"help": "true: x + f(LN(x)) and a final LayerNorm (Tensor2Tensor, "
-                                                           "used by both papers); false: LN(x + f(x)) (Vaswani et al.)"})
+                                                           "used by both papers); false: LN(x + f(x)) "
+                                                           "(Vaswani et al.)"})
     tie_embeddings: bool = field(default=True, metadata={"help": "decoder input embedding = output projection weight "
                                                                  "(as Tensor2Tensor); default true"})
     share_embeddings: bool = field(default=False, metadata={"help": "source and target share one embedding matrix "
@@ -59,7 +61,8 @@ class TransformerConfig(ModelConfig):
         "help": "dot: softmax(QK^T/sqrt(d_k))V per head; hamilton: Tay et al. eq. 4, Q⊗K with a softmax per "
                 "quaternion component (the Quaternion Transformer); default dot"})
     attention_bias: bool = field(default=False, metadata={"help": "biases in the attention projections "
-                                                                  "(Tensor2Tensor has none; fairseq has); default false"})
+                                                                  "(Tensor2Tensor has none; fairseq has); "
+                                                                  "default false"})
     linear: LinearSpec = field(default_factory=LinearSpec, metadata={
         "help": "linear maps of the layers: kind dense|phm|quaternion|lowrank, n, rule"})
     linear_scope: Literal["all", "attention"] = field(default="all", metadata={
@@ -223,7 +226,8 @@ class TransformerClassifier(nn.Module):
         d_model, _ = config.sizes()
         self.d_model = d_model
         factory = {"device": device, "dtype": dtype}
-        self.embed = TransformerEmbedding(vocab_size, d_model, pad_index, config.max_positions, config.dropout, **factory)
+        self.embed = TransformerEmbedding(vocab_size, d_model, pad_index, config.max_positions, config.dropout,
+                                          **factory)
         self.encoder = TransformerEncoder(config.encoder_layers, d_model, config.pre_norm, **factory,
                                           **config.layer_kwargs())
         self.classifier = _output_layer(config, d_model, num_classes, "TransformerClassifier", **factory)

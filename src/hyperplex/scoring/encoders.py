@@ -92,7 +92,8 @@ def find_student(argument: str) -> Student:
 
         try:  # a FIFO or a link out of the folder would hang or read elsewhere: refused before anything is read
             check_folder_files(path)
-            library = json.loads(read_bounded(spec_path, MAX_SPEC_BYTES).decode("utf-8")).get("model", {}).get("library")
+            library = (json.loads(read_bounded(spec_path, MAX_SPEC_BYTES).decode("utf-8"))
+                       .get("model", {}).get("library"))
         except UnsafePathError as err:
             raise ValueError(f"STUDENT {argument}: {err}") from None
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, AttributeError):

@@ -50,7 +50,8 @@ def parse_quality(raw, where: str) -> dict:
     out = {}
     for kind, settings in raw.items():
         if kind not in QUALITY_KEYS:
-            raise QualityError(f"{where}: quality.{kind} is not a quality metric; choose from {', '.join(QUALITY_KEYS)}")
+            raise QualityError(f"{where}: quality.{kind} is not a quality metric; choose from "
+                               f"{', '.join(QUALITY_KEYS)}")
         if isinstance(settings, str):
             settings = {"file": settings}
         if not isinstance(settings, dict):

@@ -195,8 +195,9 @@ class DistillationTask(Task):
         cfg = self.cfg.model
         if cfg.distill_hidden or cfg.distill_attention:
             pairs = ", ".join(f"{j}↔{t}" for j, t in enumerate(model.layer_map))
-            self.log.info(f"loss per sentence: {cfg.distill_loss} on the embeddings + {cfg.distill_hidden} × hidden-state "
-                          f"MSE + {cfg.distill_attention} × attention KL; student layer ↔ teacher layer: {pairs}")
+            self.log.info(f"loss per sentence: {cfg.distill_loss} on the embeddings + {cfg.distill_hidden} × "
+                          f"hidden-state MSE + {cfg.distill_attention} × attention KL; "
+                          f"student layer ↔ teacher layer: {pairs}")
         for layer, before, after in model.blockwise:
             self.log.info(f"blockwise: layer {layer} fitted to teacher layer {model.layer_map[layer]}: relative output "
                           f"error on {len(calibration)} calibration sentences {before:.4f} → {after:.4f}")
@@ -265,4 +266,5 @@ class DistillationTask(Task):
                 f"and the mean {self.cfg.model.distill_loss} loss")
 
     def metadata(self) -> dict:
-        return {"teacher": self.cfg.model.path, "kind": self.cfg.model.kind, "distill_loss": self.cfg.model.distill_loss}
+        return {"teacher": self.cfg.model.path, "kind": self.cfg.model.kind,
+                "distill_loss": self.cfg.model.distill_loss}

@@ -49,7 +49,8 @@ def read_metrics_csv(path) -> dict[tuple[str, str], tuple[list[int], list[float]
         reader = csv.DictReader(f)
         missing = [c for c in METRICS_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected header {','.join(METRICS_COLUMNS)}")
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected header "
+                             f"{','.join(METRICS_COLUMNS)}")
         for row in reader:
             try:
                 step, value = int(float(row["step"])), float(row["value"])

@@ -252,7 +252,8 @@ class Trainer:
         except CheckpointError as err:
             if notes:
                 raise CheckpointError(f"{err} ({'; '.join(notes)}: the code that built this model has changed "
-                                      "since; finish the run with the version that started it, or start again)") from None
+                                      "since; finish the run with the version that started it, "
+                                      "or start again)") from None
             raise
         if ckpt.optimizer_state is not None:
             optimizer.load_state_dict(ckpt.optimizer_state)

@@ -87,6 +87,7 @@ def _check_average_output(out: Path, paths: list[Path]) -> None:
     if any(os.path.realpath(p) == target for p in paths):
         raise ValueError(f"-o {out}: is one of the checkpoints being averaged; write the average to another file")
     index = out.parent / CheckpointManager.INDEX
-    if index.is_file() and (out.name in (BEST, LAST) or (out.name.startswith("best-") and out.suffix == ".safetensors")):
+    if index.is_file() and (out.name in (BEST, LAST)
+                            or (out.name.startswith("best-") and out.suffix == ".safetensors")):
         raise ValueError(f"-o {out}: a checkpoint the training run in {out.parent} manages ({index.name}); write the "
                          f"average to another file, e.g. {out.parent / 'averaged.safetensors'}")

@@ -216,7 +216,8 @@ def _read_header(path) -> tuple[str, dict]:
     if os.path.isdir(path):
         raise CheckpointError(f"{path}: is a directory, expected a .safetensors checkpoint file")
     if not os.path.isfile(path):  # a FIFO or device file would block or never end
-        raise CheckpointError(f"{path}: not a regular file (a FIFO or device?), expected a .safetensors checkpoint file")
+        raise CheckpointError(f"{path}: not a regular file (a FIFO or device?), "
+                              "expected a .safetensors checkpoint file")
     try:
         with safe_open(path, framework="pt", device="cpu") as f:
             metadata = f.metadata() or {}
@@ -307,7 +308,8 @@ def checkpoint_info(path) -> dict:
             return {k: strip(v) for k, v in obj.items()}
         return [strip(v) for v in obj] if isinstance(obj, list) else obj
 
-    return {"kind": payload["kind"], "model_keys": list(payload["model"]), "has_optimizer": payload["optimizer"] is not None,
+    return {"kind": payload["kind"], "model_keys": list(payload["model"]),
+            "has_optimizer": payload["optimizer"] is not None,
             "extra": _decode(strip(payload["extra"]), none), "manager": payload.get("manager")}
 
 

@@ -184,7 +184,8 @@ class CheckpointManager:
         if (old_mode, old_name) != (self.metric_mode, self.metric_name) and index.get("best"):
             raise CheckpointError(
                 f"{index_path}: the best checkpoints here are ranked by {old_name!r} ({old_mode}), this run ranks by "
-                f"{self.metric_name!r} ({self.metric_mode}); use another model_dir or delete the best-* files and the index")
+                f"{self.metric_name!r} ({self.metric_mode}); "
+                "use another model_dir or delete the best-* files and the index")
         by_file = {e["file"]: e for e in index.get("best", []) if os.path.exists(self.path(e["file"]))}
         for name in names:
             if _BEST_PATTERN.match(name) and name not in by_file:  # written or dropped around a crash

@@ -62,3 +62,36 @@ def test_only_the_report_provenance_is_kept(tmp_path):
     assert keep_report_provenance(new, tmp_path / "absent.json") is new
     path.write_text("{broken")
     assert keep_report_provenance(new, path) is new
+
+
+def test_a_disk_that_fills_while_reporting_leaves_every_report_as_it_was(tmp_path, write_plan, monkeypatch, capsys):
+    import errno
+    import pathlib
+
+    plan = write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml", "seeds": [1],
+                                       "overrides": ["--model.linear.kind=dense"]}])
+    out, records, page = tmp_path / "out", tmp_path / "records", tmp_path / "results_page.md"
+    args = [str(plan), "--out", str(out), "--records", str(records), "--report-only", "--append-to", str(page)]
+    assert main([str(plan), "--out", str(out), "--records", str(records), "--no-report"]) == 0
+    assert main(args) == 0
+    files = (out / "results.json", out / "results.md", records / "results.json", records / "results.md", page)
+    before = {p: p.read_bytes() for p in files}
+    cache = records / "dense" / "seed1" / "evaluation-dense.json"  # a new number: every report would change
+    evaluation = json.loads(cache.read_text())
+    evaluation["result"]["metrics"]["loss"] += 1.0
+    cache.write_text(json.dumps(evaluation))
+    real = pathlib.Path.write_text
+
+    def full_disk(self, *a, **k):
+        if self.name == page.name:  # the last file of the set
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full_disk)
+    try:
+        main(args)
+    except OSError:
+        pass
+    monkeypatch.undo()
+    assert {p: p.read_bytes() for p in files} == before  # no new json beside an old page
+    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]  # no half-written file left behind

@@ -28,7 +28,7 @@ from hyperplex.experiments.runs import Run
 from hyperplex.experiments.stability import stability
 from hyperplex.experiments.state import folder_status
 from hyperplex.experiments.timing import training_time
-from hyperplex.fileio import atomic_write_text
+from hyperplex.guards import write_set
 
 __all__ = ["REPORT_PROVENANCE", "collect", "write_results", "keep_report_provenance"]
 
@@ -158,18 +158,28 @@ def write_results(results: dict, out: Path, append_to: str | None, records: Path
     for key in dict.fromkeys(r["sweep_key"] for r in results["rows"] if r.get("sweep_key")):
         report.plot_sweep(results, key, out / report.sweep_plot_name(key))
     text = json.dumps(results, indent=1, ensure_ascii=False) + "\n"
-    atomic_write_text(out / "results.json", text)
     name = results["plan"]["name"]
-    report.write_section(out / "results.md", name, body)
-    page_body = body
+    files: dict[Path, str] = {out / "results.json": text,
+                              out / "results.md": _with_section(out / "results.md", name, body)}
     if records:
-        atomic_write_text(records / "results.json", text)
-        report.write_section(records / "results.md", name, body)
-        if append_to:
-            page_body = report.render_markdown(results, _relative_link(records / "results.md", Path(append_to)))
+        records.mkdir(parents=True, exist_ok=True)
+        files[records / "results.json"] = text
+        files[records / "results.md"] = _with_section(records / "results.md", name, body)
     if append_to:
-        report.write_section(append_to, name, page_body)
+        link = _relative_link(records / "results.md", Path(append_to)) if records else None
+        page_body = report.render_markdown(results, link) if link else body
+        files[Path(append_to)] = _with_section(Path(append_to), name, page_body)
+    for path in files:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    # one set: a disk that fills half-way leaves every report as it was, never a new json beside an old page
+    write_set([(path, lambda tmp, content=content: Path(tmp).write_text(content, encoding="utf-8"))
+               for path, content in files.items()])
     return body
+
+
+def _with_section(path: Path, name: str, body: str) -> str:
+    """The text of the markdown file ``path`` (empty if absent) with plan ``name``'s section replaced by ``body``."""
+    return report.replace_section(path.read_text(encoding="utf-8") if path.is_file() else "", name, body)
 
 
 def _relative_link(target: Path, page: Path) -> str:

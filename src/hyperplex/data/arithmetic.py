@@ -54,6 +54,12 @@ class ArithmeticSpec:
         return self.high - self.low
 
     @property
+    def characters(self) -> str:
+        """Every character an input or target can hold (digits, a minus sign, the variables, ``=``, ``,`` and the
+        operators): the character vocabulary of the task, known without generating a sample."""
+        return "".join(sorted(set("0123456789-xy=,") | set(self.operators)))
+
+    @property
     def size(self) -> int:
         """Number of distinct input strings: 2 orders · values² · 2 (v1) · ops · 2 (v2)."""
         return 2 * self.num_values**2 * 2 * len(self.operators) * 2

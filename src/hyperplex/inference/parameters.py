@@ -58,6 +58,11 @@ def params_report(config: str, overrides: list[str] | None = None, vocab_size: i
     arch = get_architecture(cfg.model.architecture, cfg.data.task)
     _, model_class = arch.load()
     v = cfg.data.vocab_size if vocab_size is None else vocab_size
+    if vocab_size is None and cfg.data.format == "arithmetic":  # generated data: its characters are known
+        from hyperplex.data.arithmetic import ArithmeticSpec
+        from hyperplex.data.vocab import SPECIALS
+
+        v = len(SPECIALS) + len(ArithmeticSpec().characters)
     own_tokenizer = issubclass(model_class, OwnTokenizer)  # a pretrained encoder brings its vocabulary
     if vocab_size is None and own_tokenizer:
         v = len(model_class.text_tokenizer(cfg.model))

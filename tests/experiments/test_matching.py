@@ -27,7 +27,9 @@ def test_param_match_is_checked_from_the_built_models(tmp_path, write_plan):
     diff = counts["dense"]["total_without_embeddings"] / counts["phm2"]["total_without_embeddings"] - 1
     assert f"row 'dense': total_without_embeddings {counts['dense']['total_without_embeddings']:,} is {diff:+.2%}" \
         in str(err.value)
-    assert "1 problem(s)" in str(err.value) and "phm2_again" not in str(err.value)
+    # the tiny task's real vocabulary (21 characters) leaves the embeddings small: the totals differ as well
+    assert "2 problem(s)" in str(err.value) and "row 'dense': total " in str(err.value)
+    assert "phm2_again" not in str(err.value)
     assert param_match(counts["phm2_again"], counts["phm2"]) == {"total": 0.0, "total_without_embeddings": 0.0}
     with pytest.raises(PlanError, match="match_params 'nope'"):
         load_plan(write_plan(tmp_path, rows=[{"name": "a", "config": "tiny.yaml", "match_params": "nope"}]))

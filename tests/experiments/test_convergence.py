@@ -37,7 +37,8 @@ def test_the_course_reads_best_step_and_why_training_stopped(tmp_path):
                        "training.patience=3 validations; best bleu 25.0")
     course = training_course(patience)
     # the first validation reaching the best value is the kept checkpoint (a tie later does not replace it)
-    assert course == {"best": 25.0, "best_step": 750, "best_epoch": 3, "last_step": 1500, "stop": "early stopping"}
+    assert course == {"best": 25.0, "best_step": 750, "best_epoch": 3, "last_step": 1500, "stop": "early stopping",
+                      "trained_on": []}
     capped = _record(tmp_path / "b", [1.0, 2.0], "finished at step 500 (epoch 2): reached training.max_steps=500")
     assert training_course(capped)["stop"] == "step cap"
     epochs = _record(tmp_path / "c", [1.0], "finished at step 250 (epoch 1): reached training.max_epochs=1")
@@ -46,7 +47,11 @@ def test_the_course_reads_best_step_and_why_training_stopped(tmp_path):
     running = training_course(_record(tmp_path / "e", [3.0, 4.0]))
     assert running["stop"] == "unfinished" and running["best"] == 4.0 and running["last_step"] == 500
     assert training_course(tmp_path / "missing") == {"best": None, "best_step": None, "best_epoch": None,
-                                                     "last_step": 0, "stop": "unfinished"}
+                                                     "last_step": 0, "stop": "unfinished", "trained_on": []}
+    # where it trained: every segment's device and torch, once each, in order (a GPU session resumed on a CPU)
+    segments = [{"machine": {"device": d, "torch": "2.13.0"}} for d in ("cuda (NVIDIA H100)", "cpu", "cpu")]
+    (patience / "experiment.json").write_text(json.dumps({"segments": segments}))
+    assert training_course(patience)["trained_on"] == ["cuda (NVIDIA H100), torch 2.13.0", "cpu, torch 2.13.0"]
 
 
 def test_welch_gap_matches_scipy():

@@ -73,7 +73,25 @@ def training_course(files: Path, metric: str = "bleu") -> dict:
                 stop, last_step = _stop_kind(found.group(3)), max(last_step, int(found.group(1)))
     if (files / DIVERGED_FILE).is_file():
         stop = "diverged"
-    return {"best": best, "best_step": best_step, "best_epoch": best_epoch, "last_step": last_step, "stop": stop}
+    return {"best": best, "best_step": best_step, "best_epoch": best_epoch, "last_step": last_step, "stop": stop,
+            "trained_on": _trained_on(files)}
+
+
+def _trained_on(files: Path) -> list[str]:
+    """``DEVICE, torch VERSION`` of every training segment of the model (``experiment.json``), in order, once each."""
+    import json
+
+    try:
+        segments = json.loads((files / "experiment.json").read_text(encoding="utf-8")).get("segments", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    seen = []
+    for segment in segments:
+        machine = segment.get("machine") or {} if isinstance(segment, dict) else {}
+        where = f"{machine.get('device', '?')}, torch {machine.get('torch', '?')}"
+        if where not in seen:
+            seen.append(where)
+    return seen
 
 
 def welch_gap(a: list[float], b: list[float]) -> dict:
@@ -131,6 +149,13 @@ def _mean(values: list) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
+def _devices(courses: list[dict]) -> list[str]:
+    found = []
+    for course in courses:
+        found += [d for d in course.get("trained_on", []) if d not in found]
+    return found
+
+
 def _interval(summary: dict, digits: int = 2) -> str:
     if summary["mean"] is None:
         return "–"
@@ -164,7 +189,7 @@ def convergence_section(results: dict, records: Path | None, comparisons: list[t
     paper's Transformer is quoted beside ours (empty for none)."""
     rows = {r["name"]: r for r in row_courses(results, records, metric)}
     lines = [f"| model | seeds | {metric} [95% interval] | steps to best | epochs to best | stopped by | "
-             "parameters | training time |", "|---|---:|---:|---:|---:|---|---:|---:|"]
+             "parameters | training time | trained on |", "|---|---:|---:|---:|---:|---|---:|---:|---|"]
     for r in rows.values():
         stops = Counter(c["stop"] for c in r["courses"])
         stopped = ", ".join(f"{k} {v}" for k, v in sorted(stops.items())) or "–"
@@ -173,7 +198,7 @@ def convergence_section(results: dict, records: Path | None, comparisons: list[t
         minutes = "–" if r["seconds"] is None else f"{r['seconds'] / 60:.0f} min"
         lines.append(f"| {r['label']} | {len(r['values'])}/{r['planned']} | {_interval(r['summary'])} | "
                      f"{'–' if step is None else f'{step:,.0f}'} | {'–' if epoch is None else f'{epoch:.1f}'} | "
-                     f"{stopped} | {params} | {minutes} |")
+                     f"{stopped} | {params} | {minutes} | {'; '.join(_devices(r['courses'])) or '–'} |")
     lines += ["", f"| gap | ours: difference of mean {metric} [95% Welch interval] | the paper's Table 2, same gap "
                   "over its seven corpora (quoted, its data) |", "|---|---:|---|"]
     for name, base, paper in comparisons:

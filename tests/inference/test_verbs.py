@@ -43,3 +43,16 @@ def test_translate_matches_search_directly(model_dir):
     hyp = greedy_search(model, torch.tensor([ids]), torch.tensor([len(ids)]), cfg.testing.max_output_length)[0][0]
     expected = task.tgt_tok.detokenize(task.tgt_vocab.decode(hyp.tokens))
     assert task.translate(model, [line], beam_size=1) == [expected]
+
+
+def test_translate_as_a_library_call_refuses_to_write_over_its_model_or_its_input(model_dir, tmp_path):
+    from hyperplex.guards import OutputError
+
+    source = tmp_path / "in.txt"
+    source.write_text("12+3\n")
+    kept = {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()}
+    for target in (model_dir / "best.safetensors", model_dir / "config.yaml", source):
+        with pytest.raises(OutputError, match="output_path"):
+            inference.translate(str(model_dir), str(source), str(target))
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()} == kept
+    assert source.read_text() == "12+3\n"

@@ -110,9 +110,12 @@ def translate(model_dir: str, input_path: str | None = None, output_path: str | 
     Lines longer than the model's positions are cut, with a warning on stderr naming them.
     ``plot_attention``: a PNG of the first line's attention. ``threads``: torch CPU threads (0/None: the
     :mod:`hyperplex.threads` rule); ``progress``: a bar on stderr (a terminal only)."""
+    from hyperplex.guards import check_outputs
     from hyperplex.threads import parse_threads
     from hyperplex.train.protocols import Translates
 
+    # never over the model it reads, its input or another model's files (the CLI checks the same, naming -o)
+    check_outputs({"output_path": output_path, "plot_attention": plot_attention}, [input_path, model_dir])
     threads = None if threads is None else parse_threads(threads)
     with _warnings_to_stderr("translate") as log:
         cfg, task, model = load_model(model_dir, checkpoint, read_data=False, logger=log)

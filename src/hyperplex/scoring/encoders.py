@@ -231,6 +231,9 @@ def score_encoders(students: list[str], teacher: str | None = None, data_root: s
                              f"sentences of {paths['sst2']} (--sst2)")
     if json_path and not Path(json_path).resolve().parent.is_dir():
         raise FileNotFoundError(f"--json: the folder of {json_path} does not exist")
+    from hyperplex.guards import check_outputs
+
+    check_outputs({"--json": json_path}, [*students, teacher, *paths.values()])  # not over a model or data file
     probe = {"train": probe_train, "test": probe_test, "split_seed": split_seed, "C": PROBE_C,
              "carve": PROBE_CARVE} if "sst2" in metrics else None
 

@@ -319,3 +319,17 @@ def kernel_cache(tmp_path, monkeypatch):
     for attr in ("_module", "_enabled", "_installed", "_env_failure"):
         monkeypatch.setattr(native, attr, None)
     return folder
+
+
+def disk_state(folder) -> dict[str, str]:
+    """{relative path: SHA-256} of every file under ``folder``: what a test compares before and after an error to
+    show that nothing on disk changed."""
+    import hashlib
+
+    found = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as handle:
+                found[os.path.relpath(path, folder)] = hashlib.sha256(handle.read()).hexdigest()
+    return found

@@ -6,26 +6,16 @@ from __future__ import annotations
 
 import errno
 import gzip
-import hashlib
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import disk_state as snapshot
 from torch import nn
 
 from hyperplex import cli
-
-
-def snapshot(folder) -> dict[str, str]:
-    found = {}
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as handle:
-                found[os.path.relpath(path, folder)] = hashlib.sha256(handle.read()).hexdigest()
-    return found
 
 
 @pytest.fixture(scope="module")

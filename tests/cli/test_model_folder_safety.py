@@ -1,7 +1,6 @@
 """A run owns its model folder; averaging never replaces an input or a managed checkpoint; a checkpoint header's
 file names stay inside the model folder. Each refusal leaves the disk as it was."""
 
-import hashlib
 import os
 import shutil
 import signal
@@ -10,19 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import disk_state as snapshot
 
 from hyperplex import cli
 from hyperplex.fileio import LOCK_NAME, FolderBusyError, folder_lock
-
-
-def snapshot(folder) -> dict[str, str]:
-    found = {}
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as handle:
-                found[os.path.relpath(path, folder)] = hashlib.sha256(handle.read()).hexdigest()
-    return found
 
 
 @pytest.fixture(scope="module")

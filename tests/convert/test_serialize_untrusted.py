@@ -1,13 +1,13 @@
 """A converted-model folder is untrusted input: nothing outside it is read or written, no code from it runs,
 a damaged or hostile spec is one LoadError naming the file and key, and the load never builds dense layers."""
 
-import hashlib
 import json
 import os
 import threading
 
 import pytest
 import torch
+from conftest import disk_state as snapshot
 from torch import nn
 
 from hyperplex.convert import LoadError, convert_linears, load_converted, save_converted
@@ -19,17 +19,6 @@ SENTENCES = ["the cat sat on the mat", "a big red dog runs fast", "blue"]
 def plain_model():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16, bias=False), nn.Linear(16, 4))
-
-
-def snapshot(folder) -> dict[str, str]:
-    """{relative path: SHA-256} of every file under ``folder`` (the state of the disk)."""
-    found = {}
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as handle:
-                found[os.path.relpath(path, folder)] = hashlib.sha256(handle.read()).hexdigest()
-    return found
 
 
 def edit_spec(folder, resign=True, **changes):

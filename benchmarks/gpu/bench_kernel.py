@@ -11,7 +11,8 @@ plus written over the median time) and the dense ceiling (a ``--matmul``-cubed b
 every ``n`` in ``--ns`` and ``rows`` in ``--rows``, three ways of computing ``x Hᵀ`` on a COLD stack of distinct
 layers (each stack's weights at least ``--cold-factor`` × the card's L2, so every layer is read from device memory,
 as in a model): ``dense`` (``F.linear`` on a ``k × d`` weight: cuBLAS), ``structured``
-(:func:`~hyperplex.layers.functional.phm_linear_structured`: PyTorch's products) and ``fused`` (the Triton kernel).
+(:func:`~hyperplex.layers.functional.phm_linear_structured`: PyTorch's products), ``fused`` (the Triton kernel) and
+``fused-1k`` (the same kernel finishing a shared-out reduction itself, ``reduction="one-kernel"``: one launch).
 Each layer gets its own input (the inputs rotate with the layers). A time is the median over ``--reps`` runs of the
 whole stack after ``--warmup`` runs, divided by the stack's depth; with ``--graph`` (default on CUDA) the stack is
 captured once as a CUDA graph and its replays are timed with CUDA events, so that Python's launch cost, which
@@ -108,7 +109,9 @@ def timed(stack_fn, device: str, args) -> float:
                     stack_fn()
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # captured on the warm-up stream: the one-kernel reduction's counters, made for that stream while
+            # warming up, are then reused by the graph rather than zeroed inside it
+            with torch.cuda.graph(graph, stream=stream):
                 stack_fn()
             return median_ms(graph.replay, device, args.warmup, args.reps)
         except RuntimeError as err:
@@ -143,6 +146,10 @@ def bench_point(n: int, rows: int, args, ceiling: dict) -> list[dict]:
         for r, s, x, o in zip(rules, factors, xs, outs):
             triton_phm.triton_phm_linear(x, r, s, out=o)
 
+    def fused_one_kernel():
+        for r, s, x, o in zip(rules, factors, xs, outs):
+            triton_phm.triton_phm_linear(x, r, s, out=o, reduction="one-kernel")
+
     results = []
     with torch.inference_mode():
         errors = {"dense": check_error(F.linear(xs[0], dense_w[0]), xs[0], torch.ones(1, 1, 1, device=device),
@@ -150,19 +157,22 @@ def bench_point(n: int, rows: int, args, ceiling: dict) -> list[dict]:
                   "structured": check_error(phm_linear_structured(xs[0], rules[0], factors[0]), xs[0], rules[0],
                                             factors[0]),
                   "fused": check_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0]), xs[0], rules[0],
-                                       factors[0])}
-        times = {}
-        for name, fn, depth in (("dense", dense, dense_depth), ("structured", structured, phm_depth),
-                                ("fused", fused, phm_depth)):
-            times[name] = timed(fn, device, args) / depth
-    for name, depth in (("dense", dense_depth), ("structured", phm_depth), ("fused", phm_depth)):
+                                       factors[0]),
+                  "fused-1k": check_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0],
+                                                                       reduction="one-kernel"),
+                                          xs[0], rules[0], factors[0])}
+        variants = (("dense", dense, dense_depth), ("structured", structured, phm_depth), ("fused", fused, phm_depth),
+                    ("fused-1k", fused_one_kernel, phm_depth))
+        times = {name: timed(fn, device, args) / depth for name, fn, depth in variants}
+    for name, _, depth in variants:
         weight_bytes = k * d * size // (1 if name == "dense" else n)
         moved = weight_bytes + rows * (d + k) * size
         gbps = moved / times[name] / 1e6
         results.append({"n": n, "rows": rows, "d": d, "k": k, "dtype": args.dtype, "variant": name, "layers": depth,
                         "ms_per_layer": times[name], "x_dense": times[name] / times["dense"], "GBps": gbps,
                         "copy_fraction": gbps / ceiling["copy_GBps"], "error": errors[name],
-                        "target": TARGETS.get(n) if name == "fused" and rows == 1 and d == k == 4096 else None})
+                        "target": TARGETS.get(n) if name.startswith("fused") and rows == 1 and d == k == 4096
+                        else None})
     return results
 
 
@@ -228,7 +238,7 @@ def main(argv=None) -> int:
     for n in args.ns:
         for r in args.rows:
             rows.extend(bench_point(n, r, args, ceiling))
-            print(f"  n={n} rows={r}: " + ", ".join(f"{x['variant']} {x['ms_per_layer']:.4f} ms" for x in rows[-3:]),
+            print(f"  n={n} rows={r}: " + ", ".join(f"{x['variant']} {x['ms_per_layer']:.4f} ms" for x in rows[-4:]),
                   flush=True)
     print(table(rows, ceiling))
     if args.json:

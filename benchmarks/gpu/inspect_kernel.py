@@ -31,7 +31,8 @@ from hyperplex.layers import triton_phm  # noqa: E402
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def compile_fused(dtype: str, n: int, rows: int, d: int, k: int, arch: int, programs: int, bias: bool = True):
+def compile_fused(dtype: str, n: int, rows: int, d: int, k: int, arch: int, programs: int, bias: bool = True,
+                  reduction: str = "two-kernel"):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -41,12 +42,12 @@ def compile_fused(dtype: str, n: int, rows: int, d: int, k: int, arch: int, prog
     p = triton_phm.plan(rows, n, k_n, d_n, DTYPES[dtype], programs)
     split = p.splits > 1
     ints = {"rows": rows, "k_n": k_n, "d_n": d_n, "stride_x": d, "i_per": p.i_per, "j_chunk": p.j_chunk,
-            "j_chunks": p.j_chunks}
-    pointers = {"x_ptr": dtype, "w_ptr": dtype, "rule_ptr": dtype, "bias_ptr": dtype,
-                "out_ptr": "fp32" if split else dtype}
+            "j_chunks": p.j_chunks, "splits": p.splits}
+    pointers = {"x_ptr": dtype, "w_ptr": dtype, "rule_ptr": dtype, "bias_ptr": dtype, "out_ptr": dtype,
+                "ws_ptr": "fp32" if split else dtype, "count_ptr": "i32" if split else dtype}
     constexprs = {"N": n, "BLOCK_ROWS": p.block_rows, "BLOCK_M": p.block_m, "BLOCK_Q": p.block_q,
-                  "BLOCK_J": p.block_j, "SPLIT": split, "HAS_BIAS": bias, "FP32": dtype == "fp32", "UPCAST": False,
-                  "EVEN_J": d_n % p.block_j == 0}
+                  "BLOCK_J": p.block_j, "SPLIT": split, "ONE_KERNEL": split and reduction == "one-kernel",
+                  "HAS_BIAS": bias, "FP32": dtype == "fp32", "UPCAST": False, "EVEN_J": d_n % p.block_j == 0}
     signature = {**{name: f"*{t}" for name, t in pointers.items()}, **{name: "i32" for name in ints},
                  **dict.fromkeys(constexprs, "constexpr")}
     # what a launch passes: torch's allocations are 16-byte aligned; sizes divisible by 16 are marked so (ints of
@@ -74,8 +75,9 @@ def summarise_ptx(ptx: str) -> str:
     loads = sorted(set(re.findall(r"ld\.global(?:\.[a-z0-9]+)*", ptx)))
     mma = sorted(set(re.findall(r"(?:wgmma|mma)\.[a-z0-9._]+", ptx)))
     asynchronous = "cp.async" in ptx
+    atomics = sorted(set(re.findall(r"atom\.[a-z0-9._]+", ptx)))
     return (f"loads {', '.join(loads) or 'none'}; cp.async {'yes' if asynchronous else 'no'}; "
-            f"{', '.join(mma) or 'no mma'}")
+            f"{', '.join(mma) or 'no mma'}" + (f"; {', '.join(atomics)}" if atomics else ""))
 
 
 def main(argv=None) -> int:
@@ -87,12 +89,15 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
     p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["bf16", "fp32"])
     p.add_argument("--programs", type=int, default=4 * 132, help="programs aimed at (default 4 × 132 SMs)")
+    p.add_argument("--reduction", choices=triton_phm.REDUCTIONS, default="two-kernel",
+                   help="how shared-out partial sums are finished (default two-kernel)")
     p.add_argument("--ptx", help="write the PTX of the first configuration here")
     args = p.parse_args(argv)
     if not triton_phm.triton_available():
         p.error("Triton is not installed (pip install 'hyperplex[triton]')")
     for i, (dtype, n, rows) in enumerate((t, n, r) for t in args.dtypes for n in args.ns for r in args.rows):
-        plan, kernel = compile_fused(dtype, n, rows, args.d, args.k, args.arch, args.programs)
+        plan, kernel = compile_fused(dtype, n, rows, args.d, args.k, args.arch, args.programs,
+                                     reduction=args.reduction)
         if i == 0 and args.ptx:
             Path(args.ptx).write_text(kernel.asm["ptx"])
         print(f"{dtype} n={n:<2} rows={rows:<2} grid={plan.grid} warps={plan.num_warps} tile={plan.block_m}x"

@@ -155,3 +155,57 @@ def test_auto_takes_it_only_for_cuda_inference():
         assert not takes_triton(one, layer)
         layer.forward_mode = "auto"
     assert not takes_triton(one, layer)  # a weight gradient to record
+
+
+@pytest.mark.parametrize("n,d,k,rows,programs", [(8, 1000, 64, 2, 64), (4, 64, 256, 1, 8), (2, 30, 94, 1, 3),
+                                                  (16, 256, 128, 1, 10_000), (4, 100, 96, 64, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_one_kernel_reduction_gives_the_two_kernel_bits(n, d, k, rows, programs, dtype):
+    """The last program of a tile sums the partials in the order the second kernel does: the same bits, every
+    output written, and the arrival counters re-armed, so calls after it (which share the counters) agree too. On a
+    GPU the call is repeated, so a program that read a partial before it was written would show as a difference."""
+    gen = torch.Generator().manual_seed(n * 131 + d + k + rows)
+    x, rule, weight, bias = _inputs(n, d, k, rows, dtype, True, gen)
+    p = plan(rows, n, k // n, d // n, dtype, programs)
+    two = triton_phm_linear(x, rule, weight, bias, programs=programs)
+    repeats = 50 if DEVICE == "cuda" else 2
+    for _ in range(repeats):
+        out = torch.full((rows, k), float("nan"), dtype=dtype, device=DEVICE)
+        one = triton_phm_linear(x, rule, weight, bias, programs=programs, reduction="one-kernel", out=out)
+        assert torch.equal(one, two), "the one-kernel reduction differs from the two-kernel one"
+    if p.splits > 1:
+        assert triton_phm._COUNTERS, "the one-kernel reduction ran without arrival counters"
+    assert not any(c.any() for c in triton_phm._COUNTERS.values()), "an arrival counter was left armed"
+    assert _relative_error(two, _reference(x, rule, weight, bias)) < TOLERANCE[dtype]
+
+
+def test_an_unknown_reduction_is_refused_by_name():
+    gen = torch.Generator().manual_seed(3)
+    x, rule, weight, bias = _inputs(4, 32, 32, 2, torch.float32, True, gen)
+    with pytest.raises(ValueError, match="reduction must be one of two-kernel, one-kernel, got 'atomic'"):
+        triton_phm_linear(x, rule, weight, bias, reduction="atomic")
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+def test_one_kernel_reduction_under_a_cuda_graph():
+    """Captured after a warm-up on the capturing stream, the graph reuses that stream's counters; its replays give
+    the eager bits and leave the counters re-armed."""
+    gen = torch.Generator().manual_seed(4)
+    x, rule, weight, bias = _inputs(16, 4096, 4096, 1, torch.bfloat16, True, gen)
+    want = triton_phm_linear(x, rule, weight, bias)
+    assert plan(1, 16, 256, 256, torch.bfloat16, triton_phm._programs(x.device)).splits > 1
+    out = torch.empty_like(want)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        triton_phm_linear(x, rule, weight, bias, out=out, reduction="one-kernel")
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        triton_phm_linear(x, rule, weight, bias, out=out, reduction="one-kernel")
+    for _ in range(20):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+    assert not any(c.any() for c in triton_phm._COUNTERS.values())

@@ -12,7 +12,11 @@ share of the reduction (a group of terms ``i`` and a chunk of ``j``), and for ea
    block-diagonal ``(rows·n)²`` matrix ``I ⊗ Aᵢ`` built from the ``n × n`` rule.
 
 With one share the program adds the bias and writes ``y`` in the input's dtype; with several, each writes its
-float32 partial ``Y`` and a second small kernel sums them, adds the bias and casts (deterministic: no atomics).
+float32 partial ``Y`` and the partials are summed in split order, the bias added and the sum cast, by one of
+two ``reduction`` modes: ``"two-kernel"`` (the default; a second small kernel does it) or ``"one-kernel"`` (the last
+program of each output tile to arrive does it, counted by an atomic per tile, which saves the second launch at
+one row). Both sum in the same order, so they give the same bits and neither depends on the order the programs
+run in.
 The shares exist to give the GPU enough programs at one row (a 4096² layer at ``n = 16`` has only 256 output
 columns per block row); :func:`plan` picks them.
 
@@ -40,7 +44,7 @@ from torch import Tensor
 
 from hyperplex.layers.functional import recording_operations
 
-__all__ = ["ENV_VAR", "TRITON_DTYPES", "TRITON_MAX_ROWS", "Plan", "interpreting", "plan", "takes_triton",
+__all__ = ["ENV_VAR", "REDUCTIONS", "TRITON_DTYPES", "TRITON_MAX_ROWS", "Plan", "interpreting", "plan", "takes_triton",
            "triton_available", "triton_phm_linear", "triton_reason"]
 
 #: ``auto`` takes the kernel for at most this many rows (tokens × batch); beyond, the product is compute-bound and
@@ -52,6 +56,10 @@ TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ENV_VAR = "HYPERPLEX_TRITON"
 #: The largest ``n`` the kernel takes: the mixing tile is ``(rows·n)²`` with at least one row of ``n`` blocks.
 MAX_N = 64
+#: How a reduction shared over several programs is finished (see the module's docstring).
+REDUCTIONS = ("two-kernel", "one-kernel")
+#: The one-kernel reduction's arrival counters, one zeroed int32 buffer per (device, stream), kept between calls.
+_COUNTERS: dict[tuple, Tensor] = {}
 
 
 def interpreting() -> bool:
@@ -142,10 +150,10 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def phm_fused(x_ptr, w_ptr, rule_ptr, bias_ptr, out_ptr, rows, k_n, d_n, stride_x, i_per, j_chunk, j_chunks,
-                  N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
-                  BLOCK_J: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, FP32: tl.constexpr,
-                  UPCAST: tl.constexpr, EVEN_J: tl.constexpr):
+    def phm_fused(x_ptr, w_ptr, rule_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rows, k_n, d_n, stride_x, i_per,
+                  j_chunk, j_chunks, splits, N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_Q: tl.constexpr, BLOCK_J: tl.constexpr, SPLIT: tl.constexpr, ONE_KERNEL: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, FP32: tl.constexpr, UPCAST: tl.constexpr, EVEN_J: tl.constexpr):
         pid_q, pid_b, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         i0 = (pid_s // j_chunks) * i_per
         j0 = (pid_s % j_chunks) * j_chunk
@@ -188,7 +196,24 @@ def _kernels():
         columns = part[:, None] * k_n + q[None, :]  # (a, q) → output column a·k/n + q
         ok = m_ok[:, None] & q_ok[None, :]
         if SPLIT:
-            tl.store(out_ptr + (pid_s * rows + b[:, None]) * (N * k_n) + columns, acc_y, mask=ok)
+            tl.store(ws_ptr + (pid_s * rows + b[:, None]) * (N * k_n) + columns, acc_y, mask=ok)
+            if ONE_KERNEL:
+                # The last of the tile's `splits` programs to arrive sums every partial, in split order (the same
+                # sums as sum_splits, so the result does not depend on who arrives last), then re-arms the counter
+                # for the next call on this stream. The barrier puts every thread's partial before the arrival;
+                # acq_rel at GPU scope makes them visible to the last program, whose loads bypass L1 (.cg).
+                tl.debug_barrier()
+                counter = count_ptr + pid_b * tl.num_programs(0) + pid_q
+                arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+                if arrived == splits - 1:
+                    acc_y = tl.zeros((BLOCK_M, BLOCK_Q), dtype=tl.float32)
+                    for s in range(0, splits):
+                        acc_y += tl.load(ws_ptr + (s * rows + b[:, None]) * (N * k_n) + columns, mask=ok, other=0.0,
+                                         cache_modifier=".cg")
+                    if HAS_BIAS:
+                        acc_y += tl.load(bias_ptr + columns, mask=ok, other=0.0).to(tl.float32)
+                    tl.store(out_ptr + b[:, None] * (N * k_n) + columns, acc_y.to(out_ptr.dtype.element_ty), mask=ok)
+                    tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
         else:
             if HAS_BIAS:
                 acc_y += tl.load(bias_ptr + columns, mask=ok, other=0.0).to(tl.float32)
@@ -206,6 +231,26 @@ def _kernels():
         tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
     return phm_fused, sum_splits
+
+
+def _counters(device: torch.device, tiles: int) -> Tensor:
+    """Zeroed int32 arrival counters for ``tiles`` output tiles. The kernel re-arms every counter it uses, so the
+    calls on one stream, which run in order, share one buffer with no zeroing launch; another stream gets its own.
+    While a CUDA graph is being captured, a buffer the capturing stream does not have yet is made for that call
+    alone (its zeroing is captured with it) rather than kept: memory allocated in a capture belongs to the graph."""
+    if device.type == "cuda":
+        key = (device.index if device.index is not None else torch.cuda.current_device(),
+               torch.cuda.current_stream(device).cuda_stream)
+        capturing = torch.cuda.is_current_stream_capturing()
+    else:
+        key, capturing = (device.type, 0), False
+    buffer = _COUNTERS.get(key)
+    if buffer is not None and buffer.numel() >= tiles:
+        return buffer
+    buffer = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+    if not capturing:
+        _COUNTERS[key] = buffer
+    return buffer
 
 
 def triton_reason(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> str | None:
@@ -235,14 +280,15 @@ def triton_reason(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None =
 
 
 def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None, *,
-                      out: Tensor | None = None, programs: int | None = None,
+                      out: Tensor | None = None, programs: int | None = None, reduction: str = "two-kernel",
                       _workspace: Tensor | None = None) -> Tensor:
     """``x Hᵀ + b`` through the fused kernel. ``x`` ``(..., d)``, ``rule`` ``(n, n, n)``, ``weight`` ``(n, k/n, d/n)``,
     ``bias`` ``(k,)`` or ``None`` → ``(..., k)`` in ``x``'s dtype. Forward only.
 
     ``out``: a contiguous ``(rows, k)`` tensor (``rows`` = ``x.numel() / d``) of ``x``'s dtype and device to write
     into (returned, reshaped). ``programs``: the number of programs to aim at (default: four per multiprocessor).
-    Any row count runs; :func:`takes_triton` keeps ``auto`` to at most :data:`TRITON_MAX_ROWS`.
+    Any row count runs; :func:`takes_triton` keeps ``auto`` to at most :data:`TRITON_MAX_ROWS`. ``reduction``: one
+    of :data:`REDUCTIONS`, how partial sums are finished where the reduction is shared out (the same result).
     Raises :class:`ValueError` naming what stops it (no Triton, a gradient to record, a CPU tensor, a dtype).
     """
     reason = triton_reason(x, rule, weight, bias)
@@ -250,6 +296,8 @@ def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | No
         raise ValueError(f"triton_phm_linear cannot run here: {reason}")
     n, k_n, d_n = weight.shape
     d, k = n * d_n, n * k_n
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"triton_phm_linear: reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
     if x.shape[-1] != d:
         raise ValueError(f"triton_phm_linear: expected input with last dimension {d}, got shape {tuple(x.shape)}")
     if bias is not None and tuple(bias.shape) != (k,):
@@ -277,13 +325,16 @@ def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | No
                                                                           device=x.device)
         if tuple(workspace.shape) != (p.splits, rows, k) or workspace.dtype != torch.float32:
             raise ValueError(f"triton_phm_linear: _workspace must be a float32 ({p.splits}, {rows}, {k}) tensor")
-    target = workspace if split else out
-    fused[p.grid](flat, weight, rule, bias_arg, target, rows, k_n, d_n, flat.stride(0), p.i_per, p.j_chunk, p.j_chunks,
-                  N=n, BLOCK_ROWS=p.block_rows, BLOCK_M=p.block_m, BLOCK_Q=p.block_q, BLOCK_J=p.block_j, SPLIT=split,
-                  HAS_BIAS=bias is not None, FP32=x.dtype == torch.float32,
-                  UPCAST=interpreting() and x.dtype != torch.float32, EVEN_J=d_n % p.block_j == 0,
-                  num_warps=p.num_warps)
-    if split:
+    else:
+        workspace = out  # never read without SPLIT
+    one_kernel = split and reduction == "one-kernel"
+    counters = _counters(x.device, p.grid[0] * p.grid[1]) if one_kernel else out  # never read without ONE_KERNEL
+    fused[p.grid](flat, weight, rule, bias_arg, out, workspace, counters, rows, k_n, d_n, flat.stride(0), p.i_per,
+                  p.j_chunk, p.j_chunks, p.splits, N=n, BLOCK_ROWS=p.block_rows, BLOCK_M=p.block_m, BLOCK_Q=p.block_q,
+                  BLOCK_J=p.block_j, SPLIT=split, ONE_KERNEL=one_kernel, HAS_BIAS=bias is not None,
+                  FP32=x.dtype == torch.float32, UPCAST=interpreting() and x.dtype != torch.float32,
+                  EVEN_J=d_n % p.block_j == 0, num_warps=p.num_warps)
+    if split and not one_kernel:
         block = 1024
         reduce[(-(-rows * k // block),)](workspace, bias_arg, out, rows * k, k, p.splits,
                                          HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)

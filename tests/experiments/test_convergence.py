@@ -7,6 +7,7 @@ import pytest
 
 from hyperplex.experiments.convergence import (
     PAPER_TABLE2,
+    best_by,
     convergence_section,
     row_courses,
     training_course,
@@ -37,8 +38,9 @@ def test_the_course_reads_best_step_and_why_training_stopped(tmp_path):
                        "training.patience=3 validations; best bleu 25.0")
     course = training_course(patience)
     # the first validation reaching the best value is the kept checkpoint (a tie later does not replace it)
+    curve = [(250, 10.0), (500, 20.0), (750, 25.0), (1000, 24.0), (1250, 25.0), (1500, 23.0)]
     assert course == {"best": 25.0, "best_step": 750, "best_epoch": 3, "last_step": 1500, "stop": "early stopping",
-                      "trained_on": []}
+                      "trained_on": [], "curve": curve}
     capped = _record(tmp_path / "b", [1.0, 2.0], "finished at step 500 (epoch 2): reached training.max_steps=500")
     assert training_course(capped)["stop"] == "step cap"
     epochs = _record(tmp_path / "c", [1.0], "finished at step 250 (epoch 1): reached training.max_epochs=1")
@@ -47,7 +49,8 @@ def test_the_course_reads_best_step_and_why_training_stopped(tmp_path):
     running = training_course(_record(tmp_path / "e", [3.0, 4.0]))
     assert running["stop"] == "unfinished" and running["best"] == 4.0 and running["last_step"] == 500
     assert training_course(tmp_path / "missing") == {"best": None, "best_step": None, "best_epoch": None,
-                                                     "last_step": 0, "stop": "unfinished", "trained_on": []}
+                                                     "last_step": 0, "stop": "unfinished", "trained_on": [],
+                                                     "curve": []}
     # where it trained: every segment's device and torch, once each, in order (a GPU session resumed on a CPU)
     segments = [{"machine": {"device": d, "torch": "2.13.0"}} for d in ("cuda (NVIDIA H100)", "cpu", "cpu")]
     (patience / "experiment.json").write_text(json.dumps({"segments": segments}))
@@ -129,3 +132,26 @@ def test_the_report_verb_never_writes_over_the_results_it_reads(tmp_path, capsys
     before = source.read_bytes()
     assert main(["report", "convergence", str(source), "--append-to", str(source)]) == 1
     assert source.read_bytes() == before and "--append-to" in capsys.readouterr().err
+
+
+def test_best_by_a_step_is_the_running_best_and_stays_after_a_model_stopped(tmp_path):
+    course = training_course(_record(tmp_path / "a", [10.0, 20.0, 18.0, float("nan"), 19.0]))
+    assert [best_by(course, s) for s in (100, 250, 499, 500, 1000, 1250, 10_000)] == [None, 10.0, 10.0, 20.0, 20.0,
+                                                                                        20.0, 20.0]
+
+
+def test_the_section_tabulates_the_rows_and_gaps_by_step(tmp_path, capsys):
+    from hyperplex.cli import main
+
+    records, results = _results(tmp_path)  # dev BLEU best−5, best, best−1 at steps 250, 500, 750
+    text = convergence_section(results, records, [("phm4", "tm", "")], at_steps=[500, 250, 100])
+    assert "| model | by step 100 | by step 250 | by step 500 |" in text
+    assert "| Transformer | – | 26.00 | 31.00 |" in text and "| PHM-Tm n=4 | – | 25.17 | 30.17 |" in text
+    at_250 = welch_gap([24.0, 25.5, 26.0], [25.0, 26.0, 27.0])
+    assert (f"| PHM-Tm n=4 − Transformer | – | {at_250['diff']:+.2f} [{at_250['ci95'][0]:+.2f}, "
+            f"{at_250['ci95'][1]:+.2f}] |") in text
+    assert "by step" not in convergence_section(results, records, [("phm4", "tm", "")])
+    results["plan"] = {"name": "tiny_converged"}
+    (records / "results.json").write_text(json.dumps(results))
+    assert main(["report", "convergence", str(records / "results.json"), "--at-steps", "0"]) == 1
+    assert "--at-steps: steps are positive, got 0" in capsys.readouterr().err

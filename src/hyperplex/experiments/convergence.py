@@ -18,7 +18,7 @@ from pathlib import Path
 from hyperplex.experiments.intervals import summarize, t_quantile_975
 from hyperplex.experiments.state import DIVERGED_FILE
 
-__all__ = ["PAPER_TABLE2", "training_course", "welch_gap", "row_courses", "convergence_section"]
+__all__ = ["PAPER_TABLE2", "best_by", "training_course", "welch_gap", "row_courses", "convergence_section"]
 
 #: Zhang et al. (ICLR 2021), Table 2, BLEU on seven corpora — quoted from the paper, never measured here.
 PAPER_TABLE2 = {
@@ -54,6 +54,7 @@ def training_course(files: Path, metric: str = "bleu") -> dict:
     is ``early stopping``, ``step cap``, ``epoch cap``, ``diverged``, ``unfinished`` or ``other``."""
     best = best_step = best_epoch = None
     last_step = 0
+    curve = []
     metrics = files / "metrics.csv"
     if metrics.is_file():
         with metrics.open(newline="", encoding="utf-8") as handle:
@@ -62,6 +63,7 @@ def training_course(files: Path, metric: str = "bleu") -> dict:
                 last_step = max(last_step, step)
                 if row["split"] == "dev" and row["name"] == metric:
                     value = float(row["value"])
+                    curve.append((step, value))
                     if math.isfinite(value) and (best is None or value > best):
                         best, best_step, best_epoch = value, step, int(row["epoch"])
     stop = "unfinished"
@@ -74,7 +76,15 @@ def training_course(files: Path, metric: str = "bleu") -> dict:
     if (files / DIVERGED_FILE).is_file():
         stop = "diverged"
     return {"best": best, "best_step": best_step, "best_epoch": best_epoch, "last_step": last_step, "stop": stop,
-            "trained_on": _trained_on(files)}
+            "trained_on": _trained_on(files), "curve": sorted(curve)}
+
+
+def best_by(course: dict, step: int) -> float | None:
+    """The best validation value a model had reached by ``step`` (its validations at steps ≤ ``step``): the score
+    of the checkpoint ``checkpoint: best`` would hold had training ended there. A model that stopped earlier keeps
+    its final best; ``None`` before its first validation."""
+    values = [v for s, v in course.get("curve", []) if s <= step and math.isfinite(v)]
+    return max(values) if values else None
 
 
 def _trained_on(files: Path) -> list[str]:
@@ -182,11 +192,32 @@ def _paper_gap(label: str, base: str) -> str:
     return f"{min(diffs):+.2f} … {max(diffs):+.2f} (mean {math.fsum(diffs) / len(diffs):+.2f})"
 
 
+def _course_table(rows: dict, comparisons: list[tuple[str, str, str]], steps: list[int], metric: str) -> list[str]:
+    """Validation ``metric`` by each of ``steps`` (best so far, mean over seeds) and the gaps there."""
+    head = " | ".join(f"by step {s:,}" for s in steps)
+    lines = ["", f"Validation {metric} during training (the best so far at each step, mean over seeds; the "
+                 "validation decoding the trainer used):", "", f"| model | {head} |",
+             "|---|" + "---:|" * len(steps)]
+
+    def at(row: dict, step: int) -> list[float]:
+        return [v for v in (best_by(c, step) for c in row["courses"]) if v is not None]
+
+    for r in rows.values():
+        cells = [_mean(at(r, s)) for s in steps]
+        lines.append(f"| {r['label']} | " + " | ".join("–" if c is None else f"{c:.2f}" for c in cells) + " |")
+    for name, base, _ in comparisons:
+        if name in rows and base in rows:
+            cells = [_gap_text(welch_gap(at(rows[name], s), at(rows[base], s))) for s in steps]
+            lines.append(f"| {rows[name]['label']} − {rows[base]['label']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def convergence_section(results: dict, records: Path | None, comparisons: list[tuple[str, str, str]],
-                        metric: str = "bleu") -> str:
+                        metric: str = "bleu", at_steps: list[int] | None = None) -> str:
     """Markdown: a table of every trained row at convergence and a table of gaps. ``comparisons`` lists
     ``(row, baseline row, paper label)``: the paper label names the :data:`PAPER_TABLE2` row whose gap to the
-    paper's Transformer is quoted beside ours (empty for none)."""
+    paper's Transformer is quoted beside ours (empty for none). ``at_steps``: also a table of each row's best
+    validation value by those steps and the same gaps there (how a gap at a fixed budget changed with training)."""
     rows = {r["name"]: r for r in row_courses(results, records, metric)}
     lines = [f"| model | seeds | {metric} [95% interval] | steps to best | epochs to best | stopped by | "
              "parameters | training time | trained on |", "|---|---:|---:|---:|---:|---|---:|---:|---|"]
@@ -207,6 +238,8 @@ def convergence_section(results: dict, records: Path | None, comparisons: list[t
         gap = welch_gap(rows[name]["values"], rows[base]["values"])
         lines.append(f"| {rows[name]['label']} − {rows[base]['label']} | {_gap_text(gap)} | "
                      f"{_paper_gap(paper, 'Transformer') if paper else '–'} |")
+    if at_steps:
+        lines += _course_table(rows, comparisons, sorted(set(at_steps)), metric)
     return "\n".join(lines) + "\n"
 
 
@@ -222,6 +255,9 @@ def add_arguments(parser) -> None:
                         help="a gap to report, ROW minus BASE (row names of the plan); PAPER names the row of the "
                              "paper's Table 2 quoted beside it "
                              f"({', '.join(k for k in PAPER_TABLE2 if k != 'corpora')})")
+    parser.add_argument("--at-steps", type=int, nargs="+", metavar="STEP",
+                        help="also tabulate each row's best validation value by these steps and the gaps there "
+                             "(e.g. a fixed budget's last step beside later ones)")
     parser.add_argument("--append-to", metavar="FILE",
                         help="also replace the <!-- plan:PLAN.convergence --> section of this markdown file")
 
@@ -256,11 +292,13 @@ def run(args, prog: str = PROG) -> int:
         results = json.loads(path.read_text(encoding="utf-8"))
         rows = {row["name"] for row in results["rows"]}
         comparisons = _comparisons(args.compare, rows)
+        if args.at_steps and min(args.at_steps) < 1:
+            raise ValueError(f"--at-steps: steps are positive, got {min(args.at_steps)}")
     except (OSError, ValueError, KeyError, TypeError, OutputError) as err:
         print(f"{prog}: {path}: {err}", file=sys.stderr)
         return 1
     records = Path(args.records) if args.records else path.parent
-    body = convergence_section(results, records, comparisons, args.metric)
+    body = convergence_section(results, records, comparisons, args.metric, args.at_steps)
     print(body, end="")
     if args.append_to:
         write_section(args.append_to, f"{results['plan']['name']}.convergence", body)

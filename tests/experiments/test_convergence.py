@@ -92,7 +92,11 @@ def test_the_section_reports_each_row_and_the_gap_beside_the_papers(tmp_path):
     assert [r["name"] for r in rows] == ["tm", "phm4"]  # a models_from row is not a trained row
     assert rows[1]["values"] == [29.5, 31.0, 31.5] and rows[1]["planned"] == 4  # the beam score, not the dev BLEU
     assert [c["best_step"] for c in rows[0]["courses"]] == [500, 500, 500]
-    text = convergence_section(json.loads(json.dumps(results)), records, [("phm4", "tm", "PHM-Tm n=4")])
+    results["rows"].append({"name": "phm8", "label": "PHM-Tm n=8", "seeds": [1], "runs": [{"seed": 1}]})
+    text = convergence_section(json.loads(json.dumps(results)), records, [("phm4", "tm", "PHM-Tm n=4"),
+                                                                            ("phm8", "tm", "PHM-Tm n=8")])
+    assert "| PHM-Tm n=8 |" not in text and "No finished model yet: PHM-Tm n=8." in text  # listed, not a row of dashes
+    assert "| PHM-Tm n=8 − Transformer |" not in text
     assert "| PHM-Tm n=4 | 3/4 | 30.67 [" in text and "| early stopping 3 | 5.00M | 10 min |" in text
     gap = welch_gap([29.5, 31.0, 31.5], [30.5, 31.5, 32.5])
     assert f"| PHM-Tm n=4 − Transformer | {gap['diff']:+.2f} [{gap['ci95'][0]:+.2f}, {gap['ci95'][1]:+.2f}]" in text

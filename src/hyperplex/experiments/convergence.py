@@ -218,9 +218,10 @@ def convergence_section(results: dict, records: Path | None, comparisons: list[t
     ``(row, baseline row, paper label)``: the paper label names the :data:`PAPER_TABLE2` row whose gap to the
     paper's Transformer is quoted beside ours (empty for none). ``at_steps``: also a table of each row's best
     validation value by those steps and the same gaps there (how a gap at a fixed budget changed with training)."""
-    rows = {r["name"]: r for r in row_courses(results, records, metric)}
-    lines = [f"| model | seeds | {metric} [95% interval] | steps to best | epochs to best | stopped by | "
-             "parameters | training time | trained on |", "|---|---:|---:|---:|---:|---|---:|---:|---|"]
+    every = row_courses(results, records, metric)
+    rows = {r["name"]: r for r in every if r["values"]}
+    lines = [f"| model | seeds | {metric} of the best checkpoint [95% interval] | steps to best | epochs to best | "
+             "stopped by | parameters | training time | trained on |", "|---|---:|---:|---:|---:|---|---:|---:|---|"]
     for r in rows.values():
         stops = Counter(c["stop"] for c in r["courses"])
         stopped = ", ".join(f"{k} {v}" for k, v in sorted(stops.items())) or "–"
@@ -230,6 +231,9 @@ def convergence_section(results: dict, records: Path | None, comparisons: list[t
         lines.append(f"| {r['label']} | {len(r['values'])}/{r['planned']} | {_interval(r['summary'])} | "
                      f"{'–' if step is None else f'{step:,.0f}'} | {'–' if epoch is None else f'{epoch:.1f}'} | "
                      f"{stopped} | {params} | {minutes} | {'; '.join(_devices(r['courses'])) or '–'} |")
+    waiting = [r["label"] for r in every if not r["values"]]
+    if waiting:
+        lines += ["", f"No finished model yet: {'; '.join(waiting)}."]
     lines += ["", f"| gap | ours: difference of mean {metric} [95% Welch interval] | the paper's Table 2, same gap "
                   "over its seven corpora (quoted, its data) |", "|---|---:|---|"]
     for name, base, paper in comparisons:

@@ -51,6 +51,19 @@ fi
 for m in $models; do
     [[ $m =~ ^[A-Za-z0-9_.+-]+:[0-9]+$ ]] || { echo "converge.sh: '$m' is not ROW:SEED" >&2; exit 2; }
 done
+# a model whose record is already in the repository (trained on a CPU lane or an earlier GPU call) is not trained
+# again, and a model named twice trains once: device time is the scarce thing
+todo=""
+for m in $models; do
+    row=${m%%:*}; seed=${m##*:}
+    if [[ -f experiments/records/$plan_name/$row/seed$seed/record.json ]]; then
+        echo "converge.sh: $m is already recorded in experiments/records/$plan_name/$row/seed$seed: skipped"
+    elif [[ " $todo " != *" $m "* ]]; then
+        todo="$todo $m"
+    fi
+done
+models=${todo# }
+[[ -n $models ]] || { echo "converge.sh: every model named is already recorded; nothing to train"; exit 0; }
 # every model of the call is validated against the plan before anything trains
 rows=$(for m in $models; do echo "${m%%:*}"; done | sort -u | paste -sd,)
 "$python" -m hyperplex experiment "$plan" --rows "$rows" --dry-run --out "$work/runs/$plan_name" > "$work/logs/validate.log" 2>&1 \

@@ -7,6 +7,8 @@ Usage (from the repository root)::
     PYTHONPATH=src python benchmarks/bench_transformer.py                      # CPU-sized default
     PYTHONPATH=src python benchmarks/bench_transformer.py --shape table3 --device cuda --bf16 --out t3.json
                                                                                # Table 3's shape: 6+6 layers, d 512
+    PYTHONPATH=src python benchmarks/bench_transformer.py --shape table3 --device cuda --batch 256 --vocab 8000 \
+        --src-len 15 --tgt-len 16 --decode-len 16 --set-sentences 1014         # + a validation set's decoding time
 
 Models (same config except ``linear``): ``transformer`` (dense, the baseline), ``quaternion`` (full,
 fixed Hamilton rule; attention ``--quaternion-attention``, default ``hamilton`` = Tay et al. eq. 4),
@@ -21,6 +23,11 @@ Measured, on random token batches (speed does not depend on the data):
   (:func:`hyperplex.models.search.decode`: beam ``--beam``, default 4, length penalty α ``--alpha``, default 0.6;
   ``--beam 1`` is greedy), always ``--decode-len`` steps (end-of-sentence is masked, so every model emits the same
   number of tokens whatever its random weights say); ``tok/s`` = tokens / time.
+- ``set s`` (with ``--set-sentences N``): seconds to decode ``N`` sentences ``--set-batch`` at a time, each
+  batch with the same search and ``--decode-len`` steps: the paper's "seconds to decode the test set", on an input of
+  a set's size (Multi30k's validation split: 1,014 sentences of 14.5 source and 15.3 target BPE tokens on average
+  with the plans' joint 8k BPE, so ``--set-sentences 1014 --src-len 15 --decode-len 16``); ``× set`` is the
+  Transformer's time over the model's (above 1 is faster).
 - ``peak MiB``: peak memory of one training step above the model and optimizer state (CUDA: the allocator's peak;
   CPU: the profiler's allocation events), from the warm-up step.
 
@@ -137,6 +144,28 @@ def decoder(model, args, device):
     return run
 
 
+def set_batches(sentences: int, batch: int) -> list[int]:
+    """Sizes of the batches that decode ``sentences`` sentences ``batch`` at a time (the last one smaller)."""
+    return [min(batch, sentences - start) for start in range(0, sentences, batch)]
+
+
+def set_decoder(model, args, device):
+    """Decoding of ``--set-sentences`` fixed random sentences ``(B, src_len)``, ``--set-batch`` at a time."""
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.randint(4, args.vocab, (size, args.src_len), generator=g).to(device)
+               for size in set_batches(args.set_sentences, args.set_batch)]
+    lengths = [torch.full((src.shape[0],), args.src_len, device=device) for src in batches]
+
+    @torch.inference_mode()
+    def run() -> None:
+        model.eval()
+        with autocast(args, device):
+            for src, length in zip(batches, lengths):
+                decode(model, src, length, beam_size=args.beam, beam_alpha=args.alpha,
+                       max_output_length=args.decode_len)
+    return run
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -155,6 +184,9 @@ def parse_args(argv):
     p.add_argument("--decode-len", type=int, help="decoding steps per sentence")
     p.add_argument("--beam", type=int, default=4, help="beam size (1: greedy; default 4)")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty α of the beam (default 0.6)")
+    p.add_argument("--set-sentences", type=int, default=0,
+                   help="also time decoding this many sentences in batches (a test set's size; default 0: not run)")
+    p.add_argument("--set-batch", type=int, default=64, help="sentences per batch of --set-sentences (default 64)")
     p.add_argument("--repeats", type=int, help="interleaved rounds; medians are taken over them")
     p.add_argument("--quaternion-attention", choices=["hamilton", "dot"], default="hamilton")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for training and decoding")
@@ -165,15 +197,17 @@ def parse_args(argv):
         if getattr(args, key) is None:
             setattr(args, key, value)
     for key in ("d_model", "heads", "d_ff", "layers", "vocab", "batch", "src_len", "tgt_len", "steps", "sentences",
-                "decode_len", "beam", "repeats"):
+                "decode_len", "beam", "repeats", "set_batch"):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')} must be positive, not {getattr(args, key)}")
+    if not 0 <= args.set_sentences <= 100_000:
+        p.error(f"--set-sentences must be between 0 and 100000, not {args.set_sentences}")
     return args
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; returns ``{"args", "rows": [{name, params, train_s_per_100, train_ratio, train_spread,
-    decode_s, tokens_per_s, decode_speedup, peak_mib}]}`` (also written to ``--out``)."""
+    decode_s, tokens_per_s, decode_speedup, peak_mib[, set_decode_s, set_speedup]}]}`` (also written to ``--out``)."""
     args = parse_args(argv)
     device = harness.setup(args)
     models = build_models(args, device)
@@ -183,25 +217,34 @@ def main(argv: list[str] | None = None) -> dict:
     trained = harness.interleave(train, args.repeats, device=device, number=args.steps)
     decoded = harness.interleave({name: decoder(m, args, device) for name, m in models.items()}, args.repeats,
                                  device=device)
+    whole_set = None
+    if args.set_sentences:
+        whole_set = harness.interleave({name: set_decoder(m, args, device) for name, m in models.items()},
+                                       args.repeats, device=device)
     tokens = args.sentences * args.decode_len
     rows = [{"name": name, "params": parameter_breakdown(models[name])["total_without_embeddings"],
              "train_s_per_100": trained.median(name) * 100, "train_ratio": trained.ratio(name, "transformer"),
              "train_spread": trained.spread(name), "decode_s": decoded.median(name),
              "tokens_per_s": tokens / decoded.median(name),
-             "decode_speedup": 1 / decoded.ratio(name, "transformer"), "peak_mib": peaks[name]} for name in names]
+             "decode_speedup": 1 / decoded.ratio(name, "transformer"), "peak_mib": peaks[name],
+             **({"set_decode_s": whole_set.median(name), "set_speedup": 1 / whole_set.ratio(name, "transformer")}
+                if whole_set else {})} for name in names]
     info = harness.machine(device)
     print(f"# bench_transformer: d_model={args.d_model} heads={args.heads} d_ff={args.d_ff} layers={args.layers}+"
           f"{args.layers} vocab={args.vocab} batch={args.batch} len={args.src_len}/{args.tgt_len} device={device}"
           f"{' bf16' if args.bf16 else ''} repeats={args.repeats}")
     print(f"# {harness.header(info)}")
     print(f"# decoding: {args.sentences} sentences × {args.decode_len} steps one at a time, beam {args.beam}, "
-          f"α {args.alpha:g} (KV cache)\n")
-    print("| model | params (no emb.) | train s/100 | × train | spread | decode s | tok/s | × tok/s | peak MiB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"α {args.alpha:g} (KV cache)"
+          + (f"; set: {args.set_sentences} sentences {args.set_batch} at a time" if whole_set else "") + "\n")
+    extra = " set s | × set |" if whole_set else ""
+    print("| model | params (no emb.) | train s/100 | × train | spread | decode s | tok/s | × tok/s | peak MiB |"
+          + extra)
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if whole_set else ""))
     for r in rows:
         print(f"| {r['name']} | {r['params']:,} | {r['train_s_per_100']:.3f} | {r['train_ratio']:.3f} | "
               f"{r['train_spread']:.2f} | {r['decode_s']:.3f} | {r['tokens_per_s']:.1f} | {r['decode_speedup']:.3f} | "
-              f"{r['peak_mib']:.1f} |")
+              f"{r['peak_mib']:.1f} |" + (f" {r['set_decode_s']:.3f} | {r['set_speedup']:.3f} |" if whole_set else ""))
     result = {"args": vars(args), "rows": rows}
     if args.out:
         command = harness.command_line(argv, "benchmarks/bench_transformer.py")

@@ -119,14 +119,16 @@ if [ $QUICK = 1 ]; then
     COMP=(--quick --batch-sizes 1 --variants phm4 --sentences 4 --rounds 1)
     ADAPT=(--quick --sizes 384x1536 --variants 4:full --rows 1 --repeats 2)
 else
-    B_TEST=210; B_KERNEL=70; B_PHM=50; B_TRANS=60; B_COMP=50; B_ADAPT=30
+    B_TEST=200; B_KERNEL=70; B_PHM=45; B_TRANS=80; B_COMP=50; B_ADAPT=30
     # the slowest (model conversions, a training run) last, so that a timeout costs the fewest results
     TESTS=(tests/layers/test_triton_phm.py tests/cuda/test_phm_paths.py tests/cuda/test_models_cuda.py --durations=10)
     KERNEL=()
     # warm only: a 4096² float32 weight (64 MiB) already exceeds the card's L2, so every call reads it from memory
     PHM=(--sizes 1024 4096 --ns 4 16 --rows 1 64 1024 --mode warm --repeats 5 --budget-s 1)
-    TRANS=(--d-model 512 --heads 8 --d-ff 2048 --layers 6 --batch 64 --vocab 32000 --steps 10 --sentences 4
-           --decode-len 24 --repeats 3)
+    # the PHM paper's Table 3: its shape, the base plan's 8k joint BPE and 4,096-token batches, and the seconds to
+    # decode a set of Multi30k validation's size (1,014 sentences, ≈ 15 BPE tokens each way), beam 4, α 0.6
+    TRANS=(--shape table3 --batch 256 --vocab 8000 --src-len 15 --tgt-len 16 --steps 10 --sentences 4
+           --decode-len 16 --set-sentences 1014 --set-batch 64 --repeats 3)
     COMP=(--batch-sizes 1 32 --variants phm4 lowrank4 --sentences 32 --rounds 3)
     ADAPT=(--sizes 1024x4096 4096x4096 --variants 4:full 4:8 --rows 1 32 256 --repeats 5 --block-ms 20)
 fi

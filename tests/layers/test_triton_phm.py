@@ -209,3 +209,18 @@ def test_one_kernel_reduction_under_a_cuda_graph():
         torch.cuda.synchronize()
         assert torch.equal(out, want)
     assert not any(c.any() for c in triton_phm._COUNTERS.values())
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="a layer of 4096² at the GPU's own plan: too slow for the interpreter")
+@pytest.mark.parametrize("rows", [1, 8, 64])
+@pytest.mark.parametrize("n", [2, 4, 8, 16])
+def test_one_kernel_reduction_at_the_benchmarked_size(n, rows):
+    """d = k = 4096 in bf16 with the default plan (four programs a multiprocessor): the shares and tiles the
+    benchmark times, where many programs of a tile arrive at nearly the same moment."""
+    gen = torch.Generator().manual_seed(n * 100 + rows)
+    x, rule, weight, bias = _inputs(n, 4096, 4096, rows, torch.bfloat16, True, gen)
+    two = triton_phm_linear(x, rule, weight, bias)
+    for _ in range(20):
+        assert torch.equal(triton_phm_linear(x, rule, weight, bias, reduction="one-kernel"), two)
+    assert not any(c.any() for c in triton_phm._COUNTERS.values())
+    assert _relative_error(two, _reference(x, rule, weight, bias)) < TOLERANCE[torch.bfloat16]

@@ -30,6 +30,8 @@ mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 [ "$DEVICE" = cpu ] && export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"
+# carried Multi30k (benchmarks/gpu/README.md) for the CUDA-vs-CPU training curve; ../shared does not travel
+[ -d .gpu/data ] && export HYPERPLEX_DATA="$PWD/.gpu/data"
 SUMMARY="$OUT/summary.md"
 START=$SECONDS
 : >"$SUMMARY"

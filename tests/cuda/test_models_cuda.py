@@ -4,7 +4,8 @@
   against a float64 CPU copy;
 - a converted encoder (the tiny random BERT of tests/conftest.py, and on CUDA the real all-MiniLM-L6-v2 where its
   package or a folder in ``HYPERPLEX_MINILM`` is there): PHM n = 4 and low-rank, outputs against float64;
-- a short training run (the tiny arithmetic translator, 24 steps) on CUDA follows the CPU run's loss curve.
+- a short training run (the tiny arithmetic translator, 24 steps; the Multi30k Transformer, 30 steps) on CUDA follows
+  the CPU run's loss curve.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import torch
 
 from hyperplex.models.transformer import TransformerConfig, TransformerTranslator
 from hyperplex.nn import LinearSpec
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
 VARIANTS = {"phm4": dict(linear=LinearSpec("phm", n=4)),
             "quaternion-hamilton": dict(linear=LinearSpec("quaternion"), attention_type="hamilton")}
@@ -144,5 +147,28 @@ def test_training_on_cuda_follows_the_cpu_loss_curve(cuda_device, tmp_path):
         curves[device] = _losses(folder)
     cpu, gpu = curves["cpu"], curves[cuda_device]
     assert len(cpu) == len(gpu) >= 12
+    worst = max(abs(a - b) / abs(a) for a, b in zip(cpu, gpu))
+    assert worst <= 0.05, f"loss curves differ by up to {worst:.1%}: cpu {cpu} vs cuda {gpu}"
+
+
+def test_multi30k_training_on_cuda_follows_the_cpu_loss_curve(cuda_device, shared_data, tmp_path):
+    """The Multi30k Transformer of configs/multi30k_transformer.yaml (a 2k BPE so the tokenizer trains fast), 30
+    steps of 1,024 tokens, dropout off, same seed: the losses logged every 5 steps on CUDA stay within 5% of the
+    CPU's. On a GPU machine the data comes from ``$HYPERPLEX_DATA`` (``benchmarks/gpu/check.sh`` points it at the
+    carried ``.gpu/data``)."""
+    from hyperplex.train.run import train
+
+    if not os.path.isdir(os.path.join(shared_data, "multi30k_en_de")):
+        pytest.skip(f"no multi30k_en_de in {shared_data}")
+    curves = {}
+    for device in ("cpu", cuda_device):
+        folder = tmp_path / device
+        train(os.path.join(ROOT, "configs", "multi30k_transformer.yaml"), data_root=shared_data, model_dir=str(folder),
+              overrides=[f"--training.device={device}", "--model.dropout=0.0", "--data.vocab_size=2000",
+                         "--training.max_steps=30", "--training.batch_size=1024", "--training.warmup_steps=10",
+                         "--training.validation_every=1000", "--training.log_every=5"])
+        curves[device] = _losses(folder)
+    cpu, gpu = curves["cpu"], curves[cuda_device]
+    assert len(cpu) == len(gpu) == 6
     worst = max(abs(a - b) / abs(a) for a, b in zip(cpu, gpu))
     assert worst <= 0.05, f"loss curves differ by up to {worst:.1%}: cpu {cpu} vs cuda {gpu}"

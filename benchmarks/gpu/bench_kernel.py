@@ -142,13 +142,13 @@ def bench_point(n: int, rows: int, args, ceiling: dict) -> list[dict]:
         for r, s, x in zip(rules, factors, xs):
             phm_linear_structured(x, r, s)
 
-    def fused():
-        for r, s, x, o in zip(rules, factors, xs, outs):
-            triton_phm.triton_phm_linear(x, r, s, out=o)
+    def fused(reduction: str):
+        def stack():
+            for r, s, x, o in zip(rules, factors, xs, outs):
+                triton_phm.triton_phm_linear(x, r, s, out=o, reduction=reduction)
+        return stack
 
-    def fused_one_kernel():
-        for r, s, x, o in zip(rules, factors, xs, outs):
-            triton_phm.triton_phm_linear(x, r, s, out=o, reduction="one-kernel")
+    reductions = {"fused": "two-kernel", "fused-1k": "one-kernel"}
 
     results = []
     with torch.inference_mode():
@@ -156,13 +156,10 @@ def bench_point(n: int, rows: int, args, ceiling: dict) -> list[dict]:
                                        dense_w[0][None]),
                   "structured": check_error(phm_linear_structured(xs[0], rules[0], factors[0]), xs[0], rules[0],
                                             factors[0]),
-                  "fused": check_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0]), xs[0], rules[0],
-                                       factors[0]),
-                  "fused-1k": check_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0],
-                                                                       reduction="one-kernel"),
-                                          xs[0], rules[0], factors[0])}
-        variants = (("dense", dense, dense_depth), ("structured", structured, phm_depth), ("fused", fused, phm_depth),
-                    ("fused-1k", fused_one_kernel, phm_depth))
+                  **{name: check_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0], reduction=how),
+                                       xs[0], rules[0], factors[0]) for name, how in reductions.items()}}
+        variants = (("dense", dense, dense_depth), ("structured", structured, phm_depth),
+                    *((name, fused(how), phm_depth) for name, how in reductions.items()))
         times = {name: timed(fn, device, args) / depth for name, fn, depth in variants}
     for name, _, depth in variants:
         weight_bytes = k * d * size // (1 if name == "dense" else n)

@@ -129,19 +129,7 @@ def train_step(model, args, device):
 
 def decoder(model, args, device):
     """Decoding of ``--sentences`` fixed random sentences ``(1, src_len)`` one at a time (beam ``--beam``)."""
-    g = torch.Generator().manual_seed(2)
-    sentences = [torch.randint(4, args.vocab, (1, args.src_len), generator=g).to(device)
-                 for _ in range(args.sentences)]
-    lengths = torch.full((1,), args.src_len, device=device)
-
-    @torch.inference_mode()
-    def run() -> None:
-        model.eval()
-        with autocast(args, device):
-            for src in sentences:
-                decode(model, src, lengths, beam_size=args.beam, beam_alpha=args.alpha,
-                       max_output_length=args.decode_len)
-    return run
+    return batched_decoder(model, args, device, args.sentences, 1, seed=2)
 
 
 def set_batches(sentences: int, batch: int) -> list[int]:
@@ -151,9 +139,15 @@ def set_batches(sentences: int, batch: int) -> list[int]:
 
 def set_decoder(model, args, device):
     """Decoding of ``--set-sentences`` fixed random sentences ``(B, src_len)``, ``--set-batch`` at a time."""
-    g = torch.Generator().manual_seed(3)
+    return batched_decoder(model, args, device, args.set_sentences, args.set_batch, seed=3)
+
+
+def batched_decoder(model, args, device, sentences: int, batch: int, seed: int):
+    """A function that decodes ``sentences`` fixed random sentences of ``--src-len`` tokens, ``batch`` at a time,
+    with the library's search for ``--decode-len`` steps."""
+    g = torch.Generator().manual_seed(seed)
     batches = [torch.randint(4, args.vocab, (size, args.src_len), generator=g).to(device)
-               for size in set_batches(args.set_sentences, args.set_batch)]
+               for size in set_batches(sentences, batch)]
     lengths = [torch.full((src.shape[0],), args.src_len, device=device) for src in batches]
 
     @torch.inference_mode()

@@ -38,6 +38,10 @@ INTEGRATION_MODULES = {
 INTEGRATION_TESTS = {
     "tests/layers/test_phm.py::test_torch_compile_fullgraph",  # inductor compiles C++ in worker processes
     "tests/scoring/test_plan_metrics.py::test_bench_compress_counts_match_the_models",  # a process per model
+    # converge.sh in a child (bash, then Python for its checks and collect.py)
+    "tests/experiments/test_gpu_converge.py::test_converge_refuses_bad_arguments_before_training",
+    "tests/experiments/test_gpu_converge.py::test_converge_trains_no_model_that_is_already_recorded",
+    "tests/experiments/test_gpu_converge.py::test_converge_does_not_train_again_a_model_finished_in_an_earlier_call_but_reports_it",
 }
 #: Folders whose tests are all integration tests, less :data:`FAST_IN_INTEGRATION_FOLDERS`.
 INTEGRATION_FOLDERS = ("tests/benchmarks/",)  # they run the benchmark scripts (worker processes, real models)

@@ -1,29 +1,51 @@
 #!/usr/bin/env bash
-# One device call: versions, the CUDA correctness tier, the fused-kernel benchmark and the GPU speed grid.
+# One device call: versions, the fused-kernel benchmark, the GPU speed grid and the CUDA correctness tier; with
+# --converge, convergence training of a plan's models beside the tests.
 #
 #   bash benchmarks/gpu/check.sh [--device cuda|cpu] [--quick]
+#                                [--converge PLAN --models "ROW:SEED ..." [--deadline-s 540]]
 #
 # Run from the repository root. Each step has its own time budget (`timeout`) and one failing step does not stop
 # the rest; every result goes under $OUT (a temporary folder when $OUT is unset), at most 8 files, flat; the
-# summary table is printed last. The budgets add up to under 8 minutes. `--device cpu --quick` with
-# TRITON_INTERPRET=1 is the dry run on a machine without a GPU. See benchmarks/gpu/README.md.
+# summary table is printed last. The speed steps run first, alone on the card; then the tests, and with --converge
+# experiments/gpu/converge.sh trains the models beside them until --deadline-s seconds after the start (less a
+# margin to pack its records), with HYPERPLEX_TRITON=0 so that no record depends on a kernel that this same call is
+# still testing. The budgets add up to under 8 minutes. `--device cpu --quick` with TRITON_INTERPRET=1 is the dry
+# run on a machine without a GPU. See benchmarks/gpu/README.md.
 set -u
 
 DEVICE=cuda
 QUICK=0
+CONVERGE=""
+MODELS=""
+DEADLINE=540
 while [ $# -gt 0 ]; do
     case "$1" in
         --device) DEVICE="${2:-}"; shift 2 ;;
         --device=*) DEVICE="${1#--device=}"; shift ;;
         --quick) QUICK=1; shift ;;
-        -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
-        *) echo "check.sh: unknown option '$1' (expected --device cuda|cpu, --quick)" >&2; exit 2 ;;
+        --converge) CONVERGE="${2:-}"; shift 2 ;;
+        --models) MODELS="${2:-}"; shift 2 ;;
+        --deadline-s) DEADLINE="${2:-}"; shift 2 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        *) echo "check.sh: unknown option '$1' (expected --device cuda|cpu, --quick, --converge PLAN --models" \
+                "'ROW:SEED ...', --deadline-s S)" >&2; exit 2 ;;
     esac
 done
 case "$DEVICE" in cuda|cpu) ;; *) echo "check.sh: --device must be cuda or cpu, got '$DEVICE'" >&2; exit 2 ;; esac
 if [ ! -f src/hyperplex/layers/triton_phm.py ]; then
     echo "check.sh: run from the repository root (src/hyperplex/layers/triton_phm.py not found)" >&2; exit 2
 fi
+# --converge's arguments are checked before anything runs: a mistake found after the speed steps costs device time
+if [ -n "$CONVERGE$MODELS" ]; then
+    [ -f "$CONVERGE" ] || { echo "check.sh: --converge: no such plan file '$CONVERGE'" >&2; exit 2; }
+    [ -n "$MODELS" ] || { echo "check.sh: --converge needs --models 'ROW:SEED ...'" >&2; exit 2; }
+    [ -d .gpu/data ] || { echo "check.sh: --converge reads its data from .gpu/data (copy the plan's data" \
+                               "folders there and carry .gpu); there is no such folder" >&2; exit 2; }
+fi
+case "$DEADLINE" in
+    ''|*[!0-9]*) echo "check.sh: --deadline-s must be a whole number of seconds, got '$DEADLINE'" >&2; exit 2 ;;
+esac
 
 OUT="${OUT:-$(mktemp -d /tmp/hyperplex-gpu.XXXXXX)}"
 mkdir -p "$OUT"
@@ -105,9 +127,12 @@ step() {
         *) status="FAILED (exit $rc)" ;;
     esac
     tail -n 25 "$OUT/$log"
-    local last  # pytest's count line, else the last non-empty line of the output
-    last=$(grep -E "[0-9]+ (passed|failed)|error" "$OUT/$log" | tail -n 1)
-    [ -n "$last" ] || last=$(grep -v '^[[:space:]]*$' "$OUT/$log" | tail -n 1)
+    # pytest's count line, else a Python exception's last line, else the last non-empty line that is not a
+    # library's warning (torch's "W1127 ..." log lines, "...Warning:" lines)
+    local last
+    last=$(grep -E "[0-9]+ (passed|failed)" "$OUT/$log" | tail -n 1)
+    [ -n "$last" ] || last=$(grep -E "^[A-Za-z_.]*(Error|Exception)(:|$)" "$OUT/$log" | tail -n 1)
+    [ -n "$last" ] || last=$(grep -vE '^[[:space:]]*$|^[WIE][0-9]{4} |Warning:|^Failed to load' "$OUT/$log" | tail -n 1)
     last=$(printf '%s' "$last" | tr '|' '/' | cut -c1-90)
     STEPS+=("| $name | $status | $((SECONDS - t0)) s | $log | ${last:-} |")
 }
@@ -135,8 +160,6 @@ else
     ADAPT=(--sizes 1024x4096 4096x4096 --variants 4:full 4:8 --rows 1 32 256 --repeats 5 --block-ms 20)
 fi
 
-# -m last on the line: it replaces any -m in pyproject's addopts, so a tier that deselects `cuda` there cannot hide these.
-step tests "$B_TEST" tests.log "$PY" -m pytest -q -p no:cacheprovider -ra -m "not slow" "${TESTS[@]}"
 step kernel "$B_KERNEL" kernel.log "$PY" benchmarks/gpu/bench_kernel.py --device "$DEVICE" --json "$OUT/kernel.json" \
     ${KERNEL[@]+"${KERNEL[@]}"}
 step bench_phm "$B_PHM" phm.log "$PY" benchmarks/bench_phm.py --device "$DEVICE" ${PHM[@]+"${PHM[@]}"}
@@ -148,6 +171,37 @@ else
     STEPS+=("| bench_compress | not run: no MiniLM (carry .gpu/minilm) | 0 s | - | |")
 fi
 step bench_adapters "$B_ADAPT" adapters.log "$PY" benchmarks/bench_adapters.py --device "$DEVICE" ${ADAPT[@]+"${ADAPT[@]}"}
+
+# ---------------------------------------------------------------- the tests, and convergence training beside them
+CONVERGE_PID=""
+if [ -n "$CONVERGE" ]; then
+    # the trainers stop at their budget with a resumable checkpoint; 45 s are left for that and for packing
+    C_BUDGET=$((DEADLINE - (SECONDS - START) - 45))
+    if [ "$C_BUDGET" -ge 60 ]; then
+        echo; echo "== converge (budget ${C_BUDGET}s, beside the tests): $CONVERGE $MODELS"
+        C_START=$SECONDS
+        OUT="$OUT" HYPERPLEX_PYTHON="$PY" HYPERPLEX_TRITON=0 bash experiments/gpu/converge.sh --plan "$CONVERGE" \
+            --models "$MODELS" --budget-s "$C_BUDGET" --data .gpu/data --device "$DEVICE" >"$OUT/converge.log" 2>&1 &
+        CONVERGE_PID=$!
+    else
+        STEPS+=("| converge | not run: ${C_BUDGET} s left before --deadline-s $DEADLINE | 0 s | - | |")
+    fi
+fi
+if [ -n "$CONVERGE" ]; then
+    LEFT=$((DEADLINE - (SECONDS - START) - 15))
+    [ "$LEFT" -lt "$B_TEST" ] && B_TEST=$(( LEFT > 30 ? LEFT : 30 ))
+fi
+# -m last on the line: it replaces any -m in pyproject's addopts, so a tier that deselects `cuda` there cannot hide these.
+step tests "$B_TEST" tests.log "$PY" -m pytest -q -p no:cacheprovider -ra -m "not slow" "${TESTS[@]}"
+if [ -n "$CONVERGE_PID" ]; then
+    wait "$CONVERGE_PID"
+    rc=$?
+    tail -n 25 "$OUT/converge.log"
+    # the models this call trained, one line each in converge-summary.txt (those recorded in the repository are not)
+    done_=$(grep -cE $'^[^#\t]+:[0-9]+\tfinished\t' "$OUT/converge-summary.txt" 2>/dev/null)
+    all_=$(grep -cE $'^[^#\t]+:[0-9]+\t' "$OUT/converge-summary.txt" 2>/dev/null)
+    STEPS+=("| converge | $([ $rc = 0 ] && echo ok || echo "FAILED (exit $rc)") | $((SECONDS - C_START)) s | converge.log | ${done_:-0} of ${all_:-0} model(s) finished |")
+fi
 
 # ---------------------------------------------------------------- summary, last
 {
@@ -179,3 +233,17 @@ for (n, rw, v), r in rows.items():
 EOF
     fi
 } | tee -a "$SUMMARY"
+if [ -n "$CONVERGE" ]; then
+    if [ -f "$OUT/converge-summary.txt" ]; then
+        { echo; echo "converge ($CONVERGE):"; cat "$OUT/converge-summary.txt"; } | tee -a "$SUMMARY"
+    fi
+    # converge.sh returns up to four files of its own; the step logs go into one archive to stay within the eight
+    # files a call brings back
+    logs=()
+    for f in tests.log kernel.log phm.log transformer.log compress.log adapters.log converge.log; do
+        [ -f "$OUT/$f" ] && logs+=("$f")
+    done
+    if [ ${#logs[@]} -gt 0 ] && tar -czf "$OUT/check-logs.tar.gz" -C "$OUT" "${logs[@]}"; then
+        (cd "$OUT" && rm -f "${logs[@]}")
+    fi
+fi

@@ -90,14 +90,21 @@ def main(argv: list[str] | None = None) -> int:
         members = [run / name for run in unfinished for name in RESUME_FILES if (run / name).is_file()]
         members += [p for run in unfinished for p in run.iterdir() if p.name.startswith(("src", "tgt", "vocab"))]
         resume = args.out / f"resume-{args.plan_name}.tar.gz"
-        _pack(resume, runs, members)
-        if resume.stat().st_size > RETURN_LIMIT:
-            resume.unlink()
-            lines.append(f"# {len(unfinished)} unfinished model(s): their resumable state is over the 16 MiB a "
-                         "returned file may have, so they restart from the beginning in the next call")
-        else:
+        resume.unlink(missing_ok=True)  # a file left from an earlier call into the same --out does not hold these
+        # float32 weights and moments compress by a few percent at most: twice the limit cannot fit, so the
+        # minutes of gzip are not spent on them
+        if sum(p.stat().st_size for p in members) <= 2 * RETURN_LIMIT:
+            _pack(resume, runs, members)
+            if resume.stat().st_size > RETURN_LIMIT:
+                resume.unlink()
+        if resume.is_file():
             lines.append(f"# resume-{args.plan_name}.tar.gz holds {len(unfinished)} unfinished model(s): carry it "
                          "back as .gpu_resume/ to resume them")
+        else:
+            lines.append(f"# {len(unfinished)} unfinished model(s): their resumable state is over the 16 MiB a "
+                         f"returned file may have; it stays in {args.work} on this machine, where the same "
+                         "converge.sh command, made again before the machine is given back, resumes them; "
+                         "elsewhere they restart from the beginning")
     text = "\n".join(lines) + "\n"
     (args.out / "converge-summary.txt").write_text(text)
     print(text, end="")

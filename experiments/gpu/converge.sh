@@ -3,7 +3,7 @@
 #
 #   bash experiments/gpu/converge.sh --plan experiments/multi30k_converged.yaml \
 #        --models "small_transformer:1 small_phm4:1 small_lowrank4:1" [--budget-s 480] \
-#        [--data .gpu_data] [--device cuda] [--work /tmp/hyperplex-converge]
+#        [--data .gpu/data] [--device cuda] [--work .gpu_work]
 #
 # Small models leave most of a GPU idle, so each model is its own `hyperplex experiment` process
 # (--rows ROW --seeds SEED --resume --evaluate-each --records ...), all started at once. Each gets
@@ -17,13 +17,16 @@
 #   resume-PLAN.tar.gz     the unfinished models' folders (last checkpoint, tokenizer, logs), only while it
 #                          stays under the 16 MiB a returned file may have; carry it back as
 #                          .gpu_resume/resume-PLAN.tar.gz and the next call resumes those models. A small
-#                          model's resumable state (weights + Adam moments) is larger than that, so size
-#                          --models and --budget-s for models to finish in one call.
-# The data travels with the call: copy the plan's data folders into .gpu_data/ (git-ignored) and carry it.
+#                          model's resumable state (weights + Adam moments) is larger than that: such a
+#                          model resumes only on the same machine, from --work.
+# --work (default .gpu_work, git-ignored, in the repository root) holds the runs and records. The device machine
+# keeps it between calls while it stays warm, so a second call with the same --models, made at once, resumes the
+# unfinished models and does not train the finished ones again (their records are packed again).
+# The data travels with the call: copy the plan's data folders into .gpu/data/ (git-ignored) and carry .gpu.
 # Dry run on the CPU:  bash experiments/gpu/converge.sh --device cpu --budget-s 60 --models "small_phm4:1" ...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-plan=""; models=""; budget=480; data=".gpu_data"; device="cuda"; work="/tmp/hyperplex-converge"
+plan=""; models=""; budget=480; data=".gpu/data"; device="cuda"; work=".gpu_work"
 while [[ $# -gt 0 ]]; do
     case $1 in
         --plan) plan=$2; shift 2 ;;
@@ -32,7 +35,7 @@ while [[ $# -gt 0 ]]; do
         --data) data=$2; shift 2 ;;
         --device) device=$2; shift 2 ;;
         --work) work=$2; shift 2 ;;
-        -h|--help) sed -n 2,25p "$0"; exit 0 ;;
+        -h|--help) sed -n 2,28p "$0"; exit 0 ;;
         *) echo "converge.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -44,29 +47,39 @@ python=${HYPERPLEX_PYTHON:-python3}
 out=${OUT:-/tmp/hyperplex-converge-out}
 plan_name=$(basename "$plan" .yaml)
 mkdir -p "$work/logs" "$out"
-export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 HYPERPLEX_DATA="$PWD/$data"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HYPERPLEX_DATA="$(cd "$data" && pwd)"
 if [[ $device == cuda ]] && ! "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "converge.sh: --device cuda but torch sees no GPU here (use --device cpu for a dry run)" >&2; exit 2
 fi
 for m in $models; do
     [[ $m =~ ^[A-Za-z0-9_.+-]+:[0-9]+$ ]] || { echo "converge.sh: '$m' is not ROW:SEED" >&2; exit 2; }
 done
-# a model whose record is already in the repository (trained on a CPU lane or an earlier GPU call) is not trained
-# again, and a model named twice trains once: device time is the scarce thing
-todo=""
+# a model whose record is already in the repository (trained on a CPU lane or an earlier GPU session) is left out;
+# one finished by an earlier call into the same --work is not trained again but stays in the summary and the packed
+# records; a model named twice trains once: device time is the scarce thing
+named=""; todo=""
 for m in $models; do
     row=${m%%:*}; seed=${m##*:}
     if [[ -f experiments/records/$plan_name/$row/seed$seed/record.json ]]; then
         echo "converge.sh: $m is already recorded in experiments/records/$plan_name/$row/seed$seed: skipped"
-    elif [[ " $todo " != *" $m "* ]]; then
-        todo="$todo $m"
+    elif [[ " $named " != *" $m "* ]]; then
+        named="$named $m"
+        if [[ -f $work/records/$plan_name/$row/seed$seed/record.json ]]; then
+            echo "converge.sh: $m finished in an earlier call into $work: not trained again"
+        else
+            todo="$todo $m"
+        fi
     fi
 done
-models=${todo# }
-[[ -n $models ]] || { echo "converge.sh: every model named is already recorded; nothing to train"; exit 0; }
+named=${named# }; models=${todo# }
+[[ -n $named ]] || { echo "converge.sh: every model named is already recorded; nothing to train"; exit 0; }
+collect() {
+    "$python" experiments/gpu/collect.py --plan-name "$plan_name" --work "$work" --out "$out" --device "$device" $named
+}
+[[ -n $models ]] || { echo "converge.sh: every model named finished in an earlier call into $work"; collect; exit; }
 # every model of the call is validated against the plan before anything trains
 rows=$(for m in $models; do echo "${m%%:*}"; done | sort -u | paste -sd,)
-"$python" -m hyperplex experiment "$plan" --rows "$rows" --dry-run --out "$work/runs/$plan_name" > "$work/logs/validate.log" 2>&1 \
+"$python" -m hyperplex experiment "$plan" --rows "$rows" --dry-run --resume --out "$work/runs/$plan_name" > "$work/logs/validate.log" 2>&1 \
     || { cat "$work/logs/validate.log" >&2; echo "converge.sh: the plan does not validate" >&2; exit 2; }
 if [[ -f .gpu_resume/resume-$plan_name.tar.gz ]]; then
     mkdir -p "$work/runs/$plan_name" && tar -xzf ".gpu_resume/resume-$plan_name.tar.gz" -C "$work/runs/$plan_name"
@@ -80,9 +93,9 @@ for m in $models; do
     timeout -s TERM -k 60 "$budget" "$python" -m hyperplex experiment "$plan" --rows "$row" --seeds "$seed" \
         --resume --evaluate-each --no-report --records "$work/records/$plan_name" --out "$work/runs/$plan_name" \
         --override=--training.device="$device" --override=--training.num_threads="$threads" \
-        > "$work/logs/$row-seed$seed.log" 2>&1 &
+        >> "$work/logs/$row-seed$seed.log" 2>&1 &
     pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
 echo "converge.sh: all processes ended after $(( $(date +%s) - start )) s"
-"$python" experiments/gpu/collect.py --plan-name "$plan_name" --work "$work" --out "$out" --device "$device" $models
+collect

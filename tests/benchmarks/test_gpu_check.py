@@ -1,0 +1,27 @@
+"""benchmarks/gpu/check.sh refuses bad options before it runs anything: a mistake found after the speed steps would
+cost device time."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--device", "tpu"), "--device must be cuda or cpu, got 'tpu'"),
+    (("--converge", "experiments/nope.yaml", "--models", "small_phm4:1"), "--converge: no such plan file"),
+    (("--converge", "experiments/multi30k_converged.yaml"), "--converge needs --models"),
+    (("--models", "small_phm4:1"), "--converge: no such plan file ''"),
+    (("--deadline-s", "soon"), "--deadline-s must be a whole number of seconds, got 'soon'"),
+    (("--frobnicate",), "unknown option '--frobnicate'"),
+])
+def test_check_refuses_bad_options_before_running_a_step(tmp_path, args, message):
+    result = subprocess.run(["bash", "benchmarks/gpu/check.sh", *args], cwd=ROOT, capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")}, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not (tmp_path / "out").exists()

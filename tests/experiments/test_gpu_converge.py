@@ -1,0 +1,143 @@
+"""experiments/gpu/: converge.sh's checks and its skipping of finished models, and collect.py's summary and packing.
+
+The training itself is the plan runner's (tested in this folder); here, what decides which models a device call
+trains, what it reports and what it brings back within the call's limits.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONVERGE = ROOT / "experiments" / "gpu" / "converge.sh"
+PLAN = "experiments/multi30k_converged.yaml"
+
+
+def _collect_module():
+    spec = importlib.util.spec_from_file_location("gpu_collect", ROOT / "experiments" / "gpu" / "collect.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _metrics(folder: Path, rows: list[tuple[int, str, str, float]]) -> None:
+    lines = ["step,split,name,value"] + [f"{step},{split},{name},{value}" for step, split, name, value in rows]
+    (folder / "metrics.csv").write_text("\n".join(lines) + "\n")
+
+
+def _work(tmp_path: Path, state_bytes: int = 1000) -> Path:
+    """A --work folder after a call: small_phm4:1 finished, small_phm8:1 stopped with a checkpoint, small_phm2:1
+    failed before its first checkpoint."""
+    work = tmp_path / "work"
+    record = work / "records" / "plan" / "small_phm4" / "seed1"
+    record.mkdir(parents=True)
+    (record / "record.json").write_text("{}")
+    (record / "experiment.json").write_text('{"segments": [{"seconds": 100.5}, {"seconds": 20}]}')
+    _metrics(record, [(250, "dev", "bleu", 20.0), (500, "dev", "bleu", 31.25), (750, "dev", "bleu", 30.0),
+                      (750, "train", "loss", 2.0)])
+    run = work / "runs" / "plan" / "small_phm8" / "seed1"
+    run.mkdir(parents=True)
+    (run / "last.safetensors").write_bytes(b"\0" * state_bytes)
+    (run / "config.yaml").write_text("model: {}\n")
+    (run / "src.model").write_text("tokenizer")
+    (run / "best.safetensors").write_bytes(b"\0" * 10)  # not part of what resumes a run
+    _metrics(run, [(250, "dev", "bleu", 12.5), (300, "train", "loss", 3.0)])
+    (work / "runs" / "plan" / "small_phm2" / "seed1").mkdir(parents=True)
+    (work / "logs").mkdir()
+    (work / "logs" / "small_phm4-seed1.log").write_text("trained\n")
+    return work
+
+
+def _run_collect(work: Path, out: Path, monkeypatch, limit: int | None = None) -> str:
+    collect = _collect_module()
+    if limit is not None:
+        monkeypatch.setattr(collect, "RETURN_LIMIT", limit)
+    assert collect.main(["--plan-name", "plan", "--work", str(work), "--out", str(out), "--device", "cpu",
+                         "small_phm4:1", "small_phm8:1", "small_phm2:1"]) == 0
+    return (out / "converge-summary.txt").read_text()
+
+
+def test_collect_reports_each_model_and_packs_the_records_and_a_small_resumable_state(tmp_path, monkeypatch):
+    work, out = _work(tmp_path), tmp_path / "out"
+    summary = _run_collect(work, out, monkeypatch)
+    lines = summary.splitlines()
+    assert lines[0].startswith("# device cpu; driver -; torch ")
+    assert lines[2:5] == ["small_phm4:1\tfinished\t750\t31.25\t120", "small_phm8:1\tunfinished\t300\t12.50\t0",
+                          "small_phm2:1\tfailed\t0\t-\t0"]
+    assert "resume-plan.tar.gz holds 1 unfinished model(s)" in lines[5]
+    with tarfile.open(out / "records-plan.tar.gz") as tar:
+        assert "plan/small_phm4/seed1/record.json" in tar.getnames()
+    with tarfile.open(out / "resume-plan.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"small_phm8/seed1/last.safetensors", "small_phm8/seed1/config.yaml", "small_phm8/seed1/src.model"} <= names
+    assert "small_phm8/seed1/best.safetensors" not in names
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        assert tar.getnames() == ["logs", "logs/small_phm4-seed1.log"]
+
+
+@pytest.mark.parametrize("state_bytes", [3000, 50_000])  # over the limit once packed; more than twice the limit
+def test_collect_brings_back_no_resumable_state_over_the_return_limit(tmp_path, monkeypatch, state_bytes):
+    work, out = _work(tmp_path, state_bytes), tmp_path / "out"
+    out.mkdir()
+    (out / "resume-plan.tar.gz").write_bytes(b"left by an earlier call")
+    # random bytes do not compress: 3,000 of them are packed (under twice the limit) and found too big; 50,000
+    # are not packed at all
+    (work / "runs" / "plan" / "small_phm8" / "seed1" / "last.safetensors").write_bytes(os.urandom(state_bytes))
+    summary = _run_collect(work, out, monkeypatch, limit=2000)
+    assert not (out / "resume-plan.tar.gz").exists()
+    assert "over the 16 MiB a returned file may have; it stays in" in summary
+    assert "converge.sh command, made again before the machine is given back, resumes them" in summary
+
+
+def _converge(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HYPERPLEX_PYTHON": sys.executable}
+    return subprocess.run(["bash", str(CONVERGE), "--data", str(data), "--work", str(tmp_path / "work"),
+                           "--device", "cpu", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--plan", "experiments/nope.yaml", "--models", "small_phm4:1"), "--plan: no such file"),
+    (("--plan", PLAN), "--models 'ROW:SEED ...' is required"),
+    (("--plan", PLAN, "--models", "small_phm4"), "'small_phm4' is not ROW:SEED"),
+    (("--plan", PLAN, "--models", "small_phm4:1", "--budget-s", "10"), "--budget-s must be a whole number"),
+    (("--plan", PLAN, "--models", "small_phm4:1", "--frobnicate"), "unknown option '--frobnicate'"),
+])
+def test_converge_refuses_bad_arguments_before_training(tmp_path, args, message):
+    result = _converge(tmp_path, *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not (tmp_path / "work" / "runs").exists()
+
+
+def test_converge_trains_no_model_that_is_already_recorded(tmp_path):
+    recorded = sorted(p.parent.parent.name + ":" + p.parent.name.removeprefix("seed")
+                      for p in (ROOT / "experiments" / "records" / "multi30k_converged").glob("*/seed*/record.json"))
+    if not recorded:
+        pytest.skip("no model of the plan is recorded in this clone")
+    result = _converge(tmp_path, "--plan", PLAN, "--models", f"{recorded[0]} {recorded[0]}")
+    assert result.returncode == 0, result.stderr
+    assert f"{recorded[0]} is already recorded" in result.stdout
+    assert "nothing to train" in result.stdout
+    assert not (tmp_path / "work" / "runs").exists()
+
+
+def test_converge_does_not_train_again_a_model_finished_in_an_earlier_call_but_reports_it(tmp_path):
+    record = tmp_path / "work" / "records" / "multi30k_converged" / "small_phm16" / "seed7"
+    record.mkdir(parents=True)
+    (record / "record.json").write_text("{}")
+    _metrics(record, [(500, "dev", "bleu", 21.5)])
+    result = _converge(tmp_path, "--plan", PLAN, "--models", "small_phm16:7")
+    assert result.returncode == 0, result.stderr
+    assert "small_phm16:7 finished in an earlier call" in result.stdout
+    assert "small_phm16:7\tfinished\t500\t21.50\t0" in (tmp_path / "out" / "converge-summary.txt").read_text()
+    with tarfile.open(tmp_path / "out" / "records-multi30k_converged.tar.gz") as tar:
+        assert "multi30k_converged/small_phm16/seed7/record.json" in tar.getnames()

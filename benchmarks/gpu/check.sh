@@ -9,9 +9,9 @@
 # the rest; every result goes under $OUT (a temporary folder when $OUT is unset), at most 8 files, flat; the
 # summary table is printed last. The speed steps run first, alone on the card; then the tests, and with --converge
 # experiments/gpu/converge.sh trains the models beside them until --deadline-s seconds after the start (less a
-# margin to pack its records), with HYPERPLEX_TRITON=0 so that no record depends on a kernel that this same call is
-# still testing. The budgets add up to under 8 minutes. `--device cpu --quick` with TRITON_INTERPRET=1 is the dry
-# run on a machine without a GPU. See benchmarks/gpu/README.md.
+# margin to pack its records); converge.sh keeps the Triton kernel off (HYPERPLEX_TRITON=0) unless told otherwise.
+# The budgets add up to under 8 minutes. `--device cpu --quick` with TRITON_INTERPRET=1 is the dry run on a
+# machine without a GPU. See benchmarks/gpu/README.md.
 set -u
 
 DEVICE=cuda
@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
         --converge) CONVERGE="${2:-}"; shift 2 ;;
         --models) MODELS="${2:-}"; shift 2 ;;
         --deadline-s) DEADLINE="${2:-}"; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) echo "check.sh: unknown option '$1' (expected --device cuda|cpu, --quick, --converge PLAN --models" \
                 "'ROW:SEED ...', --deadline-s S)" >&2; exit 2 ;;
     esac
@@ -148,7 +148,8 @@ if [ $QUICK = 1 ]; then
 else
     B_TEST=200; B_KERNEL=70; B_PHM=45; B_TRANS=80; B_COMP=50; B_ADAPT=30
     # the slowest (model conversions, a training run) last, so that a timeout costs the fewest results
-    TESTS=(tests/layers/test_triton_phm.py tests/cuda/test_phm_paths.py tests/cuda/test_models_cuda.py --durations=10)
+    TESTS=(tests/layers/test_triton_phm.py tests/cuda/test_phm_paths.py tests/cuda/test_train_cuda.py
+           tests/cuda/test_models_cuda.py --durations=10)
     KERNEL=()
     # warm only: a 4096² float32 weight (64 MiB) already exceeds the card's L2, so every call reads it from memory
     PHM=(--sizes 1024 4096 --ns 4 16 --rows 1 64 1024 --mode warm --repeats 5 --budget-s 1)
@@ -180,7 +181,7 @@ if [ -n "$CONVERGE" ]; then
     if [ "$C_BUDGET" -ge 60 ]; then
         echo; echo "== converge (budget ${C_BUDGET}s, beside the tests): $CONVERGE $MODELS"
         C_START=$SECONDS
-        OUT="$OUT" HYPERPLEX_PYTHON="$PY" HYPERPLEX_TRITON=0 bash experiments/gpu/converge.sh --plan "$CONVERGE" \
+        OUT="$OUT" HYPERPLEX_PYTHON="$PY" bash experiments/gpu/converge.sh --plan "$CONVERGE" \
             --models "$MODELS" --budget-s "$C_BUDGET" --data .gpu/data --device "$DEVICE" >"$OUT/converge.log" 2>&1 &
         CONVERGE_PID=$!
     else

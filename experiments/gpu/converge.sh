@@ -86,11 +86,16 @@ if [[ -f .gpu_resume/resume-$plan_name.tar.gz ]]; then
     echo "converge.sh: resuming the models in .gpu_resume/resume-$plan_name.tar.gz"
 fi
 threads=$(( $(nproc) / $(wc -w <<< "$models") )); (( threads < 1 )) && threads=1
+# --foreground: timeout signals the trainer alone, once; without it a second SIGTERM, to timeout's process group,
+# can reach the trainer while it saves and make it stop at once without its checkpoint. HYPERPLEX_TRITON=0 unless
+# set: validation decoding then takes PyTorch's paths, so a model's run does not depend on the Triton kernel
+# compiling on the machine (its own check is benchmarks/gpu/check.sh).
+export HYPERPLEX_TRITON="${HYPERPLEX_TRITON:-0}"
 start=$(date +%s)
 pids=()
 for m in $models; do
     row=${m%%:*}; seed=${m##*:}
-    timeout -s TERM -k 60 "$budget" "$python" -m hyperplex experiment "$plan" --rows "$row" --seeds "$seed" \
+    timeout --foreground -s TERM -k 60 "$budget" "$python" -m hyperplex experiment "$plan" --rows "$row" --seeds "$seed" \
         --resume --evaluate-each --no-report --records "$work/records/$plan_name" --out "$work/runs/$plan_name" \
         --override=--training.device="$device" --override=--training.num_threads="$threads" \
         >> "$work/logs/$row-seed$seed.log" 2>&1 &

@@ -126,7 +126,10 @@ def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str |
     stored = info["extra"].get("config")
     if source == str(model_dir / "config.yaml") and isinstance(stored, dict):
         _check_model_section(cfg, source, path, stored)
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.training.device != "cpu" else "cpu")
+    wanted = cfg.training.device  # the GPU it names (cuda:N), else the first; the CPU where there is none
+    device = torch.device("cpu")
+    if torch.cuda.is_available() and wanted != "cpu":
+        device = torch.device(wanted if wanted.startswith("cuda") else "cuda")
     model.to(device).eval()
     return cfg, task, inference_form(cfg, model)
 

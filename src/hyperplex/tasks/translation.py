@@ -207,6 +207,7 @@ class TranslationTask(Task):
         return (f"validation BLEU/chrF decode {how} (testing.validation_beam_size={te.validation_beam_size}); "
                 f"hyperplex evaluate decodes with testing.beam_size={te.beam_size}, alpha {te.beam_alpha}")
 
+    @torch.no_grad()  # also when called outside the trainer (the final evaluation of the best checkpoint)
     def validate(self, model: nn.Module, beam_size: int | None = None, progress: bool = False) -> dict[str, float]:
         """Metrics on ``dev_set``, decoded with ``beam_size`` (``None``: ``testing.validation_beam_size``, what
         training uses; ``hyperplex evaluate`` passes ``testing.beam_size``); ``progress`` shows a bar on

@@ -245,7 +245,9 @@ class Trainer:
         """``last``'s parameters, optimiser state and every RNG into this run; its trainer state returned.
         Changed budget keys are logged and written into the folder's ``config.yaml``."""
         log = self.log
-        ckpt = load_checkpoint(self.model_dir / LAST, map_location=self.device)
+        # on the CPU: the weights and moments are copied onto the parameters' device below, while Adam's step
+        # counters stay where they are read, and on CUDA they would cost a host sync per parameter per step
+        ckpt = load_checkpoint(self.model_dir / LAST, map_location="cpu")
         notes = self._resume_notes(ckpt.extra.get("written_by"))
         try:
             load_into(model, ckpt.model_state, self.model_dir / LAST, expected_from="the saved config.yaml")
@@ -525,7 +527,8 @@ class Trainer:
             if error is None:
                 self._record_validation(model, optimizer, state, manager, metrics, values)
         if self.world > 1:  # every rank learns whether to stop, and whether rank 0 hit an error
-            flag = torch.tensor([float(state.finished), float(error is not None)])
+            flag = torch.tensor([float(state.finished), float(error is not None)],  # NCCL takes CUDA tensors only
+                                device=self.device if self.device.type == "cuda" else "cpu")
             dist.broadcast(flag, src=0)
             state.finished = bool(flag[0].item())
             if flag[1].item() and error is None:

@@ -182,7 +182,8 @@ if [ -n "$CONVERGE" ]; then
         echo; echo "== converge (budget ${C_BUDGET}s, beside the tests): $CONVERGE $MODELS"
         C_START=$SECONDS
         OUT="$OUT" HYPERPLEX_PYTHON="$PY" bash experiments/gpu/converge.sh --plan "$CONVERGE" \
-            --models "$MODELS" --budget-s "$C_BUDGET" --data .gpu/data --device "$DEVICE" >"$OUT/converge.log" 2>&1 &
+            --models "$MODELS" --budget-s "$C_BUDGET" --data .gpu/data --device "$DEVICE" \
+            --cpus $(( $(nproc) > 4 ? $(nproc) - 2 : 1 )) >"$OUT/converge.log" 2>&1 &  # the tests take 2 threads
         CONVERGE_PID=$!
     else
         STEPS+=("| converge | not run: ${C_BUDGET} s left before --deadline-s $DEADLINE | 0 s | - | |")

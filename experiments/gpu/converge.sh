@@ -3,12 +3,12 @@
 #
 #   bash experiments/gpu/converge.sh --plan experiments/multi30k_converged.yaml \
 #        --models "small_transformer:1 small_phm4:1 small_lowrank4:1" [--budget-s 480] \
-#        [--data .gpu/data] [--device cuda] [--work .gpu_work]
+#        [--data .gpu/data] [--device cuda] [--work .gpu_work] [--cpus N]
 #
 # Small models leave most of a GPU idle, so each model is its own `hyperplex experiment` process
-# (--rows ROW --seeds SEED --resume --evaluate-each --records ...), all started at once. Each gets
-# `timeout -s TERM` at the budget: the trainer saves a resumable last checkpoint on SIGTERM, so a model
-# that does not finish in time is checkpointed, not lost. At the end, under $OUT (at most 5 files):
+# (--rows ROW --seeds SEED --resume --evaluate-each --records ...), all started at once, sharing --cpus cores
+# (default: all) as torch threads. Each gets `timeout -s TERM` at the budget: the trainer saves a resumable
+# last checkpoint on SIGTERM, so a model that does not finish in time is checkpointed, not lost. At the end, under $OUT (at most 5 files):
 #   converge-summary.txt   one line per model: finished / unfinished / failed, steps, best validation BLEU,
 #                          wall seconds; the device, driver and torch version in its header
 #   records-PLAN.tar.gz    the records of every finished model (experiments/records/PLAN/ROW/seedK:
@@ -26,7 +26,7 @@
 # Dry run on the CPU:  bash experiments/gpu/converge.sh --device cpu --budget-s 60 --models "small_phm4:1" ...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-plan=""; models=""; budget=480; data=".gpu/data"; device="cuda"; work=".gpu_work"
+plan=""; models=""; budget=480; data=".gpu/data"; device="cuda"; work=".gpu_work"; cpus=$(nproc)
 while [[ $# -gt 0 ]]; do
     case $1 in
         --plan) plan=$2; shift 2 ;;
@@ -35,13 +35,15 @@ while [[ $# -gt 0 ]]; do
         --data) data=$2; shift 2 ;;
         --device) device=$2; shift 2 ;;
         --work) work=$2; shift 2 ;;
-        -h|--help) sed -n 2,28p "$0"; exit 0 ;;
+        --cpus) cpus=$2; shift 2 ;;
+        -h|--help) sed -n 2,26p "$0"; exit 0 ;;
         *) echo "converge.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
 [[ -f $plan ]] || { echo "converge.sh: --plan: no such file '$plan'" >&2; exit 2; }
 [[ -n $models ]] || { echo "converge.sh: --models 'ROW:SEED ...' is required" >&2; exit 2; }
 [[ $budget =~ ^[0-9]+$ && $budget -ge 30 ]] || { echo "converge.sh: --budget-s must be a whole number of seconds ≥ 30, got '$budget'" >&2; exit 2; }
+[[ $cpus =~ ^[0-9]+$ && $cpus -ge 1 ]] || { echo "converge.sh: --cpus must be a whole number ≥ 1, got '$cpus'" >&2; exit 2; }
 [[ -d $data ]] || { echo "converge.sh: --data: no folder '$data' (copy the plan's data folders there and carry it)" >&2; exit 2; }
 python=${HYPERPLEX_PYTHON:-python3}
 out=${OUT:-/tmp/hyperplex-converge-out}
@@ -85,7 +87,7 @@ if [[ -f .gpu_resume/resume-$plan_name.tar.gz ]]; then
     mkdir -p "$work/runs/$plan_name" && tar -xzf ".gpu_resume/resume-$plan_name.tar.gz" -C "$work/runs/$plan_name"
     echo "converge.sh: resuming the models in .gpu_resume/resume-$plan_name.tar.gz"
 fi
-threads=$(( $(nproc) / $(wc -w <<< "$models") )); (( threads < 1 )) && threads=1
+threads=$(( cpus / $(wc -w <<< "$models") )); (( threads < 1 )) && threads=1
 # --foreground: timeout signals the trainer alone, once; without it a second SIGTERM, to timeout's process group,
 # can reach the trainer while it saves and make it stop at once without its checkpoint. HYPERPLEX_TRITON=0 unless
 # set: validation decoding then takes PyTorch's paths, so a model's run does not depend on the Triton kernel

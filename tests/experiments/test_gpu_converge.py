@@ -110,6 +110,7 @@ def _converge(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     (("--plan", PLAN, "--models", "small_phm4"), "'small_phm4' is not ROW:SEED"),
     (("--plan", PLAN, "--models", "small_phm4:1", "--budget-s", "10"), "--budget-s must be a whole number"),
     (("--plan", PLAN, "--models", "small_phm4:1", "--frobnicate"), "unknown option '--frobnicate'"),
+    (("--plan", PLAN, "--models", "small_phm4:1", "--cpus", "0"), "--cpus must be a whole number ≥ 1, got '0'"),
 ])
 def test_converge_refuses_bad_arguments_before_training(tmp_path, args, message):
     result = _converge(tmp_path, *args)

@@ -16,6 +16,7 @@ def lengths_to_mask(lengths: Tensor, max_len: int) -> Tensor:
     """``(B,)`` lengths → bool ``(B, max_len)``, ``True`` at the first ``lengths[b]`` positions of row ``b``."""
     if lengths.dim() != 1:
         raise ValueError(f"lengths must have shape (B,), got {tuple(lengths.shape)}")
-    if bool((lengths < 0).any()) or bool((lengths > max_len).any()):  # a caller's bug, not data: fail loudly
+    # a caller's bug, not data: fail loudly (one reduction, so one host sync for a CUDA tensor)
+    if bool(((lengths < 0) | (lengths > max_len)).any()):
         raise ValueError(f"lengths must be in [0, {max_len}], got {lengths.tolist()}")
     return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]

@@ -43,8 +43,11 @@ a figure that moves by ±10 MB). The parent process then times ``SentenceTransfo
 padding to the longest in each batch, pooling and normalisation included) in interleaved rounds: in each round
 every process encodes the same ``--sentences`` fixed English sentences (8 to 20 words, seeded) once at each batch
 size, one process at a time, the order rotating every round (``benchmarks/harness.py``), after one warm-up encode
-each. With ``--device cuda`` every model runs on the card (CUDA events time the encode; ``GPU held`` and ``GPU peak``
-are the allocator's figures; the int8 variants are CPU-only), ``--bf16`` in bfloat16. Speed = sentences /
+of every sentence at each batch size (so that on CUDA every input shape's kernels are compiled before timing).
+With ``--device cuda`` every model runs on the card (CUDA events time the encode; ``GPU held`` and ``GPU peak``
+are the allocator's figures and the ones to compare: the host columns then also hold the CUDA context, and Triton's
+compiler in the processes whose layers take the fused kernel; the int8 variants are CPU-only), ``--bf16`` in
+bfloat16. Speed = sentences /
 seconds; ``×`` = median over rounds of (the model's speed / the teacher's in the same round): above 1 = faster than the
 teacher. Memory ``×`` columns are the model's figure minus the teacher's (negative = smaller). ``file`` is the
 size of the weight files the folder holds (``*.safetensors``; the teacher: written by ``save_converted``,
@@ -295,11 +298,10 @@ def worker(spec: dict) -> None:
         request = json.loads(line)
         if "encode" in request:
             batch = request["encode"]
-            chosen = sentences if request.get("all", True) else sentences[:max(batch, 2)]
             with torch.inference_mode():
-                encode = functools.partial(model.encode, chosen, batch_size=batch, convert_to_tensor=True,
+                encode = functools.partial(model.encode, sentences, batch_size=batch, convert_to_tensor=True,
                                            show_progress_bar=False)
-                answer = len(chosen) / harness.time_per_call(encode, 1, device)
+                answer = len(sentences) / harness.time_per_call(encode, 1, device)
         else:
             answer = {**stats, "held": _held_bytes(model), "resident": _resident_bytes(), **_resident_split(),
                       "peak": _peak_bytes()}
@@ -349,9 +351,9 @@ def measure(specs: dict, sentences: list[str], batch_sizes: list[int], rounds: i
     try:
         for name in names:  # one at a time, so no load competes with another for the CPU
             procs[name] = ModelProcess(name, {**specs[name], "sentences": sentences, "threads": threads, **where})
-        for name in names:  # warm-up
+        for name in names:  # warm-up: every sentence, so every input shape (a Triton specialisation on CUDA)
             for b in batch_sizes:
-                procs[name].ask({"encode": b, "all": False})
+                procs[name].ask({"encode": b})
         speeds = {(name, b): [] for name in names for b in batch_sizes}
         ratios = {(name, b): [] for name in names for b in batch_sizes}
         for order in harness.rotations(names, rounds):

@@ -62,6 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hyperplex.layers import triton_phm
 from hyperplex.layers.functional import onednn_available
 from hyperplex.layers.phm import PHMLinear
 
@@ -162,6 +163,7 @@ def estimate_bytes(variant: str, phase: str, d: int, k: int, n: int, rows: int, 
         "premixed": rows * n * d + k * d // n,  # the pre-mixed rows and the Sᵢ side by side
         "streamed": rows * n * d,  # the pre-mixed rows
         "onednn": rows * n * k,  # the partial products (inference only)
+        "triton": rows * k * 4,  # float32 partials of at most a few output tiles per row (inference only)
         "auto": k * d * (4 if phase == "train" else 1) + rows * n * k * (3 if phase == "train" else 1),
         "kron": n * k * d * (2 if phase == "train" else 1) + 2 * k * d,
     }[variant]
@@ -251,11 +253,16 @@ def skip_reason(name: str, layer: nn.Module, m: Measurement, args, dtype: torch.
     """Why ``name`` is not timed at this point ("" when it is); sets ``m.path``, the path the layer takes."""
     if m.phase == "train" and name in INFERENCE_ONLY:
         return INFERENCE_ONLY_SKIP
+    on_cpu = next(layer.parameters()).device.type == "cpu"
+    if name == "onednn" and not on_cpu:
+        return "oneDNN's path runs on the CPU only"
     if name == "onednn" and not onednn_available():
         return "this PyTorch has no usable oneDNN linear"
     if isinstance(layer, PHMLinear):
         with ctx():
-            m.path = layer.choose_mode(m.rows)
+            probe = torch.empty(m.rows, m.d, device=next(layer.parameters()).device, dtype=dtype)
+            # the path forward() takes: on CUDA the fused kernel comes before choose_mode (PHMLinear.forward)
+            m.path = "triton" if not on_cpu and triton_phm.takes_triton(probe, layer) else layer.choose_mode(m.rows)
     else:
         m.path = name
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -458,9 +465,10 @@ def warm_targets(results: dict, sizes: list[int], ns: list[int], rows_grid: list
 
 
 #: The column that times each path ``auto`` can take (inference's materialised column keeps its ``H``, as
-#: ``cached`` does; in training it forms ``H`` per call, as ``auto``'s materialised path does).
+#: ``cached`` does; in training it forms ``H`` per call, as ``auto``'s materialised path does). The fused CUDA
+#: kernel has no fixed-path layer: ``auto``'s own column times it.
 PATH_COLUMNS = {"structured": "structured", "premixed": "premixed", "onednn": "onednn",
-                "materialized": "materialized", "cached": "materialized"}
+                "materialized": "materialized", "cached": "materialized", "triton": "auto"}
 
 
 #: The deploy issue's targets for the cold stack at d = k = 4096, one row, inference: ``auto`` ×dense per n.

@@ -90,12 +90,18 @@ def time_per_call(fn: Callable[[], object], number: int = 1, device: torch.devic
     return (clock() - start_s) / number
 
 
+#: A first call longer than this is taken as the call's time, not repeated (see :func:`calls_per_block`).
+COLD_CALL_S = 2.0
+
+
 def calls_per_block(fn: Callable[[], object], target_s: float, device: torch.device | str = "cpu",
                     clock: Callable[[], float] = time.perf_counter, limit: int = 100_000) -> tuple[int, float]:
-    """(back-to-back calls that make a timed block of about ``target_s``, seconds of one call), from a warm-up call
-    and, when that was short, one more timed call."""
+    """(back-to-back calls that make a timed block of about ``target_s``, seconds of one call), from a second timed
+    call after a warm-up one. The first call can be cold by seconds (a Triton kernel compiled, cuBLAS or oneDNN
+    set up), so it is timed on its own only when it took over 2 s and over ``4 · target_s``: a call that slow is
+    not repeated for calibration."""
     warm = time_per_call(fn, 1, device, clock)
-    once = warm if warm > 4 * target_s else time_per_call(fn, 1, device, clock)
+    once = warm if warm > max(4 * target_s, COLD_CALL_S) else time_per_call(fn, 1, device, clock)
     return max(1, min(limit, round(target_s / max(once, 1e-7)))), once
 
 

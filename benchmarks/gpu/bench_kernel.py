@@ -93,9 +93,9 @@ def stack_depth(layer_bytes: int, cache: int, factor: float, cap: int) -> int:
     return max(2, min(cap, math.ceil(factor * cache / layer_bytes)))
 
 
-def check_error(got: torch.Tensor, x, rule, weight) -> float:
-    want = phm_linear_reference(x.double().cpu(), rule.double().cpu(), weight.double().cpu())
-    return ((got.double().cpu() - want).norm() / want.norm()).item()
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """‖got − want‖ / ‖want‖ against a float64 reference, on the reference's device."""
+    return ((got.to(want.device, torch.float64) - want).norm() / want.norm()).item()
 
 
 def timed(stack_fn, device: str, args) -> float:
@@ -152,12 +152,16 @@ def bench_point(n: int, rows: int, args, ceiling: dict) -> list[dict]:
 
     results = []
     with torch.inference_mode():
-        errors = {"dense": check_error(F.linear(xs[0], dense_w[0]), xs[0], torch.ones(1, 1, 1, device=device),
-                                       dense_w[0][None]),
-                  "structured": check_error(phm_linear_structured(xs[0], rules[0], factors[0]), xs[0], rules[0],
-                                            factors[0]),
-                  **{name: check_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0], reduction=how),
-                                       xs[0], rules[0], factors[0]) for name, how in reductions.items()}}
+        # float64 references on the device, one per layer shape (the three PHM variants share theirs): on the CPU
+        # a 4096² float64 product formed 9 times per n took most of the step's time budget
+        x64 = xs[0].double()
+        dense_want = F.linear(x64, dense_w[0].double())
+        phm_want = phm_linear_reference(x64, rules[0].double(), factors[0].double())
+        errors = {"dense": relative_error(F.linear(xs[0], dense_w[0]), dense_want),
+                  "structured": relative_error(phm_linear_structured(xs[0], rules[0], factors[0]), phm_want),
+                  **{name: relative_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0], reduction=how),
+                                          phm_want) for name, how in reductions.items()}}
+        del x64, dense_want, phm_want
         variants = (("dense", dense, dense_depth), ("structured", structured, phm_depth),
                     *((name, fused(how), phm_depth) for name, how in reductions.items()))
         times = {name: timed(fn, device, args) / depth for name, fn, depth in variants}
@@ -232,15 +236,20 @@ def main(argv=None) -> int:
           f"L2 {meta['L2_bytes'] / 2 ** 20:.0f} MiB, d={args.d} k={args.k} {args.dtype}, "
           f"{'CUDA graphs' if args.graph and args.device == 'cuda' else 'eager'}", flush=True)
     rows = []
+
+    def write_json(complete: bool) -> None:  # after every point: a step stopped by its time budget keeps its rows
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"meta": {**meta, "complete": complete}, "rows": rows}, f, indent=1)
+
     for n in args.ns:
         for r in args.rows:
             rows.extend(bench_point(n, r, args, ceiling))
             print(f"  n={n} rows={r}: " + ", ".join(f"{x['variant']} {x['ms_per_layer']:.4f} ms" for x in rows[-4:]),
                   flush=True)
+            write_json(complete=False)
     print(table(rows, ceiling))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    write_json(complete=True)
     return 0
 
 

@@ -79,8 +79,22 @@ def test_calls_per_block_fills_the_target():
     assert harness.calls_per_block(call("x"), 0.05, clock=clock) == (25, 0.002)
     assert len(log) == 2  # a warm-up and one timed call
     log.clear()
-    clock, call = fake_clock({"slow": 1.0}, log)
-    assert harness.calls_per_block(call("slow"), 0.05, clock=clock) == (1, 1.0) and len(log) == 1  # no second call
+    clock, call = fake_clock({"slow": 3.0}, log)
+    assert harness.calls_per_block(call("slow"), 0.05, clock=clock) == (1, 3.0) and len(log) == 1  # no second call
+
+
+def test_calls_per_block_does_not_calibrate_on_a_cold_first_call():
+    """A first call slowed by set-up (a kernel compiled: 1.5 s) against 2 ms warm: the block holds 25 warm calls,
+    not one."""
+    now, log = [0.0], []
+
+    def call():
+        log.append(len(log))
+        now[0] += 1.5 if len(log) == 1 else 0.002
+
+    number, once = harness.calls_per_block(call, 0.05, clock=lambda: now[0])
+    assert number == 25 and once == pytest.approx(0.002)
+    assert len(log) == 2
 
 
 def test_running_peak_and_the_profiler_peak():

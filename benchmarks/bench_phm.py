@@ -253,14 +253,15 @@ def skip_reason(name: str, layer: nn.Module, m: Measurement, args, dtype: torch.
     """Why ``name`` is not timed at this point ("" when it is); sets ``m.path``, the path the layer takes."""
     if m.phase == "train" and name in INFERENCE_ONLY:
         return INFERENCE_ONLY_SKIP
-    on_cpu = next(layer.parameters()).device.type == "cpu"
+    device = next(layer.parameters()).device
+    on_cpu = device.type == "cpu"
     if name == "onednn" and not on_cpu:
         return "oneDNN's path runs on the CPU only"
     if name == "onednn" and not onednn_available():
         return "this PyTorch has no usable oneDNN linear"
     if isinstance(layer, PHMLinear):
         with ctx():
-            probe = torch.empty(m.rows, m.d, device=next(layer.parameters()).device, dtype=dtype)
+            probe = torch.empty(m.rows, m.d, device=device, dtype=dtype)
             # the path forward() takes: on CUDA the fused kernel comes before choose_mode (PHMLinear.forward)
             m.path = "triton" if not on_cpu and triton_phm.takes_triton(probe, layer) else layer.choose_mode(m.rows)
     else:

@@ -38,15 +38,13 @@ def describe_machine(info: dict) -> str:
 
 def device_name(cfg) -> str:
     """``cuda (GPU name)`` when the config asks for a GPU and one is present, else ``cpu``; the GPU is the one
-    ``training.device`` names (``cuda:N``), else the one ``auto`` / ``cuda`` picks (this process's
-    ``LOCAL_RANK``, as :func:`~hyperplex.train.process.resolve_device`)."""
+    ``training.device`` resolves to, as the trainer resolves it (:func:`~hyperplex.train.process.resolve_device`)."""
     import torch
 
     if cfg.training.device != "cpu" and torch.cuda.is_available():
         from hyperplex.train.process import resolve_device
 
-        wanted = cfg.training.device if cfg.training.device.startswith("cuda:") else "auto"
-        return f"cuda ({torch.cuda.get_device_name(resolve_device(wanted))})"
+        return f"cuda ({torch.cuda.get_device_name(resolve_device(cfg.training.device))})"
     return "cpu"
 
 

@@ -126,10 +126,11 @@ def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str |
     stored = info["extra"].get("config")
     if source == str(model_dir / "config.yaml") and isinstance(stored, dict):
         _check_model_section(cfg, source, path, stored)
-    wanted = cfg.training.device  # the GPU it names (cuda:N), else the first; the CPU where there is none
-    device = torch.device("cpu")
-    if torch.cuda.is_available() and wanted != "cpu":
-        device = torch.device(wanted if wanted.startswith("cuda") else "cuda")
+    from hyperplex.train.process import resolve_device
+
+    # the GPU training.device names (cuda:N), else the trainer's choice; the CPU where there is none
+    wanted = cfg.training.device
+    device = resolve_device(wanted) if torch.cuda.is_available() and wanted != "cpu" else torch.device("cpu")
     model.to(device).eval()
     return cfg, task, inference_form(cfg, model)
 

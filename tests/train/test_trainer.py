@@ -90,6 +90,57 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, mo
     assert all(torch.isfinite(t).all() for t in ckpt.model_state.values())
 
 
+def test_nan_loss_in_an_accumulated_step_names_its_batch_and_updates_nothing(tmp_path, monkeypatch):
+    # 256 pairs / 16 = 16 batches an epoch; accum_steps=2: the 4th batch is the 2nd of step 2, whose first batch
+    # was finite: the step's update must not happen (the loss is read after the backward passes, before the update)
+    from hyperplex.tasks.translation import TranslationTask
+    from hyperplex.train.trainer import TrainingError
+
+    config = write_tiny_config(tmp_path, batch_size=16, accum_steps=2, max_steps=10, validation_every=1)
+    original = TranslationTask.loss
+    calls = {"n": 0}
+
+    def poisoned(self, model, batch):
+        calls["n"] += 1
+        loss = original(self, model, batch)
+        return loss * float("inf") if calls["n"] == 4 else loss
+
+    monkeypatch.setattr(TranslationTask, "loss", poisoned)
+    model_dir = tmp_path / "inf"
+    with pytest.raises(TrainingError, match=r"loss became inf at step 2 \(epoch 1, batch 4\); .* \(step ≤ 1\)"):
+        train(str(config), model_dir=str(model_dir))
+    assert load_checkpoint(model_dir / "last.safetensors").extra["trainer"]["step"] == 1
+
+
+@pytest.mark.integration
+def test_ddp_nan_on_one_process_stops_every_process_at_the_same_step(tmp_path):
+    config = write_tiny_config(tmp_path, max_steps=8, validation_every=2, batch_size=16)
+    script = tmp_path / "poisoned_train.py"
+    script.write_text(
+        "import os, sys\n"
+        "from hyperplex.tasks.translation import TranslationTask\n"
+        "from hyperplex.train.run import train\n"
+        "from hyperplex.train.trainer import TrainingError\n"
+        "original, calls = TranslationTask.loss, [0]\n"
+        "def poisoned(self, model, batch):\n"
+        "    calls[0] += 1\n"
+        "    loss = original(self, model, batch)\n"
+        "    return loss * float('nan') if calls[0] == 3 and os.environ['RANK'] == '1' else loss\n"
+        "TranslationTask.loss = poisoned\n"
+        "try:\n"
+        "    train(sys.argv[1], model_dir=sys.argv[2])\n"
+        "except TrainingError as error:\n"
+        "    print(f'rank {os.environ[\"RANK\"]}: {error}', flush=True)\n"
+        "    sys.exit(3)\n")
+    proc = torchrun(script, config, tmp_path / "ddp")
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    out = proc.stdout
+    assert "rank 1: loss became nan at step 3 (epoch 1, batch 3)" in out, out[-4000:] + proc.stderr[-4000:]
+    assert "rank 0: loss became nan on another process at step 3 (epoch 1, the step's batches from 3)" in out, \
+        out[-4000:] + proc.stderr[-4000:]
+    assert load_checkpoint(tmp_path / "ddp" / "last.safetensors").extra["trainer"]["step"] == 2
+
+
 def test_early_stopping_with_patience(tmp_path):
     # lr tiny → no improvement of exact-match accuracy (stays 0): stop after `patience` validations
     config = write_tiny_config(tmp_path, lr=1e-9, max_steps=100, validation_every=2, patience=2)

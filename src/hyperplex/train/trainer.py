@@ -385,9 +385,14 @@ class Trainer:
                         scaler, state: TrainState) -> float:
         """One optimiser step over the accumulated ``group`` of batches (``count`` targets in all): forward
         and backward per batch, gradient norm (clipped if configured, recorded for the log window),
-        update. Returns the summed loss of the global batch over every process."""
+        update. Returns the summed loss of the global batch over every process.
+
+        The losses and the gradient norm reach the host together, in one device synchronisation per step, so
+        that on a GPU the host queues the whole backward pass without waiting; a non-finite loss is caught
+        there, after its backward pass but before the update, so the weights and the optimizer state keep
+        their last good values."""
         tcfg = self.tcfg
-        step_loss = 0.0
+        losses = []
         for j, batch in enumerate(group):
             shard = batch.shard(self.rank, self.world) if self.world > 1 else batch
             shard = shard.to(self.device)
@@ -397,19 +402,26 @@ class Trainer:
             with sync:
                 with self._autocast():
                     loss_sum = self.task.loss(train_model, shard).float()
-                self._check_finite(loss_sum, state)
                 # DDP averages gradients over processes; scale so the result is the
                 # gradient of (total loss / total tokens) of the global batch.
                 scaled = loss_sum * (self.world / max(count, 1))
                 (scaler.scale(scaled) if scaler else scaled).backward()
-            step_loss += loss_sum.item()
+            losses.append(loss_sum.detach().double())
+        local = torch.stack(losses)
+        total = local.sum().reshape(1)
+        if self.world > 1:  # a NaN on any process makes the global sum NaN on every process
+            if total.device.type != "cuda":
+                total = total.cpu()
+            dist.all_reduce(total)
         if scaler:
             scaler.unscale_(optimizer)
         if tcfg.clip_grad_norm > 0:
             grad_norm = nn.utils.clip_grad_norm_(model.parameters(), tcfg.clip_grad_norm)
         else:
             grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-        grad_norm = float(grad_norm)
+        *values, global_loss, grad_norm = torch.cat(
+            [local.cpu(), total.cpu(), grad_norm.detach().double().reshape(1).cpu()]).tolist()
+        self._check_finite(values, global_loss, state)
         state.window_grad_norm += grad_norm
         if not grad_norm <= state.window_grad_norm_max:  # a NaN norm is kept, not skipped by max()
             state.window_grad_norm_max = grad_norm
@@ -419,7 +431,7 @@ class Trainer:
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return self._all_sum(step_loss) if self.world > 1 else step_loss
+        return global_loss if self.world > 1 else sum(values)
 
     def _save_and_stop(self, signal_number: int, model, optimizer, state: TrainState, manager, bar) -> None:
         """After a SIGINT/SIGTERM: write a resumable ``last`` at this step boundary, log it, stop."""
@@ -489,18 +501,17 @@ class Trainer:
             return build_schedule("linear_decay", warmup_steps=t.warmup_steps, total_steps=t.max_steps)
         return build_schedule("constant")
 
-    def _all_sum(self, value: float) -> float:
-        tensor = torch.tensor([value], dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
-        dist.all_reduce(tensor)
-        return float(tensor.item())
-
-    def _check_finite(self, loss: torch.Tensor, state: TrainState) -> None:
-        bad = not torch.isfinite(loss).item()
-        if self.world > 1:
-            bad = self._all_sum(float(bad)) > 0
-        if bad:
-            raise self._nonfinite(f"loss became {loss.item()} at step {state.step + 1} (epoch {state.epoch}, batch "
-                                  f"{state.batch_index + 1})", saved_by=state.step)
+    def _check_finite(self, losses: list[float], global_loss: float, state: TrainState) -> None:
+        """Stop at a non-finite loss: ``losses`` of this process's batches in the step, ``global_loss`` their
+        sum over every process (the same on each, so every process stops at the same step)."""
+        where = f"at step {state.step + 1} (epoch {state.epoch}"
+        for j, value in enumerate(losses):
+            if not math.isfinite(value):
+                raise self._nonfinite(f"loss became {value} {where}, batch {state.batch_index + j + 1})",
+                                      saved_by=state.step)
+        if not math.isfinite(global_loss):
+            raise self._nonfinite(f"loss became {global_loss} on another process {where}, the step's batches "
+                                  f"from {state.batch_index + 1})", saved_by=state.step)
 
     def _nonfinite(self, what: str, saved_by: int) -> TrainingError:
         """The error that stops training at a NaN/inf; ``saved_by``: the latest step ``last`` can hold."""

@@ -128,6 +128,31 @@ def test_beam_size_one_equals_greedy(attention):
             assert g[0].attention is None and b[0].attention is None
 
 
+@pytest.mark.parametrize("kind", ["transformer", "lstm"])
+@pytest.mark.parametrize("beam_size,n_best", [(1, 1), (4, 1), (4, 4)])
+def test_without_attention_the_same_hypotheses_and_no_rows(kind, beam_size, n_best):
+    model = _transformer() if kind == "transformer" else _translator(attention="general")
+    src, lengths = _batch()
+    for max_output_length in (3, 9):  # cut by the limit, and ended by </s>
+        kept = decode(model, src, lengths, beam_size, 0.6, max_output_length, n_best)
+        dropped = decode(model, src, lengths, beam_size, 0.6, max_output_length, n_best, attention=False)
+        for a, b in zip(kept, dropped, strict=True):
+            assert [h.tokens for h in a] == [h.tokens for h in b] and [h.score for h in a] == [h.score for h in b]
+            assert all(h.attention is not None for h in a) and all(h.attention is None for h in b)
+
+
+def test_beam_attention_rows_of_hypotheses_finished_at_different_steps():
+    # source 7 finishes [B] at step 2 and (n_best 2) [A] at step 2; the rows are those of the tokens, not of </s>
+    model = TableModel(TABLE)
+    src, lengths = _src([7, 9, 9], [8, 9])
+    results = beam_search(model, src, lengths, beam_size=2, beam_alpha=0.0, max_output_length=6, n_best=2)
+    assert [h.tokens for h in results[0]] == [[B], [A]]
+    for hyp in results[0]:
+        torch.testing.assert_close(hyp.attention, torch.tensor([[1.0, 0.0, 0.0]]))
+    assert results[1][0].tokens == [A, B, A]
+    torch.testing.assert_close(results[1][0].attention, torch.eye(2)[[0, 1, 0]])
+
+
 def test_beam_batch_equals_sentence_by_sentence():
     model = _translator(attention="general", bidirectional_encoder=True)
     src, lengths = _batch()

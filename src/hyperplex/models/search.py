@@ -102,23 +102,24 @@ def _check(model, src: Tensor, src_lengths: Tensor, max_output_length: int) -> t
     return steps, torch.tensor(never_generated(model), dtype=torch.long, device=src.device)
 
 
-def _attention_rows(rows: list[Tensor] | None, count: int, source_length: int) -> Tensor | None:
-    """Stack the first ``count`` attention rows, cut to the true source length: ``(count, S_len)``."""
-    if rows is None:
+def _attention_of(history: Tensor | None, count: int, source_length: int) -> Tensor | None:
+    """The first ``count`` steps of one hypothesis's attention ``history (T, S)`` (on the CPU), cut to the
+    true source length: ``(count, S_len)`` float32; ``None`` when attention is not kept."""
+    if history is None:
         return None
-    rows = rows[:count]
-    if not rows:
-        return torch.zeros(0, source_length)
-    return torch.stack(rows)[:, :source_length].float().cpu()
+    return history[:count, :source_length].float().clone()
 
 
 @torch.no_grad()
-def greedy_search(model, src: Tensor, src_lengths: Tensor, max_output_length: int = 100) -> list[list[Hypothesis]]:
+def greedy_search(model, src: Tensor, src_lengths: Tensor, max_output_length: int = 100,
+                  attention: bool = True) -> list[list[Hypothesis]]:
     """Pick the most probable token at every step.
 
     Shapes: ``src (B, S)``, ``src_lengths (B,)``. Returns one list with one :class:`Hypothesis`
     per sentence; its score is the unpenalised log-probability. A sentence without EOS after
     ``max_output_length`` steps is cut there. ``<s>``/``<pad>`` are never chosen (module doc).
+    ``attention=False`` keeps no attention rows (``Hypothesis.attention`` is ``None``): what
+    :func:`replace_unk` needs costs memory and time on every step.
     """
     max_output_length, forbidden = _check(model, src, src_lengths, max_output_length)
     B = src.shape[0]
@@ -128,28 +129,30 @@ def greedy_search(model, src: Tensor, src_lengths: Tensor, max_output_length: in
     scores = torch.zeros(B, dtype=torch.float64, device=src.device)
     tokens, attentions = [], []
     for step in range(max_output_length):
-        log_probs, state, attention = model.decode_step(prev, state, step)
+        log_probs, state, step_attention = model.decode_step(prev, state, step)
         best, prev = _masked(log_probs, forbidden).max(dim=-1)  # (B,)
         scores += torch.where(finished, 0.0, best.double())
         tokens.append(prev)
-        attentions.append(attention)
+        if attention and step_attention is not None:
+            attentions.append(step_attention)
         finished |= prev == model.eos_index
         if bool(finished.all()):
             break
     token_rows = torch.stack(tokens, dim=1).tolist()  # (B, steps)
-    lengths = src_lengths.tolist()
+    score_rows, lengths = scores.tolist(), src_lengths.tolist()
+    history = torch.stack(attentions, dim=1).cpu() if attentions else None  # (B, steps, S), one copy
     results = []
     for b in range(B):
         row = token_rows[b]
         out = row[:row.index(model.eos_index)] if model.eos_index in row else row
-        rows = None if attentions[0] is None else [a[b] for a in attentions]
-        results.append([Hypothesis(out, float(scores[b]), _attention_rows(rows, len(out), lengths[b]))])
+        rows = None if history is None else history[b]
+        results.append([Hypothesis(out, score_rows[b], _attention_of(rows, len(out), lengths[b]))])
     return results
 
 
 @torch.no_grad()
 def beam_search(model, src: Tensor, src_lengths: Tensor, beam_size: int = 5, beam_alpha: float = 0.6,
-                max_output_length: int = 100, n_best: int = 1) -> list[list[Hypothesis]]:
+                max_output_length: int = 100, n_best: int = 1, attention: bool = True) -> list[list[Hypothesis]]:
     """Batched beam search; returns the ``n_best`` hypotheses of each sentence, best first.
 
     The batch is decoded together: the encoder state is expanded to ``B · beam_size`` rows
@@ -161,7 +164,9 @@ def beam_search(model, src: Tensor, src_lengths: Tensor, beam_size: int = 5, bea
     (as JoeyNMT / OpenNMT) and it has ``n_best`` finished hypotheses — not after ``beam_size``
     finished ones (fairseq), which on peaked distributions can stop before the best beam ends.
     At ``max_output_length`` the surviving beams are scored as they are. ``<s>``/``<pad>`` are
-    never extended (module doc).
+    never extended (module doc). ``attention=False`` keeps no attention history (see
+    :func:`greedy_search`). The hypotheses finished at a step reach the host together, so a GPU
+    waits for the host once or twice a step, not once per hypothesis.
     """
     max_output_length, forbidden = _check(model, src, src_lengths, max_output_length)
     if not isinstance(beam_size, int) or beam_size < 1:
@@ -186,29 +191,33 @@ def beam_search(model, src: Tensor, src_lengths: Tensor, beam_size: int = 5, bea
     lengths = src_lengths.tolist()
     row_offset = (torch.arange(B, device=device) * K)[:, None]  # (B, 1)
     for step in range(max_output_length):
-        log_probs, state, attention = model.decode_step(prev, state, step)  # (B·K, V)
+        log_probs, state, step_attention = model.decode_step(prev, state, step)  # (B·K, V)
         log_probs = _masked(log_probs, forbidden)
         V = log_probs.shape[-1]
         candidates = (beam_scores[:, :, None] + log_probs.double().view(B, K, V)).view(B, K * V)
         top_scores, top_index = candidates.topk(min(2 * K, K * V), dim=1)  # (B, 2K): ≥ K are not EOS
         origin, token = top_index // V, top_index % V
         is_eos = token == model.eos_index
-        step_attention = None if attention is None else attention.float()
-        # finish EOS candidates ranked among the top K of a sentence still running
+        # finish EOS candidates ranked among the top K of a sentence still running; the attention of the
+        # EOS step itself is not kept (a hypothesis's rows are those of its tokens)
         eos_hits = (is_eos[:, :K] & torch.isfinite(top_scores[:, :K])).nonzero().tolist()
         for b, j in eos_hits:
-            if done[b]:
-                continue
-            row = b * K + int(origin[b, j])
-            rows = None
-            if step_attention is not None:
-                past = [] if attention_history is None else list(attention_history[row])
-                rows = past + [step_attention[row]]
-            tokens = history[row].tolist()
-            score = float(top_scores[b, j]) / length_penalty(step + 1, beam_alpha)
-            finished[b].append(Hypothesis(tokens, score, _attention_rows(rows, len(tokens), lengths[b])))
-        for b, best_is_eos in enumerate((is_eos[:, 0] & torch.isfinite(top_scores[:, 0])).tolist()):
-            top_finished[b] |= best_is_eos
+            top_finished[b] |= j == 0
+        hits = [(b, j) for b, j in eos_hits if not done[b]]
+        if hits:
+            hit_b, hit_j = torch.tensor(hits, device=device).unbind(1)
+            rows = hit_b * K + origin[hit_b, hit_j]
+            found = torch.cat([top_scores[hit_b, hit_j, None], history.index_select(0, rows).double()], 1).tolist()
+            past = None if attention_history is None else attention_history.index_select(0, rows).cpu()
+            penalty = length_penalty(step + 1, beam_alpha)
+            for i, (b, _) in enumerate(hits):
+                score, *tokens = found[i]
+                rows_i = None if past is None else past[i]
+                if rows_i is None and attention and step_attention is not None:  # step 0: no past rows
+                    rows_i = torch.zeros(0, step_attention.shape[-1])
+                finished[b].append(Hypothesis([int(t) for t in tokens], score / penalty,
+                                              _attention_of(rows_i, len(tokens), lengths[b])))
+        for b in range(B):
             done[b] = done[b] or (top_finished[b] and len(finished[b]) >= n_best)
         if all(done):
             break
@@ -221,33 +230,37 @@ def beam_search(model, src: Tensor, src_lengths: Tensor, beam_size: int = 5, bea
         prev = token.gather(1, keep).view(-1)
         state = reorder_state(state, select)
         history = torch.cat([history.index_select(0, select), prev[:, None]], dim=1)
-        if step_attention is not None:
-            step_attention = step_attention.index_select(0, select)[:, None]
+        if attention and step_attention is not None:
+            step_attention = step_attention.float().index_select(0, select)[:, None]
             attention_history = step_attention if attention_history is None else torch.cat(
                 [attention_history.index_select(0, select), step_attention], dim=1)
     else:  # max_output_length reached: score the surviving beams as they are
         penalty = length_penalty(max_output_length, beam_alpha)
+        survivors, tokens_of = beam_scores.tolist(), history.tolist()
+        past = None if attention_history is None else attention_history.cpu()
         for b in range(B):
             if done[b]:
                 continue
             for k in range(K):
-                score = float(beam_scores[b, k])
+                score = survivors[b][k]
                 if score == float("-inf"):
                     continue
                 row = b * K + k
-                rows = None if attention_history is None else list(attention_history[row])
-                tokens = history[row].tolist()
-                finished[b].append(Hypothesis(tokens, score / penalty, _attention_rows(rows, len(tokens), lengths[b])))
+                tokens = tokens_of[row]
+                finished[b].append(Hypothesis(tokens, score / penalty, _attention_of(
+                    None if past is None else past[row], len(tokens), lengths[b])))
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best] for hyps in finished]
 
 
+@torch.no_grad()
 def decode(model, src: Tensor, src_lengths: Tensor, beam_size: int = 1, beam_alpha: float = 0.6,
-           max_output_length: int = 100, n_best: int = 1) -> list[list[Hypothesis]]:
+           max_output_length: int = 100, n_best: int = 1, attention: bool = True) -> list[list[Hypothesis]]:
     """Greedy search for ``beam_size == 1`` (and ``n_best == 1``), beam search otherwise — which is where
-    the arguments are checked."""
+    the arguments are checked. ``attention=False``: no attention rows kept (faster; no ``replace_unk``)."""
     if beam_size == 1 and n_best == 1:
-        return greedy_search(model, src, src_lengths, max_output_length)
-    return beam_search(model, src, src_lengths, beam_size, beam_alpha, max_output_length, n_best)
+        return greedy_search(model, src, src_lengths, max_output_length, attention=attention)
+    return beam_search(model, src, src_lengths, beam_size, beam_alpha, max_output_length, n_best,
+                       attention=attention)
 
 
 # ---------------------------------------------------------------------------- <unk> replacement

@@ -295,7 +295,7 @@ class TranslationTask(Task):
         for batch in batches:
             b = batch.to(device)
             results = decode(model, b["src"], b["src_lengths"], beam_size=beam_size, beam_alpha=te.beam_alpha,
-                             max_output_length=te.max_output_length)
+                             max_output_length=te.max_output_length, attention=te.replace_unk or return_attention)
             for row, index in enumerate(batch.indices):
                 hyp = results[row][0]
                 tokens = self.tgt_vocab.decode(hyp.tokens)

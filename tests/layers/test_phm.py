@@ -325,6 +325,36 @@ def test_auto_dispatch_by_rows_weight_size_and_grad_mode():
     assert PHMLinear(8, 8, 1).choose_mode(1) == "dense"
 
 
+def test_auto_steps_off_a_kernel_that_fails_here_with_one_warning(monkeypatch):
+    # the kernel's failure (simulated: a CPU run cannot reach it) must not fail the model: auto warns once, names
+    # the error, and answers through PyTorch's paths for the rest of the process; direct calls still raise
+    from hyperplex.layers import triton_phm
+
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("PTX .version 8.7 does not support .target sm_70")
+
+    monkeypatch.setattr(triton_phm, "_FAILED", None)
+    monkeypatch.setattr(triton_phm, "takes_triton", lambda x, layer: triton_phm.kernel_failed() is None)
+    monkeypatch.setattr(triton_phm, "triton_phm_linear", broken)
+    torch.manual_seed(0)
+    layer = PHMLinear(24, 16, 4)
+    x = torch.randn(3, 24)
+    with torch.no_grad():
+        expected = x @ layer.dense_weight().T + layer.bias
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match=r"Triton PHM kernel failed \(RuntimeError: PTX .*sm_70\)"):
+        torch.testing.assert_close(layer(x), expected)
+    assert "sm_70" in triton_phm.kernel_failed()
+    import warnings
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        torch.testing.assert_close(layer(x), expected)
+    assert len(calls) == 1
+
+
 def test_inference_without_cache_dispatch_never_caches():
     # The default: no dense copy is kept. Without oneDNN, inference then takes, on weights of fewer than 2^20
     # elements for up to 128 rows, the pre-mixed path if the layer widens (k > d) and the structured path otherwise;

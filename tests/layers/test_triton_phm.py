@@ -166,9 +166,9 @@ def test_bad_input_is_refused_by_name():
     assert "different devices" in triton_reason(x, rule.to("meta"), weight, bias)
 
 
-def test_auto_takes_it_only_for_cuda_inference():
+def test_auto_takes_it_only_for_cuda_inference(monkeypatch):
     """``takes_triton`` is the one decision: never a CPU input (even under the interpreter), never with a gradient
-    to record, never beyond TRITON_MAX_ROWS rows, never outside ``auto``."""
+    to record, never beyond TRITON_MAX_ROWS rows, never outside ``auto``, never after the kernel failed here."""
     layer = PHMLinear(32, 32, 4).to(DEVICE)
     one = torch.randn(1, 32, device=DEVICE)
     with torch.no_grad():
@@ -177,6 +177,9 @@ def test_auto_takes_it_only_for_cuda_inference():
         layer.forward_mode = "structured"
         assert not takes_triton(one, layer)
         layer.forward_mode = "auto"
+        monkeypatch.setattr(triton_phm, "_FAILED", "CompilationError: a card it was not built for")
+        assert not takes_triton(one, layer)
+        monkeypatch.setattr(triton_phm, "_FAILED", None)
     assert not takes_triton(one, layer)  # a weight gradient to record
 
 

@@ -395,9 +395,11 @@ class PHMLinear(nn.Module):
             return F.linear(input, self.factors().view(self.out_features, self.in_features), self.bias)
         if self._shared_weight is not None:  # inside shared_weights(): H formed once for many calls
             return F.linear(input, self._shared_weight, self.bias)
-        if self.factor_rank is None and input.is_cuda and triton_phm.takes_triton(input, self):
-            # fused few-row kernel
-            return triton_phm.triton_phm_linear(input, self.phm_rule, self.phm_weight, self.bias)
+        if self.factor_rank is None and triton_phm.takes_triton(input, self):  # fused few-row kernel
+            try:
+                return triton_phm.triton_phm_linear(input, self.phm_rule, self.phm_weight, self.bias)
+            except Exception as error:  # a kernel that does not build or launch here: warn, then PyTorch's paths
+                triton_phm.give_up(error)
         rows = input.numel() // self.in_features
         mode = self.choose_mode(rows, input.requires_grad and torch.is_grad_enabled())
         if mode == "structured":

@@ -44,8 +44,8 @@ from torch import Tensor
 
 from hyperplex.layers.functional import recording_operations
 
-__all__ = ["ENV_VAR", "REDUCTIONS", "TRITON_DTYPES", "TRITON_MAX_ROWS", "Plan", "interpreting", "plan", "takes_triton",
-           "triton_available", "triton_phm_linear", "triton_reason"]
+__all__ = ["ENV_VAR", "REDUCTIONS", "TRITON_DTYPES", "TRITON_MAX_ROWS", "Plan", "give_up", "interpreting",
+           "kernel_failed", "plan", "takes_triton", "triton_available", "triton_phm_linear", "triton_reason"]
 
 #: ``auto`` takes the kernel for at most this many rows (tokens × batch); beyond, the product is compute-bound and
 #: the existing paths (cuBLAS on a formed ``H``) are the better tools.
@@ -60,6 +60,8 @@ MAX_N = 64
 REDUCTIONS = ("two-kernel", "one-kernel")
 #: The one-kernel reduction's arrival counters, one zeroed int32 buffer per (device, stream), kept between calls.
 _COUNTERS: dict[tuple, Tensor] = {}
+#: Why ``auto`` stopped taking the kernel in this process (the first failure of a call it made), else ``None``.
+_FAILED: str | None = None
 
 
 def interpreting() -> bool:
@@ -341,13 +343,34 @@ def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | No
     return out.view(*x.shape[:-1], k)
 
 
+def kernel_failed() -> str | None:
+    """Why ``auto`` no longer takes the kernel in this process (see :func:`give_up`), or ``None``."""
+    return _FAILED
+
+
+def give_up(error: BaseException) -> None:
+    """After the kernel failed in a call ``auto`` made (it did not compile for this card, the card lacked the
+    resources of its plan, ...): warn once, naming the error, and keep ``auto`` on PyTorch's paths in this process,
+    whose results are the same to rounding. Direct calls of :func:`triton_phm_linear` still raise."""
+    global _FAILED
+    import warnings
+
+    if _FAILED is None:
+        _FAILED = f"{type(error).__name__}: {error}".strip()[:2000]
+        warnings.warn(f"hyperplex: the fused Triton PHM kernel failed ({_FAILED}); PHMLinear's forward_mode='auto' "
+                      f"uses PyTorch's paths from now on in this process (same results to rounding). Set "
+                      f"{ENV_VAR}=0 to skip the kernel from the start; benchmarks/gpu/check.sh checks it on a GPU.",
+                      RuntimeWarning, stacklevel=3)
+
+
 def takes_triton(x: Tensor, layer) -> bool:
     """Whether ``layer`` (a :class:`~hyperplex.layers.PHMLinear`) in ``forward_mode="auto"`` hands input ``x`` to
     the fused kernel: a CUDA input of at most :data:`TRITON_MAX_ROWS` rows in the factors' dtype (float32,
     bfloat16, float16), ``n > 1``, no gradient to record, not under autocast (the factors would be cast on every
     call, which costs more than the kernel saves), nothing recording operations, Triton importable and
-    ``HYPERPLEX_TRITON`` not ``0``. The one place this decision is made."""
-    if x.device.type != "cuda" or layer.forward_mode != "auto" or layer.n == 1:
+    ``HYPERPLEX_TRITON`` not ``0``, and the kernel has not failed in this process (:func:`give_up`). The one place
+    this decision is made."""
+    if x.device.type != "cuda" or layer.forward_mode != "auto" or layer.n == 1 or _FAILED is not None:
         return False
     if os.environ.get(ENV_VAR, "1").lower() in ("0", "false", "no", "off"):
         return False

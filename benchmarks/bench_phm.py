@@ -235,6 +235,10 @@ def measure_config(layers: dict[str, nn.Module | list[nn.Module]], d: int, k: in
     for stack in stacks.values():  # free gradients before the next shape
         for each in stack:
             each.zero_grad(set_to_none=True)
+    failed = triton_phm.kernel_failed()  # set at this point's first call: auto then timed PyTorch's paths
+    for m in out.values():
+        if m.path == "triton" and failed:
+            m.skipped = f"the fused Triton kernel failed ({failed}); auto fell back to PyTorch's paths"
 
     dense = [1e3 * t / out["dense"].layers for t in timings.samples["dense"]]
     for name, samples in timings.samples.items():
@@ -263,7 +267,7 @@ def skip_reason(name: str, layer: nn.Module, m: Measurement, args, dtype: torch.
         with ctx():
             probe = torch.empty(m.rows, m.d, device=device, dtype=dtype)
             # the path forward() takes: on CUDA the fused kernel comes before choose_mode (PHMLinear.forward)
-            m.path = "triton" if not on_cpu and triton_phm.takes_triton(probe, layer) else layer.choose_mode(m.rows)
+            m.path = "triton" if triton_phm.takes_triton(probe, layer) else layer.choose_mode(m.rows)
     else:
         m.path = name
     itemsize = torch.empty((), dtype=dtype).element_size()

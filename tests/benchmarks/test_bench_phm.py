@@ -97,3 +97,28 @@ def test_the_warm_targets_read_the_grid():
     assert [c["value"] for c in checks[2:4]] == [pytest.approx(12.0), pytest.approx(12.5)]  # kron / auto
     assert checks[-1]["verdict"] == "n/a"  # no rows >= 1024: the training target is not evaluated
     assert [c["verdict"] for c in bench.warm_targets({}, [1024], [2], [1])] == ["n/a"]
+
+
+def test_a_point_where_the_kernel_failed_is_not_timed_as_the_kernel(monkeypatch):
+    # auto takes the fused kernel (simulated on the CPU), which fails at its first call: the point's auto column
+    # then timed PyTorch's paths, so it must be reported as skipped with the error, not labelled "triton"
+    import torch
+    from torch import nn
+
+    from hyperplex.layers import PHMLinear, triton_phm
+
+    bench = load_benchmark("bench_phm")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(triton_phm, "_FAILED", None)
+    monkeypatch.setattr(triton_phm, "takes_triton", lambda x, layer: triton_phm.kernel_failed() is None)
+    monkeypatch.setattr(triton_phm, "triton_phm_linear", broken)
+    args = bench.parse_args(["--device", "cpu", "--budget-s", "0.05", "--repeats", "2", "--block-ms", "1"])
+    layers = {"dense": nn.Linear(32, 32), "auto": PHMLinear(32, 32, 4)}
+    with pytest.warns(RuntimeWarning, match="Triton PHM kernel failed"):
+        out = bench.measure_config(layers, 32, 32, 4, 1, "infer", args, torch.device("cpu"), torch.float32)
+    assert out["auto"].path == "triton"
+    assert out["auto"].skipped.startswith("the fused Triton kernel failed (RuntimeError: no kernel image")
+    assert not out["dense"].skipped

@@ -113,3 +113,16 @@ def check():
     """The helpers above (fixtures, since test modules cannot import this conftest by name)."""
     return SimpleNamespace(TOLERANCE=TOLERANCE, relative_error=relative_error, autocast=autocast, randomize=randomize,
                            compare_module=compare_module, assert_within=assert_within)
+
+
+@pytest.fixture(autouse=True)
+def _the_fused_kernel_did_not_fall_back():
+    """A CUDA test whose ``PHMLinear`` took the fused kernel in ``auto`` must not pass on PyTorch's fallback: the
+    layer warns once and stays off the kernel after a failure (``triton_phm.give_up``), so the failure is made a
+    failure of the test that met it."""
+    from hyperplex.layers import triton_phm
+
+    before = triton_phm.kernel_failed()
+    yield
+    after = triton_phm.kernel_failed()
+    assert after == before, f"the fused Triton kernel failed in this test and auto fell back: {after}"

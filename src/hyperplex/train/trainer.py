@@ -419,8 +419,8 @@ class Trainer:
             grad_norm = nn.utils.clip_grad_norm_(model.parameters(), tcfg.clip_grad_norm)
         else:
             grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-        *values, global_loss, grad_norm = torch.cat(
-            [local.cpu(), total.cpu(), grad_norm.detach().double().reshape(1).cpu()]).tolist()
+        *values, global_loss, grad_norm = torch.cat(  # one device-to-host copy
+            [local, total.to(local.device), grad_norm.detach().double().reshape(1).to(local.device)]).tolist()
         self._check_finite(values, global_loss, state)
         state.window_grad_norm += grad_norm
         if not grad_norm <= state.window_grad_norm_max:  # a NaN norm is kept, not skipped by max()

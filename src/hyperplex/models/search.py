@@ -166,7 +166,7 @@ def beam_search(model, src: Tensor, src_lengths: Tensor, beam_size: int = 5, bea
     At ``max_output_length`` the surviving beams are scored as they are. ``<s>``/``<pad>`` are
     never extended (module doc). ``attention=False`` keeps no attention history (see
     :func:`greedy_search`). The hypotheses finished at a step reach the host together, so a GPU
-    waits for the host once or twice a step, not once per hypothesis.
+    waits for the host a fixed few times a step, not once per hypothesis.
     """
     max_output_length, forbidden = _check(model, src, src_lengths, max_output_length)
     if not isinstance(beam_size, int) or beam_size < 1:

@@ -213,11 +213,13 @@ class TranslationTask(Task):
         training uses; ``hyperplex evaluate`` passes ``testing.beam_size``); ``progress`` shows a bar on
         stderr while decoding (a terminal only)."""
         beam_size = self.cfg.testing.validation_beam_size if beam_size is None else beam_size
-        nll, tokens = 0.0, 0
+        tokens = 0
         device = next(model.parameters()).device
+        summed = torch.zeros((), dtype=torch.float64, device=device)  # read once: one sync, not one per batch
         for batch in self.dev_set.batches(self.cfg.testing.batch_size):
-            nll += self._summed_nll(model, batch.to(device)).item()
+            summed += self._summed_nll(model, batch.to(device)).double()
             tokens += batch.num_tokens
+        nll = summed.item()
         hypotheses = self.translate_ids(model, self.dev_set.src_ids, beam_size=beam_size,
                                         src_tokens=self.dev_src_tokens, progress=progress)
         refs = self.dev_refs

@@ -24,6 +24,18 @@ def train_losses(model_dir: Path) -> list[float]:
         return [float(r["value"]) for r in csv.DictReader(f) if r["split"] == "train" and r["name"] == "loss"]
 
 
+def poison_loss(monkeypatch, task_class, at_call: int, factor: float) -> None:
+    """Make ``task_class.loss`` return its loss times ``factor`` (NaN, inf) at its ``at_call``-th call only."""
+    original, calls = task_class.loss, [0]
+
+    def poisoned(self, model, batch):
+        calls[0] += 1
+        loss = original(self, model, batch)
+        return loss * factor if calls[0] == at_call else loss
+
+    monkeypatch.setattr(task_class, "loss", poisoned)
+
+
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     config = write_tiny_config(tmp_path, checkpoint_every=3, max_steps=30, validation_every=10)
     straight = tmp_path / "straight"
@@ -73,15 +85,7 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, mo
     from hyperplex.train.trainer import TrainingError
 
     config = write_tiny_config(tmp_path, max_steps=20, validation_every=5)
-    original = TranslationTask.loss
-    calls = {"n": 0}
-
-    def poisoned(self, model, batch):
-        calls["n"] += 1
-        loss = original(self, model, batch)
-        return loss * float("nan") if calls["n"] == 8 else loss
-
-    monkeypatch.setattr(TranslationTask, "loss", poisoned)
+    poison_loss(monkeypatch, TranslationTask, at_call=8, factor=float("nan"))
     model_dir = tmp_path / "nan"
     with pytest.raises(TrainingError, match=r"loss became nan at step 8 .*last good checkpoint .* is intact"):
         train(str(config), model_dir=str(model_dir))
@@ -97,15 +101,7 @@ def test_nan_loss_in_an_accumulated_step_names_its_batch_and_updates_nothing(tmp
     from hyperplex.train.trainer import TrainingError
 
     config = write_tiny_config(tmp_path, batch_size=16, accum_steps=2, max_steps=10, validation_every=1)
-    original = TranslationTask.loss
-    calls = {"n": 0}
-
-    def poisoned(self, model, batch):
-        calls["n"] += 1
-        loss = original(self, model, batch)
-        return loss * float("inf") if calls["n"] == 4 else loss
-
-    monkeypatch.setattr(TranslationTask, "loss", poisoned)
+    poison_loss(monkeypatch, TranslationTask, at_call=4, factor=float("inf"))
     model_dir = tmp_path / "inf"
     with pytest.raises(TrainingError, match=r"loss became inf at step 2 \(epoch 1, batch 4\); .* \(step ≤ 1\)"):
         train(str(config), model_dir=str(model_dir))

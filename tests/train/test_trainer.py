@@ -137,6 +137,50 @@ def test_ddp_nan_on_one_process_stops_every_process_at_the_same_step(tmp_path):
     assert load_checkpoint(tmp_path / "ddp" / "last.safetensors").extra["trainer"]["step"] == 2
 
 
+@pytest.mark.integration
+def test_ddp_sigterm_on_one_process_stops_every_process_at_the_same_step_and_resumes(tmp_path):
+    # the signal travels in the step's loss all-reduce: rank 1 gets it during step 3's forward pass, both ranks
+    # save and stop at the end of step 3, and the resumed pair ends where one uninterrupted process ends
+    config = write_tiny_config(tmp_path, max_steps=8, validation_every=4, batch_size=16)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["model"]["dropout"] = 0.0  # dropout masks would differ between one and two processes
+    config.write_text(yaml.safe_dump(cfg))
+    script = tmp_path / "signalled_train.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        "from hyperplex.tasks.translation import TranslationTask\n"
+        "from hyperplex.train.interrupts import TrainingInterrupted\n"
+        "from hyperplex.train.run import train\n"
+        "original, calls = TranslationTask.loss, [0]\n"
+        "def signalled(self, model, batch):\n"
+        "    calls[0] += 1\n"
+        "    if calls[0] == 3 and os.environ['RANK'] == '1' and len(sys.argv) == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return original(self, model, batch)\n"
+        "TranslationTask.loss = signalled\n"
+        "try:\n"
+        "    train(sys.argv[1], model_dir=sys.argv[2], resume=len(sys.argv) > 3)\n"
+        "except TrainingInterrupted as stopped:\n"
+        "    print(f'rank {os.environ[\"RANK\"]}: {stopped}', flush=True)\n"
+        "    sys.exit(128 + stopped.signal_number)\n")
+    two = tmp_path / "two"
+    proc = torchrun(script, config, two)
+    out = proc.stdout + proc.stderr[-4000:]
+    assert proc.returncode != 0, out
+    for rank in (0, 1):
+        assert f"rank {rank}: interrupted by SIGTERM at step 3 (epoch 1)" in proc.stdout, out
+    state = load_checkpoint(two / "last.safetensors").extra["trainer"]
+    assert state["step"] == 3 and not state["finished"]
+    resumed = torchrun(script, config, two, "resume")
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
+    one = tmp_path / "one"
+    train(str(config), model_dir=str(one))
+    assert train_losses(two) == pytest.approx(train_losses(one), rel=1e-5, abs=1e-6)
+    a, b = load_model_weights(one / "last.safetensors"), load_model_weights(two / "last.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+
 def test_early_stopping_with_patience(tmp_path):
     # lr tiny → no improvement of exact-match accuracy (stays 0): stop after `patience` validations
     config = write_tiny_config(tmp_path, lr=1e-9, max_steps=100, validation_every=2, patience=2)

@@ -93,6 +93,7 @@ class _Loop:
     manager: CheckpointManager | None  # rank 0 only
     metrics: MetricsWriter | None  # rank 0 only
     bar: object | None  # a tqdm bar, or None
+    interrupts: InterruptFlag  # SIGINT/SIGTERM seen (and, under DDP, agreed on by every process)
 
 
 class Trainer:
@@ -223,14 +224,13 @@ class Trainer:
         scaler = torch.amp.GradScaler("cuda") if tcfg.precision == "fp16" else None
         metrics = MetricsWriter(self.model_dir, state.step if self.resume else None) if self.rank == 0 else None
         loop = _Loop(model, train_model, optimizer, schedule, scaler, manager, metrics,
-                     self._progress_bar(total_steps, state))
-        interrupts = InterruptFlag()
+                     self._progress_bar(total_steps, state), InterruptFlag())
         try:
-            interrupts.install()
+            loop.interrupts.install()
             model.train()
-            last_val = self._run_steps(loop, state, interrupts)
+            last_val = self._run_steps(loop, state)
         finally:
-            interrupts.uninstall()
+            loop.interrupts.uninstall()
             if loop.bar is not None:
                 loop.bar.close()
             if metrics:
@@ -310,7 +310,7 @@ class Trainer:
         return tqdm(total=total_steps, initial=state.step, unit="step", dynamic_ncols=True, file=sys.stderr,
                     disable=None)
 
-    def _run_steps(self, loop: _Loop, state: TrainState, interrupts: InterruptFlag) -> dict[str, float]:
+    def _run_steps(self, loop: _Loop, state: TrainState) -> dict[str, float]:
         """Optimiser steps, epoch after epoch, until a limit ends the run; validation and checkpoints when
         due; a SIGINT/SIGTERM saves and stops at the next step boundary. Returns the last validation."""
         tcfg = self.tcfg
@@ -329,9 +329,9 @@ class Trainer:
                     last_val = self._validate_and_save(loop.model, loop.optimizer, state, loop.manager, loop.metrics)
                 elif tcfg.checkpoint_every and state.step % tcfg.checkpoint_every == 0 and loop.manager:
                     loop.manager.save_last(model_state(loop.model), loop.optimizer.state_dict(), self._extra(state))
-                if interrupts.pending(self.world, self.device) and not state.finished:
-                    self._save_and_stop(interrupts.signal_number, loop.model, loop.optimizer, state, loop.manager,
-                                        loop.bar)
+                if loop.interrupts.pending(self.world) and not state.finished:
+                    self._save_and_stop(loop.interrupts.signal_number, loop.model, loop.optimizer, state,
+                                        loop.manager, loop.bar)
                 if epoch_done or state.finished:
                     break
         return last_val
@@ -343,8 +343,7 @@ class Trainer:
         count = sum(b.num_tokens for b in group)
         lr = loop.schedule.lr(self.tcfg.lr, state.step + 1, state.epoch)
         apply_lr(loop.optimizer, lr)
-        step_loss = self._optimizer_step(group, count, loop.train_model, loop.model, loop.optimizer, loop.scaler,
-                                         state)
+        step_loss = self._optimizer_step(group, count, loop, state)
         state.step += 1
         state.batch_index += len(group)
         epoch_done = state.batch_index >= num_batches
@@ -381,8 +380,7 @@ class Trainer:
         state.window_grad_norm, state.window_grad_norm_max = 0.0, 0.0
         throughput.reset()
 
-    def _optimizer_step(self, group: list, count: int, train_model: nn.Module, model: nn.Module, optimizer,
-                        scaler, state: TrainState) -> float:
+    def _optimizer_step(self, group: list, count: int, loop: _Loop, state: TrainState) -> float:
         """One optimiser step over the accumulated ``group`` of batches (``count`` targets in all): forward
         and backward per batch, gradient norm (clipped if configured, recorded for the log window),
         update. Returns the summed loss of the global batch over every process.
@@ -390,8 +388,9 @@ class Trainer:
         The losses and the gradient norm reach the host together, in one device synchronisation per step, so
         that on a GPU the host queues the whole backward pass without waiting; a non-finite loss is caught
         there, after its backward pass but before the update, so the weights and the optimizer state keep
-        their last good values."""
+        their last good values. Under DDP the same all-reduce carries each process's SIGINT/SIGTERM vote."""
         tcfg = self.tcfg
+        train_model, model, optimizer, scaler = loop.train_model, loop.model, loop.optimizer, loop.scaler
         losses = []
         for j, batch in enumerate(group):
             shard = batch.shard(self.rank, self.world) if self.world > 1 else batch
@@ -410,6 +409,12 @@ class Trainer:
         local = torch.stack(losses)
         total = local.sum().reshape(1)
         if self.world > 1:  # a NaN on any process makes the global sum NaN on every process
+            ballot = loop.interrupts.votes()
+            votes = local.new_zeros(len(ballot))
+            for i, vote in enumerate(ballot):
+                if vote:  # a fill on the device, not a host-to-device copy that would wait for the queue
+                    votes[i] = vote
+            total = torch.cat([total, votes])
             if total.device.type != "cuda":
                 total = total.cpu()
             dist.all_reduce(total)
@@ -419,8 +424,11 @@ class Trainer:
             grad_norm = nn.utils.clip_grad_norm_(model.parameters(), tcfg.clip_grad_norm)
         else:
             grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-        *values, global_loss, grad_norm = torch.cat(  # one device-to-host copy
+        host = torch.cat(  # one device-to-host copy
             [local, total.to(local.device), grad_norm.detach().double().reshape(1).to(local.device)]).tolist()
+        values, global_loss, grad_norm = host[:len(losses)], host[len(losses)], host[-1]
+        if self.world > 1:
+            loop.interrupts.agree(host[len(losses) + 1:-1])
         self._check_finite(values, global_loss, state)
         state.window_grad_norm += grad_norm
         if not grad_norm <= state.window_grad_norm_max:  # a NaN norm is kept, not skipped by max()

@@ -181,6 +181,38 @@ def test_ddp_sigterm_on_one_process_stops_every_process_at_the_same_step_and_res
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.integration
+def test_compiled_training_follows_the_eager_run_and_saves_the_same_checkpoint(tmp_path):
+    config = write_tiny_config(tmp_path, max_steps=6, validation_every=6)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["model"]["dropout"] = 0.0  # compiled dropout draws its masks differently from eager dropout
+    config.write_text(yaml.safe_dump(cfg))
+    train(str(config), model_dir=str(tmp_path / "eager"))
+    train(str(config), model_dir=str(tmp_path / "compiled"), overrides=["--training.compile=true"])
+    assert train_losses(tmp_path / "compiled") == pytest.approx(train_losses(tmp_path / "eager"), rel=1e-4)
+    a = load_model_weights(tmp_path / "eager" / "last.safetensors")
+    b = load_model_weights(tmp_path / "compiled" / "last.safetensors")
+    assert a.keys() == b.keys()  # the compiled wrapper's `_orig_mod.` never reaches a checkpoint
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+    assert load_model(tmp_path / "compiled") is not None
+
+
+def test_a_compile_failure_is_one_clear_error_before_any_update(tmp_path, monkeypatch):
+    from hyperplex.train.trainer import TrainingError
+
+    def broken_backend(graph, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, backend=broken_backend))
+    config = write_tiny_config(tmp_path, max_steps=4, validation_every=2)
+    with pytest.raises(TrainingError, match=r"training.compile: torch.compile failed at step 1 .*no compiler here"
+                                            r".*--training.compile=false"):
+        train(str(config), model_dir=str(tmp_path / "m"), overrides=["--training.compile=true"])
+    assert not (tmp_path / "m" / "last.safetensors").exists()
+
+
 def test_early_stopping_with_patience(tmp_path):
     # lr tiny → no improvement of exact-match accuracy (stays 0): stop after `patience` validations
     config = write_tiny_config(tmp_path, lr=1e-9, max_steps=100, validation_every=2, patience=2)

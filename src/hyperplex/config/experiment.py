@@ -128,6 +128,9 @@ class TrainingConfig:
     label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing of the cross-entropy"})
     precision: Literal["fp32", "bf16", "fp16"] = field(default="fp32", metadata={
         "help": "autocast dtype; bf16 on CPU or CUDA, fp16 only on CUDA (with loss scaling)"})
+    compile: bool = field(default=False, metadata={
+        "help": "torch.compile the training forward and backward passes (validation and decoding stay eager); "
+                "the first steps pay the compilation, dropout draws differ from eager ones"})
     validation_every: int = field(default=0, metadata={"help": "validate (and checkpoint) every N optimiser steps; "
                                                        "0 = at the end of every epoch"})
     checkpoint_every: int = field(default=0, metadata={"help": "also save last.safetensors every N steps between "
@@ -285,12 +288,13 @@ def experiment_dict(cfg: ExperimentConfig) -> dict:
     return to_dict(cfg)
 
 
-#: Keys a resumed run may change: its budget and how it reports, never what it computes.
+#: Keys a resumed run may change: its budget, how it reports and what runs it (device, threads, compilation:
+#: the rounding changes, not the model or its optimisation), never what it computes.
 RESUMABLE_KEYS = frozenset({
     "name", "model_dir",
     "training.max_steps", "training.max_epochs", "training.patience", "training.validation_every",
     "training.checkpoint_every", "training.log_every", "training.keep_best", "training.num_threads",
-    "training.device", "training.progress_bar", "training.plots", "testing.batch_size",
+    "training.device", "training.compile", "training.progress_bar", "training.plots", "testing.batch_size",
 })
 
 

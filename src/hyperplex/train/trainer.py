@@ -221,6 +221,8 @@ class Trainer:
         if self.world > 1:
             train_model = nn.parallel.DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        if tcfg.compile:  # after the DDP wrapper, as PyTorch's DDP guide does; checkpoints keep `model`'s names
+            train_model = torch.compile(train_model)
         scaler = torch.amp.GradScaler("cuda") if tcfg.precision == "fp16" else None
         metrics = MetricsWriter(self.model_dir, state.step if self.resume else None) if self.rank == 0 else None
         loop = _Loop(model, train_model, optimizer, schedule, scaler, manager, metrics,
@@ -399,7 +401,7 @@ class Trainer:
             if self.world > 1 and j < len(group) - 1:
                 sync = train_model.no_sync()
             with sync:
-                with self._autocast():
+                with self._autocast(), self._compile_errors(state):
                     loss_sum = self.task.loss(train_model, shard).float()
                 # DDP averages gradients over processes; scale so the result is the
                 # gradient of (total loss / total tokens) of the global batch.
@@ -440,6 +442,26 @@ class Trainer:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return global_loss if self.world > 1 else sum(values)
+
+    @contextlib.contextmanager
+    def _compile_errors(self, state: TrainState):
+        """With ``training.compile``, a failure of torch.compile's backend (no C++ compiler on a CPU machine, no
+        Triton for a GPU, an operation it cannot trace) ends training with one line that says so and what to do,
+        not a compiler's traceback; nothing of this step has been applied."""
+        if not self.tcfg.compile:
+            yield
+            return
+        from torch._dynamo.exc import BackendCompilerFailed
+
+        try:
+            yield
+        except BackendCompilerFailed as error:
+            cause = getattr(error, "inner_exception", None) or error
+            first = (str(cause).strip().splitlines() or [""])[0]
+            what = f"{type(cause).__name__}: {first[:300]}" if first else type(cause).__name__
+            raise TrainingError(f"training.compile: torch.compile failed at step {state.step + 1} ({what}); "
+                                f"train without it (--training.compile=false) or see "
+                                f"https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html") from error
 
     def _save_and_stop(self, signal_number: int, model, optimizer, state: TrainState, manager, bar) -> None:
         """After a SIGINT/SIGTERM: write a resumable ``last`` at this step boundary, log it, stop."""

@@ -28,6 +28,10 @@ Measured, on random token batches (speed does not depend on the data):
   a set's size (Multi30k's validation split: 1,014 sentences of 14.5 source and 15.3 target BPE tokens on average
   with the plans' joint 8k BPE, so ``--set-sentences 1014 --src-len 15 --decode-len 16``); ``× set`` is the
   Transformer's time over the model's (above 1 is faster).
+- ``--compile``: each model's training step also through ``torch.compile`` (``training.compile`` of the
+  trainer), timed in the same rounds as the eager steps; a second table gives its time per 100 steps and its ratio
+  to the same model's eager step (below 1: compilation pays). The compilation itself happens in the untimed
+  warm-up and is reported as ``compile s``.
 - ``peak MiB``: peak memory of one training step above what the step before it left held (the model, the
   optimizer state, the gradients; CUDA: the allocator's peak; CPU: the profiler's allocation events), measured on
   the second step, after an untimed one that creates the optimizer state and the BLAS workspaces.
@@ -107,19 +111,21 @@ def autocast(args, device):
     return contextlib.nullcontext()
 
 
-def train_step(model, args, device):
-    """One training step of ``model`` on a fixed random batch ``src (batch, src_len)``, ``tgt (batch, tgt_len + 1)``."""
+def train_step(model, args, device, compiled: bool = False):
+    """One training step of ``model`` on a fixed random batch ``src (batch, src_len)``, ``tgt (batch, tgt_len + 1)``;
+    ``compiled``: the forward (and so the backward) pass through ``torch.compile``, the optimizer step eager."""
     g = torch.Generator().manual_seed(1)
     src = torch.randint(4, args.vocab, (args.batch, args.src_len), generator=g).to(device)
     tgt = torch.randint(4, args.vocab, (args.batch, args.tgt_len + 1), generator=g).to(device)
     tgt[:, 0] = BOS
     lengths = torch.full((args.batch,), args.src_len, device=device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    forward = torch.compile(model) if compiled else model
 
     def step() -> None:
         model.train()
         with autocast(args, device):
-            logits = model(src, lengths, tgt[:, :-1])
+            logits = forward(src, lengths, tgt[:, :-1])
             loss = F.cross_entropy(logits.float().flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD,
                                    label_smoothing=0.1)
         optimizer.zero_grad(set_to_none=True)
@@ -185,6 +191,8 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, help="interleaved rounds; medians are taken over them")
     p.add_argument("--quaternion-attention", choices=["hamilton", "dot"], default="hamilton")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for training and decoding")
+    p.add_argument("--compile", action="store_true",
+                   help="also time each model's training step through torch.compile (a second table)")
     harness.add_arguments(p)
     args = p.parse_args(argv)
     shape = SHAPES[args.shape or ("quick" if args.quick else "cpu")]
@@ -212,8 +220,11 @@ def main(argv: list[str] | None = None) -> dict:
     models = build_models(args, device)
     names = list(models)
     train = {name: train_step(m, args, device) for name, m in models.items()}
-    for step in train.values():  # untimed: the optimiser's state and the BLAS workspaces are made here, so the
-        step()                   # peak below is one step's own (module doc)
+    if args.compile:  # the same weights, a second optimizer: each call is one whole training step all the same
+        train.update({f"{name} compiled": train_step(m, args, device, compiled=True) for name, m in models.items()})
+    compile_s = {}
+    for name, step in train.items():  # untimed: the optimiser's state, the BLAS workspaces and any compilation
+        compile_s[name] = harness.time_per_call(step, 1, device)  # are made here, so the peak below is one step's own
     peaks = {name: harness.peak_bytes(train[name], device) / harness.MiB for name in names}
     trained = harness.interleave(train, args.repeats, device=device, number=args.steps)
     # each phase's medians as soon as it ends: a run stopped by a time budget keeps the phases it finished
@@ -226,6 +237,11 @@ def main(argv: list[str] | None = None) -> dict:
         whole_set = harness.interleave({name: set_decoder(m, args, device) for name, m in models.items()},
                                        args.repeats, device=device)
     tokens = args.sentences * args.decode_len
+    compiled = [{"name": name, "train_s_per_100": trained.median(f"{name} compiled") * 100,
+                 "eager_s_per_100": trained.median(name) * 100, "ratio_to_eager": trained.ratio(f"{name} compiled", name),
+                 "train_ratio": trained.ratio(f"{name} compiled", "transformer"),
+                 "spread": trained.spread(f"{name} compiled"), "compile_s": compile_s[f"{name} compiled"]}
+                for name in names] if args.compile else []
     rows = [{"name": name, "params": parameter_breakdown(models[name])["total_without_embeddings"],
              "train_s_per_100": trained.median(name) * 100, "train_ratio": trained.ratio(name, "transformer"),
              "train_spread": trained.spread(name), "decode_s": decoded.median(name),
@@ -249,7 +265,14 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"| {r['name']} | {r['params']:,} | {r['train_s_per_100']:.3f} | {r['train_ratio']:.3f} | "
               f"{r['train_spread']:.2f} | {r['decode_s']:.3f} | {r['tokens_per_s']:.1f} | {r['decode_speedup']:.3f} | "
               f"{r['peak_mib']:.1f} |" + (f" {r['set_decode_s']:.3f} | {r['set_speedup']:.3f} |" if whole_set else ""))
-    result = {"args": vars(args), "rows": rows}
+    if compiled:
+        print("\nTraining through torch.compile (the same rounds; × eager: the model's compiled step over its eager one)\n")
+        print("| model | train s/100 compiled | train s/100 eager | × eager | × transformer (eager) | spread | compile s |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for r in compiled:
+            print(f"| {r['name']} | {r['train_s_per_100']:.3f} | {r['eager_s_per_100']:.3f} | {r['ratio_to_eager']:.3f} | "
+                  f"{r['train_ratio']:.3f} | {r['spread']:.2f} | {r['compile_s']:.1f} |")
+    result = {"args": vars(args), "rows": rows, **({"compiled": compiled} if compiled else {})}
     if args.out:
         command = harness.command_line(argv, "benchmarks/bench_transformer.py")
         harness.write_json(args.out, result, device, command=command)

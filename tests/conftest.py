@@ -37,6 +37,7 @@ INTEGRATION_MODULES = {
 #: Single tests, in files otherwise fast (node ids without parameters).
 INTEGRATION_TESTS = {
     "tests/layers/test_phm.py::test_torch_compile_fullgraph",  # inductor compiles C++ in worker processes
+    "tests/train/test_trainer.py::test_compiled_training_follows_the_eager_run_and_saves_the_same_checkpoint",  # same
     "tests/scoring/test_plan_metrics.py::test_bench_compress_counts_match_the_models",  # a process per model
     # converge.sh in a child (bash, then Python for its checks and collect.py)
     "tests/experiments/test_gpu_converge.py::test_converge_refuses_bad_arguments_before_training",

@@ -28,3 +28,17 @@ def test_every_sentence_of_a_set_batch_is_decoded_to_the_step_limit():
     assert all(len(h[0].tokens) == args.decode_len and model.eos_index not in h[0].tokens for h in hypotheses)
     with pytest.raises(SystemExit):
         bench.parse_args(["--quick", "--set-sentences", "-1"])
+
+
+def test_compile_adds_each_models_compiled_step_timed_in_the_same_rounds(tmp_path):
+    bench = load_benchmark("bench_transformer")
+    result = bench.main(["--quick", "--compile", "--repeats", "1", "--threads", "1", "--out", str(tmp_path / "t.json")])
+    eager = {row["name"]: row for row in result["rows"]}
+    compiled = {row["name"]: row for row in result["compiled"]}
+    assert compiled.keys() == eager.keys() == {"transformer", "quaternion", "phm4", "phm8"}
+    for name, row in compiled.items():
+        assert row["eager_s_per_100"] == eager[name]["train_s_per_100"]
+        # one round: each ratio is that round's pair of times
+        assert row["ratio_to_eager"] == pytest.approx(row["train_s_per_100"] / row["eager_s_per_100"])
+        assert row["train_ratio"] == pytest.approx(row["train_s_per_100"] / eager["transformer"]["train_s_per_100"])
+        assert row["compile_s"] > 0

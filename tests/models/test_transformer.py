@@ -197,3 +197,13 @@ def test_overfits_reverse_task(variant):
     assert [h[0].tokens for h in hyps] == expected
     beams = search.beam_search(model, src, lengths, beam_size=3, max_output_length=7)
     assert [h[0].tokens for h in beams] == expected
+
+
+@pytest.mark.parametrize("variant", ["phm2", "quaternion-hamilton"])
+def test_the_training_forward_traces_into_one_graph(variant):
+    # training.compile: a graph break (a host read such as the lengths check) would split the compiled forward
+    torch._dynamo.reset()
+    model = TransformerTranslator(tiny_config(**VARIANTS[variant]), 12, 12).train()
+    explained = torch._dynamo.explain(model)(*batch())
+    assert explained.graph_break_count == 0, [str(reason.reason) for reason in explained.break_reasons]
+    assert explained.graph_count == 1

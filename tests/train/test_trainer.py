@@ -137,7 +137,6 @@ def test_ddp_nan_on_one_process_stops_every_process_at_the_same_step(tmp_path):
     assert load_checkpoint(tmp_path / "ddp" / "last.safetensors").extra["trainer"]["step"] == 2
 
 
-@pytest.mark.integration
 def test_ddp_sigterm_on_one_process_stops_every_process_at_the_same_step_and_resumes(tmp_path):
     # the signal travels in the step's loss all-reduce: rank 1 gets it during step 3's forward pass, both ranks
     # save and stop at the end of step 3, and the resumed pair ends where one uninterrupted process ends
@@ -181,7 +180,6 @@ def test_ddp_sigterm_on_one_process_stops_every_process_at_the_same_step_and_res
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.integration
 def test_compiled_training_follows_the_eager_run_and_saves_the_same_checkpoint(tmp_path):
     config = write_tiny_config(tmp_path, max_steps=6, validation_every=6)
     cfg = yaml.safe_load(config.read_text())

@@ -238,7 +238,8 @@ def main(argv: list[str] | None = None) -> dict:
                                        args.repeats, device=device)
     tokens = args.sentences * args.decode_len
     compiled = [{"name": name, "train_s_per_100": trained.median(f"{name} compiled") * 100,
-                 "eager_s_per_100": trained.median(name) * 100, "ratio_to_eager": trained.ratio(f"{name} compiled", name),
+                 "eager_s_per_100": trained.median(name) * 100,
+                 "ratio_to_eager": trained.ratio(f"{name} compiled", name),
                  "train_ratio": trained.ratio(f"{name} compiled", "transformer"),
                  "spread": trained.spread(f"{name} compiled"), "compile_s": compile_s[f"{name} compiled"]}
                 for name in names] if args.compile else []
@@ -266,12 +267,14 @@ def main(argv: list[str] | None = None) -> dict:
               f"{r['train_spread']:.2f} | {r['decode_s']:.3f} | {r['tokens_per_s']:.1f} | {r['decode_speedup']:.3f} | "
               f"{r['peak_mib']:.1f} |" + (f" {r['set_decode_s']:.3f} | {r['set_speedup']:.3f} |" if whole_set else ""))
     if compiled:
-        print("\nTraining through torch.compile (the same rounds; × eager: the model's compiled step over its eager one)\n")
-        print("| model | train s/100 compiled | train s/100 eager | × eager | × transformer (eager) | spread | compile s |")
+        print("\nTraining through torch.compile (the same rounds; × eager: the model's compiled step over its eager "
+              "one)\n")
+        print("| model | train s/100 compiled | train s/100 eager | × eager | × transformer (eager) | spread "
+              "| compile s |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         for r in compiled:
-            print(f"| {r['name']} | {r['train_s_per_100']:.3f} | {r['eager_s_per_100']:.3f} | {r['ratio_to_eager']:.3f} | "
-                  f"{r['train_ratio']:.3f} | {r['spread']:.2f} | {r['compile_s']:.1f} |")
+            print(f"| {r['name']} | {r['train_s_per_100']:.3f} | {r['eager_s_per_100']:.3f} | "
+                  f"{r['ratio_to_eager']:.3f} | {r['train_ratio']:.3f} | {r['spread']:.2f} | {r['compile_s']:.1f} |")
     result = {"args": vars(args), "rows": rows, **({"compiled": compiled} if compiled else {})}
     if args.out:
         command = harness.command_line(argv, "benchmarks/bench_transformer.py")

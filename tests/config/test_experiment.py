@@ -37,6 +37,10 @@ def test_the_model_section_becomes_its_architectures_dataclass_once():
     assert type(rnn.model) is RNNTranslatorConfig
 
 
+def test_compile_is_accepted_for_a_transformer():
+    assert build_experiment({**RAW, "training": {"max_steps": 10, "compile": True}}).training.compile
+
+
 def test_experiment_dict_is_what_config_yaml_holds_and_round_trips():
     cfg = build_experiment(RAW)
     saved = experiment_dict(cfg)
@@ -55,6 +59,12 @@ def test_experiment_dict_is_what_config_yaml_holds_and_round_trips():
     ({"data": {"task": "translate"}}, "data.task: 'translate' is not one of 'translation'"),
     ({"model": {**RAW["model"], "linear": {"kind": "phm", "n": 3}}}, "model.d_model=16 must be a multiple of "
                                                                      "model.linear.n=3"),
+    ({"model": {"architecture": "rnn_translator", "hidden_size": 8, "embedding_dim": 8},
+      "training": {"max_steps": 10, "compile": True}},
+     "training.compile: model.architecture 'rnn_translator' runs its LSTM one time step at a time"),
+    ({"data": {"task": "pair_classification"}, "model": {"architecture": "nli_encoder", "hidden_size": 8},
+      "training": {"max_steps": 10, "compile": True}},
+     "training.compile: model.architecture 'nli_encoder' runs its LSTM"),
 ])
 def test_invalid_experiments_are_refused_with_the_key(change, message):
     raw = {**RAW, **change}

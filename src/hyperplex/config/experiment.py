@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hyperplex.config.core import ConfigError, from_dict, load_yaml, merge, parse_overrides, to_dict
-from hyperplex.config.registry import TASKS, ModelConfig, get_architecture, task_names
+from hyperplex.config.registry import ARCHITECTURES, TASKS, ModelConfig, get_architecture, task_names
 
 
 @dataclass
@@ -257,13 +257,20 @@ def resolve_data_path(path: str, data_root: str | None) -> Path:
 def build_experiment(raw: dict) -> ExperimentConfig:
     """Validate a raw dict into an :class:`ExperimentConfig`; ``model`` becomes its architecture's dataclass.
 
-    The one cross-section rule — the task must be able to train the architecture — is checked first,
-    so a mismatch is reported as such rather than as the other architecture's unknown keys."""
+    The cross-section rule that the task must be able to train the architecture is checked first, so a
+    mismatch is reported as such rather than as the other architecture's unknown keys; then that
+    ``training.compile`` is not asked of a recurrent architecture."""
     data, model = raw.get("data"), raw.get("model")
     task = data.get("task", "translation") if isinstance(data, dict) else "translation"
     if isinstance(model, dict) and model.get("architecture") and task in task_names():
         get_architecture(model["architecture"], task)
-    return from_dict(ExperimentConfig, raw)
+    cfg = from_dict(ExperimentConfig, raw)
+    architecture = getattr(cfg.model, "architecture", "")
+    if cfg.training.compile and architecture in ARCHITECTURES and ARCHITECTURES[architecture].recurrent:
+        raise ConfigError(f"training.compile: model.architecture {architecture!r} runs its LSTM one time step at a "
+                          f"time in Python, which torch.compile unrolls anew for every sequence length (minutes of "
+                          f"compilation even for a toy model); train it with training.compile: false")
+    return cfg
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None,

@@ -29,13 +29,15 @@ def _load(module: str, name: str):
 class Architecture:
     """``model.architecture`` → its config dataclass and model class (``family``: the group of tasks that can
     train it, e.g. seq2seq, classifier, pair, embedder; cross_encoder: one text, or a pair read as one sequence,
-    so the single-text and the pair tasks both train it)."""
+    so the single-text and the pair tasks both train it). ``recurrent``: its forward loops over time steps in
+    Python (the LSTMs), which ``training.compile`` would unroll for every sequence length, so it is refused."""
 
     module: str
     config_class: str
     model_class: str
     family: str
     description: str
+    recurrent: bool = False
 
     def load(self) -> tuple[type, type]:
         """``(config class, model class)``."""
@@ -122,14 +124,15 @@ class ModelConfig:
 
 for _name, _entry in {
     "rnn_translator": Architecture("hyperplex.models.rnn_translator", "RNNTranslatorConfig", "RNNTranslator",
-                                   "seq2seq", "(PHM-)LSTM encoder-decoder with Luong attention (thesis ch. 3)"),
+                                   "seq2seq", "(PHM-)LSTM encoder-decoder with Luong attention (thesis ch. 3)",
+                                   recurrent=True),
     "transformer": Architecture("hyperplex.models.transformer", "TransformerConfig", "TransformerTranslator",
                                 "seq2seq", "Transformer / PHM-Transformer / Quaternion Transformer encoder-decoder"),
     "transformer_classifier": Architecture("hyperplex.models.transformer", "TransformerConfig",
                                            "TransformerClassifier", "classifier",
                                            "Transformer-family encoder + pooling + linear classifier"),
     "nli_encoder": Architecture("hyperplex.models.classifiers", "NLIEncoderConfig", "NLIEncoderClassifier", "pair",
-                                "shared (PHM-)LSTM sentence encoder + MLP (PHM paper App. B.1)"),
+                                "shared (PHM-)LSTM sentence encoder + MLP (PHM paper App. B.1)", recurrent=True),
     "decomposable_attention": Architecture("hyperplex.models.classifiers", "DecomposableAttentionConfig",
                                            "DecomposableAttention", "pair", "DeAtt (Parikh et al. 2016)"),
     "quaternion_attention": Architecture("hyperplex.models.classifiers", "QuaternionAttentionConfig",

@@ -161,7 +161,8 @@ class RNNTranslator(nn.Module):
         if src_lengths.shape != (src.shape[0],):
             raise ValueError(f"RNNTranslator: src_lengths must have shape ({src.shape[0]},), "
                              f"got {tuple(src_lengths.shape)}")
-        if bool((src_lengths < 1).any()) or bool((src_lengths > src.shape[1]).any()):
+        # one host read (none while torch.compile traces, as in lengths_to_mask)
+        if not torch.compiler.is_compiling() and bool(((src_lengths < 1) | (src_lengths > src.shape[1])).any()):
             raise ValueError(f"RNNTranslator: src_lengths must lie in [1, {src.shape[1]}], got {src_lengths.tolist()}")
 
     def _bridge(self, final: Tensor) -> Tensor:

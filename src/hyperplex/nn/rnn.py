@@ -164,7 +164,8 @@ class PHMLSTM(nn.Module):
         lengths = torch.as_tensor(lengths)
         if lengths.shape != (batch,):
             raise ValueError(f"PHMLSTM lengths must have shape ({batch},), got {tuple(lengths.shape)}")
-        if bool((lengths < 0).any()) or bool((lengths > steps).any()):
+        # one host read (none while torch.compile traces, as in lengths_to_mask)
+        if not torch.compiler.is_compiling() and bool(((lengths < 0) | (lengths > steps)).any()):
             raise ValueError(f"PHMLSTM lengths must lie in [0, {steps}] (the time dimension), got {lengths.tolist()}")
         return lengths
 
@@ -196,7 +197,8 @@ class PHMLSTM(nn.Module):
         lengths = self._check_lengths(lengths, B, T)
         h0, c0 = self._initial_state(state, B, x)
         mask = None
-        if lengths is not None and bool((lengths < T).any()):
+        # a batch without padding skips the mask; a compiled forward always masks (the same result, no host read)
+        if lengths is not None and (torch.compiler.is_compiling() or bool((lengths < T).any())):
             lengths = lengths.to(x.device)
             mask = lengths_to_mask(lengths, T)  # (B, T)
         h_n, c_n = [], []

@@ -24,6 +24,15 @@ def train_losses(model_dir: Path) -> list[float]:
         return [float(r["value"]) for r in csv.DictReader(f) if r["split"] == "train" and r["name"] == "loss"]
 
 
+def without_dropout(config: Path) -> Path:
+    """``config`` rewritten with dropout 0: runs whose dropout masks would differ (one process against two,
+    compiled against eager) then compute the same thing."""
+    cfg = yaml.safe_load(config.read_text())
+    cfg["model"]["dropout"] = 0.0
+    config.write_text(yaml.safe_dump(cfg))
+    return config
+
+
 def poison_loss(monkeypatch, task_class, at_call: int, factor: float) -> None:
     """Make ``task_class.loss`` return its loss times ``factor`` (NaN, inf) at its ``at_call``-th call only."""
     original, calls = task_class.loss, [0]
@@ -63,10 +72,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
 
 
 def test_ddp_two_processes_match_one_process(tmp_path):
-    config = write_tiny_config(tmp_path, max_steps=8, validation_every=8, batch_size=16)
-    cfg = yaml.safe_load(config.read_text())
-    cfg["model"]["dropout"] = 0.0  # dropout masks would differ between one and two processes
-    config.write_text(yaml.safe_dump(cfg))
+    config = without_dropout(write_tiny_config(tmp_path, max_steps=8, validation_every=8, batch_size=16))
     one = tmp_path / "one"
     train(str(config), model_dir=str(one))
     two = tmp_path / "two"
@@ -140,10 +146,7 @@ def test_ddp_nan_on_one_process_stops_every_process_at_the_same_step(tmp_path):
 def test_ddp_sigterm_on_one_process_stops_every_process_at_the_same_step_and_resumes(tmp_path):
     # the signal travels in the step's loss all-reduce: rank 1 gets it during step 3's forward pass, both ranks
     # save and stop at the end of step 3, and the resumed pair ends where one uninterrupted process ends
-    config = write_tiny_config(tmp_path, max_steps=8, validation_every=4, batch_size=16)
-    cfg = yaml.safe_load(config.read_text())
-    cfg["model"]["dropout"] = 0.0  # dropout masks would differ between one and two processes
-    config.write_text(yaml.safe_dump(cfg))
+    config = without_dropout(write_tiny_config(tmp_path, max_steps=8, validation_every=4, batch_size=16))
     script = tmp_path / "signalled_train.py"
     script.write_text(
         "import os, signal, sys\n"
@@ -181,10 +184,7 @@ def test_ddp_sigterm_on_one_process_stops_every_process_at_the_same_step_and_res
 
 
 def test_compiled_training_follows_the_eager_run_and_saves_the_same_checkpoint(tmp_path):
-    config = write_tiny_config(tmp_path, max_steps=6, validation_every=6)
-    cfg = yaml.safe_load(config.read_text())
-    cfg["model"]["dropout"] = 0.0  # compiled dropout draws its masks differently from eager dropout
-    config.write_text(yaml.safe_dump(cfg))
+    config = without_dropout(write_tiny_config(tmp_path, max_steps=6, validation_every=6))
     train(str(config), model_dir=str(tmp_path / "eager"))
     train(str(config), model_dir=str(tmp_path / "compiled"), overrides=["--training.compile=true"])
     assert train_losses(tmp_path / "compiled") == pytest.approx(train_losses(tmp_path / "eager"), rel=1e-4)

@@ -8,7 +8,9 @@ import pytest
 from hyperplex.experiments.convergence import (
     PAPER_TABLE2,
     best_by,
+    convergence_figure,
     convergence_section,
+    mean_best_curve,
     row_courses,
     training_course,
     welch_gap,
@@ -159,3 +161,47 @@ def test_the_section_tabulates_the_rows_and_gaps_by_step(tmp_path, capsys):
     (records / "results.json").write_text(json.dumps(results))
     assert main(["report", "convergence", str(records / "results.json"), "--at-steps", "0"]) == 1
     assert "--at-steps: steps are positive, got 0" in capsys.readouterr().err
+
+
+def test_the_mean_curve_starts_where_every_model_has_validated_and_keeps_a_stopped_models_best(tmp_path):
+    a = training_course(_record(tmp_path / "a", [10.0, 20.0, 18.0, 22.0]))  # steps 250 … 1000
+    b = training_course(_record(tmp_path / "b", [12.0, 16.0], every=500))  # steps 500, 1000
+    c = training_course(_record(tmp_path / "c", [30.0], every=500))  # stopped after step 500
+    assert mean_best_curve([a, b]) == [(500, 16.0), (750, 16.0), (1000, 19.0)]
+    assert mean_best_curve([a, c]) == [(500, 25.0), (750, 25.0), (1000, 26.0)]
+    assert mean_best_curve([]) == []
+
+
+def test_the_figure_draws_each_rows_mean_its_seeds_and_their_best_checkpoints(tmp_path):
+    records, results = _results(tmp_path)  # dev BLEU best−5, best, best−1 at steps 250, 500, 750
+    results["plan"] = {"name": "tiny_converged"}
+    fig = convergence_figure(results, records)
+    lines = {line.get_gid(): line for line in fig.axes[0].get_lines()}
+    assert set(lines) == {"mean:tm", "mean:phm4", *(f"seed:{r}:{k}" for r in ("tm", "phm4") for k in range(3))}
+    assert list(lines["mean:tm"].get_xdata()) == [250, 500, 750]
+    assert list(lines["mean:tm"].get_ydata()) == pytest.approx([26.0, 31.0, 31.0])
+    assert list(lines["seed:phm4:1"].get_ydata()) == [25.5, 30.5, 29.5]
+    best = {c.get_gid(): c.get_offsets().tolist() for c in fig.axes[0].collections}
+    assert best["best:phm4"] == [[500, 29.0], [500, 30.5], [500, 31.0]]
+    only = convergence_figure(results, records, rows=["phm4"])
+    assert {line.get_gid() for line in only.axes[0].get_lines()} == {"mean:phm4", "seed:phm4:0", "seed:phm4:1",
+                                                                      "seed:phm4:2"}
+    with pytest.raises(ValueError, match="no finished model in row.s. phm8"):
+        convergence_figure(results, records, rows=["phm4", "phm8"])
+
+
+def test_the_report_verb_writes_the_figure_and_nothing_on_a_bad_row(tmp_path, capsys):
+    from hyperplex.cli import main
+
+    records, results = _results(tmp_path)
+    results["plan"] = {"name": "tiny_converged"}
+    (records / "results.json").write_text(json.dumps(results))
+    png, page = tmp_path / "figures" / "tiny.png", tmp_path / "page.md"
+    page.write_text("# Results\n")
+    argv = ["report", "convergence", str(records / "results.json"), "--append-to", str(page), "--figure", str(png)]
+    assert main([*argv, "--figure-rows", "tm", "nope"]) == 1
+    assert "no finished model in row(s) nope" in capsys.readouterr().err
+    assert not png.exists() and page.read_text() == "# Results\n"  # nothing written
+    assert main(argv) == 0 and png.read_bytes().startswith(b"\x89PNG")
+    assert main(["report", "convergence", str(records / "results.json"), "--figure",
+                 str(records / "results.json")]) == 1  # never over the results it reads

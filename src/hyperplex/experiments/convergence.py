@@ -4,7 +4,9 @@ A plan whose rows train until the validation metric stops improving (``training.
 from its ``results.json`` and its records (``metrics.csv``, ``train.log`` of each model): the best
 validation value and the step and epoch that reached it, why training stopped (early stopping, a step
 or epoch cap, divergence), and the differences between rows' means with a 95% Welch interval. The
-paper's own Table 2 gaps are quoted beside them, marked as the paper's, on its data.
+paper's own Table 2 gaps are quoted beside them, marked as the paper's, on its data. ``--figure`` draws the
+rows' validation curves: each row's mean over seeds of the best value reached by each step (what a checkpoint
+kept at that step would score), every seed's own validations faint, and each model's best checkpoint marked.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from pathlib import Path
 
 from hyperplex.experiments.intervals import summarize, t_quantile_975
 from hyperplex.experiments.state import DIVERGED_FILE
+from hyperplex.fileio import atomic_write
 
-__all__ = ["PAPER_TABLE2", "best_by", "training_course", "welch_gap", "row_courses", "convergence_section"]
+__all__ = ["PAPER_TABLE2", "best_by", "training_course", "welch_gap", "row_courses", "convergence_section",
+           "mean_best_curve", "convergence_figure"]
 
 #: Zhang et al. (ICLR 2021), Table 2, BLEU on seven corpora — quoted from the paper, never measured here.
 PAPER_TABLE2 = {
@@ -247,6 +251,58 @@ def convergence_section(results: dict, records: Path | None, comparisons: list[t
     return "\n".join(lines) + "\n"
 
 
+def mean_best_curve(courses: list[dict]) -> list[tuple[int, float]]:
+    """``(step, mean over the models of the best value each had reached by that step)`` at every step where one of
+    ``courses`` validated, from the first step at which all of them had validated (before it the mean would be
+    over fewer models). A model that stopped keeps its final best (:func:`best_by`)."""
+    steps = sorted({s for c in courses for s, _ in c.get("curve", [])})
+    points = []
+    for step in steps:
+        values = [best_by(c, step) for c in courses]
+        if values and all(v is not None for v in values):
+            points.append((step, math.fsum(values) / len(values)))
+    return points
+
+
+def convergence_figure(results: dict, records: Path | None, metric: str = "bleu", rows: list[str] | None = None):
+    """The figure of the module docstring for the rows named in ``rows`` (all trained rows when None): a
+    :class:`matplotlib.figure.Figure` whose artists carry ``gid`` ``mean:ROW``, ``seed:ROW:K`` (K the model's
+    position in the row) and ``best:ROW``, so that tests can read the plotted data back."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    trained = {r["name"]: r for r in row_courses(results, records, metric) if r["values"]}
+    names = rows or list(trained)
+    missing = [name for name in names if name not in trained]
+    if missing:
+        raise ValueError(f"--figure-rows: no finished model in row(s) {', '.join(missing)} "
+                         f"(rows with one: {', '.join(trained) or 'none'})")
+    fig = Figure(figsize=(7.5, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    colors = [f"C{i}" for i in range(10)]
+    for i, name in enumerate(names):
+        row, color = trained[name], colors[i % len(colors)]
+        for k, course in enumerate(row["courses"]):
+            curve = course.get("curve", [])
+            ax.plot([s for s, _ in curve], [v for _, v in curve], color=color, alpha=0.25, linewidth=0.8,
+                    gid=f"seed:{name}:{k}")
+        mean = mean_best_curve(row["courses"])
+        ax.plot([s for s, _ in mean], [v for _, v in mean], color=color, linewidth=2,
+                label=f"{row['label']} ({len(row['courses'])} seeds)", gid=f"mean:{name}")
+        bests = [(c["best_step"], c["best"]) for c in row["courses"] if c["best"] is not None]
+        ax.scatter([s for s, _ in bests], [v for _, v in bests], color=color, marker="o", s=18, zorder=3,
+                   gid=f"best:{name}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"validation {metric}")
+    ax.set_title(f"{results['plan']['name']}: validation {metric} during training\n(thick: mean over seeds of the "
+                 f"best so far; faint: each validation; dots: the best checkpoints)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
 PROG = "hyperplex report convergence"
 
 
@@ -264,6 +320,10 @@ def add_arguments(parser) -> None:
                              "(e.g. a fixed budget's last step beside later ones)")
     parser.add_argument("--append-to", metavar="FILE",
                         help="also replace the <!-- plan:PLAN.convergence --> section of this markdown file")
+    parser.add_argument("--figure", metavar="PNG",
+                        help="also draw the rows' validation curves to this PNG (e.g. docs/figures/PLAN.png)")
+    parser.add_argument("--figure-rows", metavar="ROW", nargs="+",
+                        help="the rows the figure draws (default: every row with a finished model)")
 
 
 def _comparisons(specs: list[str], rows: set[str]) -> list[tuple[str, str, str]]:
@@ -292,7 +352,8 @@ def run(args, prog: str = PROG) -> int:
 
     path = Path(args.results)
     try:
-        check_outputs({"--append-to": args.append_to}, [args.results])  # never over the results it reads
+        # never over the results it reads, nor the figure over the section
+        check_outputs({"--append-to": args.append_to, "--figure": args.figure}, [args.results])
         results = json.loads(path.read_text(encoding="utf-8"))
         rows = {row["name"] for row in results["rows"]}
         comparisons = _comparisons(args.compare, rows)
@@ -302,8 +363,19 @@ def run(args, prog: str = PROG) -> int:
         print(f"{prog}: {path}: {err}", file=sys.stderr)
         return 1
     records = Path(args.records) if args.records else path.parent
+    figure = None
+    if args.figure:  # drawn before anything is written, so a bad --figure-rows leaves every file as it was
+        try:
+            figure = convergence_figure(results, records, args.metric, args.figure_rows)
+        except ValueError as err:
+            print(f"{prog}: {path}: {err}", file=sys.stderr)
+            return 1
     body = convergence_section(results, records, comparisons, args.metric, args.at_steps)
     print(body, end="")
     if args.append_to:
         write_section(args.append_to, f"{results['plan']['name']}.convergence", body)
+    if figure is not None:
+        Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(args.figure, lambda tmp: figure.savefig(tmp, format="png", dpi=120))
+        print(f"wrote {args.figure}", file=sys.stderr)
     return 0

@@ -31,6 +31,7 @@ INTEGRATION_MODULES = {
     "tests/cli/test_model_folder_safety.py",  # lock holders in other processes
     "tests/experiments/test_cli.py",  # the plan runner as a script
     "tests/experiments/test_demo.py",  # `hyperplex demo` in a child
+    "tests/experiments/test_lanes.py",  # lane.sh in bash, with a stand-in interpreter
     "tests/layers/test_native.py",  # builds the C++ kernel
     "tests/train/test_process.py",  # DDP under torchrun
 }

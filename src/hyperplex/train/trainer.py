@@ -400,8 +400,8 @@ class Trainer:
             sync = contextlib.nullcontext()
             if self.world > 1 and j < len(group) - 1:
                 sync = train_model.no_sync()
-            with sync:
-                with self._autocast(), self._compile_errors(state):
+            with sync, self._compile_errors(state):  # the backward pass compiles at its first call too
+                with self._autocast():
                     loss_sum = self.task.loss(train_model, shard).float()
                 # DDP averages gradients over processes; scale so the result is the
                 # gradient of (total loss / total tokens) of the global batch.
@@ -452,10 +452,11 @@ class Trainer:
             yield
             return
         from torch._dynamo.exc import BackendCompilerFailed
+        from torch._inductor.exc import CppCompileError  # raised bare where a lazy backward compile fails
 
         try:
             yield
-        except BackendCompilerFailed as error:
+        except (BackendCompilerFailed, CppCompileError) as error:
             cause = getattr(error, "inner_exception", None) or error
             first = (str(cause).strip().splitlines() or [""])[0]
             what = f"{type(cause).__name__}: {first[:300]}" if first else type(cause).__name__

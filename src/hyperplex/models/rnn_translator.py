@@ -41,7 +41,7 @@ from hyperplex.config.registry import ModelConfig
 from hyperplex.layers import shared_weights
 from hyperplex.nn.linear import LinearSpec, make_linear
 from hyperplex.nn.luong import ATTENTIONS, make_attention
-from hyperplex.nn.masks import lengths_to_mask
+from hyperplex.nn.masks import lengths_out_of_range, lengths_to_mask
 from hyperplex.nn.rnn import PHMLSTM, reverse_padded
 
 __all__ = ["RNNTranslatorConfig", "RNNTranslator"]
@@ -161,8 +161,7 @@ class RNNTranslator(nn.Module):
         if src_lengths.shape != (src.shape[0],):
             raise ValueError(f"RNNTranslator: src_lengths must have shape ({src.shape[0]},), "
                              f"got {tuple(src_lengths.shape)}")
-        # one host read (none while torch.compile traces, as in lengths_to_mask)
-        if not torch.compiler.is_compiling() and bool(((src_lengths < 1) | (src_lengths > src.shape[1])).any()):
+        if lengths_out_of_range(src_lengths, 1, src.shape[1]):
             raise ValueError(f"RNNTranslator: src_lengths must lie in [1, {src.shape[1]}], got {src_lengths.tolist()}")
 
     def _bridge(self, final: Tensor) -> Tensor:

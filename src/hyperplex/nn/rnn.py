@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from hyperplex.layers import shared_weights
 from hyperplex.layers.conversion import copy_into_like, dense_weight
 from hyperplex.nn.linear import LinearSpec, make_linear
-from hyperplex.nn.masks import lengths_to_mask
+from hyperplex.nn.masks import lengths_out_of_range, lengths_to_mask
 
 __all__ = ["PHMLSTMCell", "PHMLSTM", "reverse_padded"]
 
@@ -164,8 +164,7 @@ class PHMLSTM(nn.Module):
         lengths = torch.as_tensor(lengths)
         if lengths.shape != (batch,):
             raise ValueError(f"PHMLSTM lengths must have shape ({batch},), got {tuple(lengths.shape)}")
-        # one host read (none while torch.compile traces, as in lengths_to_mask)
-        if not torch.compiler.is_compiling() and bool(((lengths < 0) | (lengths > steps)).any()):
+        if lengths_out_of_range(lengths, 0, steps):
             raise ValueError(f"PHMLSTM lengths must lie in [0, {steps}] (the time dimension), got {lengths.tolist()}")
         return lengths
 

@@ -230,7 +230,8 @@ class Trainer:
         try:
             loop.interrupts.install()
             model.train()
-            last_val = self._run_steps(loop, state)
+            with self._compile_errors(state):
+                last_val = self._run_steps(loop, state)
         finally:
             loop.interrupts.uninstall()
             if loop.bar is not None:
@@ -400,7 +401,7 @@ class Trainer:
             sync = contextlib.nullcontext()
             if self.world > 1 and j < len(group) - 1:
                 sync = train_model.no_sync()
-            with sync, self._compile_errors(state):  # the backward pass compiles at its first call too
+            with sync:
                 with self._autocast():
                     loss_sum = self.task.loss(train_model, shard).float()
                 # DDP averages gradients over processes; scale so the result is the
@@ -445,9 +446,10 @@ class Trainer:
 
     @contextlib.contextmanager
     def _compile_errors(self, state: TrainState):
-        """With ``training.compile``, a failure of torch.compile's backend (no C++ compiler on a CPU machine, no
-        Triton for a GPU, an operation it cannot trace) ends training with one line that says so and what to do,
-        not a compiler's traceback; nothing of this step has been applied."""
+        """With ``training.compile``, a failure of torch.compile's backend in a step's forward or backward pass (no
+        C++ compiler on a CPU machine, no Triton for a GPU, an operation it cannot trace; the backward compiles at
+        its first call) ends training with one line that says so and what to do, not a compiler's traceback;
+        nothing of that step has been applied, and validation runs eager, so nothing else compiles."""
         if not self.tcfg.compile:
             yield
             return

@@ -5,6 +5,7 @@ through the real CLI and checks the exit code and the message; a refused command
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -66,7 +67,7 @@ def test_max_steps_is_not_capped_by_a_default_max_epochs(world, tmp_path, capsys
     assert last_step(tmp_path / "m") == 14
     log = log_of(tmp_path / "m")
     assert "budget: training.max_steps=14 ends the run (1 steps per epoch" in log
-    assert re.search(r"finished at step 14 \(epoch 15\): reached training.max_steps=14", log), log
+    assert re.search(r"finished at step 14 \(epoch 14\): reached training.max_steps=14", log), log
 
 
 def test_both_limits_say_which_one_ends_the_run(world, tmp_path, capsys):
@@ -75,8 +76,21 @@ def test_both_limits_say_which_one_ends_the_run(world, tmp_path, capsys):
     log = log_of(tmp_path / "m")
     assert "budget: training.max_epochs=3 ends the run at ≈ step 3 (1 steps per epoch), BEFORE " \
            "training.max_steps=20" in log
-    assert "finished at step 3 (epoch 4): completed training.max_epochs=3 epochs" in log
+    assert "finished at step 3 (epoch 3): completed training.max_epochs=3 epochs" in log
     assert last_step(tmp_path / "m") == 3
+
+
+def test_a_validation_at_an_epochs_end_is_named_for_that_epoch(world, tmp_path, capsys):
+    """Was: the epoch counter moved on before the end-of-epoch validation was logged, so the validation
+    after epoch 1 read "epoch 2" in the log and in metrics.csv (and "epochs to best" was one too many)."""
+    cfg = one_batch_config(world, tmp_path, max_steps=0, max_epochs=3, log_every=1)
+    train_ok(capsys, cfg, "--model-dir", tmp_path / "m")
+    log = log_of(tmp_path / "m")
+    assert [int(e) for e in re.findall(r"validation at step \d+ \(epoch (\d+)\)", log)] == [1, 2, 3], log
+    with open(tmp_path / "m" / "metrics.csv", newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["name"] == "loss"]
+    assert {(r["split"], int(r["step"]), int(r["epoch"])) for r in rows} == \
+        {(split, k, k) for split in ("train", "dev") for k in (1, 2, 3)}
 
 
 def test_no_limit_at_all_is_refused_at_load(world, tmp_path, capsys):

@@ -53,6 +53,12 @@ def test_the_course_reads_best_step_and_why_training_stopped(tmp_path):
     assert training_course(tmp_path / "missing") == {"best": None, "best_step": None, "best_epoch": None,
                                                      "last_step": 0, "stop": "unfinished", "trained_on": [],
                                                      "curve": []}
+    # epochs to best: the epochs of data before the best step, from the first budget line's steps per epoch (a
+    # resumed run logs its own; the metrics' epoch column named the next epoch after an epoch-closing step)
+    budget = "2026-01-01 00:00:00 INFO budget: training.max_steps=40,000 ends the run ({} steps per epoch, ≈ 1 epochs)"
+    with (patience / "train.log").open("a") as log:
+        log.write(budget.format(300) + "\n" + budget.format(301) + "\n")
+    assert training_course(patience)["best_epoch"] == 750 / 300
     # where it trained: every segment's device and torch, once each, in order (a GPU session resumed on a CPU)
     segments = [{"machine": {"device": d, "torch": "2.13.0"}} for d in ("cuda (NVIDIA H100)", "cpu", "cpu")]
     (patience / "experiment.json").write_text(json.dumps({"segments": segments}))

@@ -37,6 +37,7 @@ PAPER_TABLE2 = {
 }
 
 _FINISHED = re.compile(r"finished at step (\d+) \(epoch (\d+)\): (.*)$")
+_STEPS_PER_EPOCH = re.compile(r"\((\d+) steps per epoch")
 
 
 def _stop_kind(reason: str) -> str:
@@ -53,9 +54,11 @@ def _stop_kind(reason: str) -> str:
 def training_course(files: Path, metric: str = "bleu") -> dict:
     """The course of one model from its folder or record ``files``: ``{"best", "best_step", "best_epoch",
     "last_step", "stop"}``. ``best`` is the highest validation ``metric`` in ``metrics.csv`` (the first
-    validation (split ``dev``) reaching it gives the step and epoch, as the trainer keeps the first best
-    checkpoint); ``stop``
-    is ``early stopping``, ``step cap``, ``epoch cap``, ``diverged``, ``unfinished`` or ``other``."""
+    validation (split ``dev``) reaching it gives the step, as the trainer keeps the first best checkpoint);
+    ``best_epoch`` is the epochs of training data before it, ``best_step`` over the steps per epoch that the
+    trainer's budget line logged (the first epoch's; bucketed batches vary by a step or so between epochs), or,
+    in a log without that line, the epoch that ``metrics.csv`` names. ``stop`` is ``early stopping``, ``step
+    cap``, ``epoch cap``, ``diverged``, ``unfinished`` or ``other``."""
     best = best_step = best_epoch = None
     last_step = 0
     curve = []
@@ -71,12 +74,18 @@ def training_course(files: Path, metric: str = "bleu") -> dict:
                     if math.isfinite(value) and (best is None or value > best):
                         best, best_step, best_epoch = value, step, int(row["epoch"])
     stop = "unfinished"
+    steps_per_epoch = None
     log = files / "train.log"
     if log.is_file():
         for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
             found = _FINISHED.search(line)
             if found:
                 stop, last_step = _stop_kind(found.group(3)), max(last_step, int(found.group(1)))
+            per_epoch = _STEPS_PER_EPOCH.search(line)
+            if per_epoch and steps_per_epoch is None and int(per_epoch.group(1)) > 0:
+                steps_per_epoch = int(per_epoch.group(1))
+    if best_step is not None and steps_per_epoch:
+        best_epoch = best_step / steps_per_epoch
     if (files / DIVERGED_FILE).is_file():
         stop = "diverged"
     return {"best": best, "best_step": best_step, "best_epoch": best_epoch, "last_step": last_step, "stop": stop,

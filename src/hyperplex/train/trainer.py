@@ -66,6 +66,13 @@ class TrainState:
     window_grad_norm: float = 0.0
     window_grad_norm_max: float = 0.0
 
+    @property
+    def step_epoch(self) -> int:
+        """The epoch (1-based) that the last step taken belongs to: what logs and ``metrics.csv`` name.
+        ``epoch`` has already moved on after the step that closed an epoch (a checkpoint there resumes at the
+        next epoch's start), so a validation at the end of epoch 1 is "epoch 1", not 2."""
+        return self.epoch - 1 if self.batch_index == 0 and self.step > 0 else self.epoch
+
 
 class _Throughput:
     """What this process trained since the last log line (target tokens or examples) and since when: the
@@ -240,7 +247,7 @@ class Trainer:
                 metrics.close()
         if self.rank == 0 and tcfg.plots:
             self._plots()
-        self.log.info(f"finished at step {state.step} (epoch {state.epoch}): {self._stop_message(state)}; "
+        self.log.info(f"finished at step {state.step} (epoch {state.step_epoch}): {self._stop_message(state)}; "
                       f"best {self.metric} {state.best_metric}")
         return last_val
 
@@ -368,15 +375,15 @@ class Trainer:
         tcfg, unit = self.tcfg, self.task.loss_unit  # what num_tokens (and so the speed) counts
         if loop.bar is not None:
             loop.bar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.2e}", speed=f"{throughput.rate():.0f} {unit}/s",
-                                 epoch=state.epoch, refresh=False)
+                                 epoch=state.step_epoch, refresh=False)
             loop.bar.update(1)
         if state.step % tcfg.log_every != 0:
             return
         mean = state.window_loss / max(state.window_tokens, 1)
-        self.log.info(f"step {state.step} epoch {state.epoch}: loss {mean:.4f} lr {lr:.3e} "
+        self.log.info(f"step {state.step} epoch {state.step_epoch}: loss {mean:.4f} lr {lr:.3e} "
                       f"{throughput.rate():.0f} {unit}/s")
         if loop.metrics:
-            loop.metrics.write(state.step, state.epoch, "train",
+            loop.metrics.write(state.step, state.step_epoch, "train",
                                {"loss": mean, "lr": lr, "grad_norm": state.window_grad_norm / tcfg.log_every,
                                 "grad_norm_max": state.window_grad_norm_max})
         state.window_loss, state.window_tokens = 0.0, 0
@@ -473,8 +480,8 @@ class Trainer:
             manager.save_last(model_state(model), optimizer.state_dict(), self._extra(state))
         if bar is not None:
             bar.close()
-        message = (f"interrupted by {name} at step {state.step} (epoch {state.epoch}); saved a resumable checkpoint "
-                   f"{self.model_dir / LAST}; continue with the same command and --resume")
+        message = (f"interrupted by {name} at step {state.step} (epoch {state.step_epoch}); saved a resumable "
+                   f"checkpoint {self.model_dir / LAST}; continue with the same command and --resume")
         self.log.info(message)
         raise TrainingInterrupted(message, signal_number, saved=True)
 
@@ -566,7 +573,7 @@ class Trainer:
             for name in dict.fromkeys(("loss", self.metric)):  # never save (over last) weights that score NaN
                 if name in values and not math.isfinite(values[name]):
                     error = self._nonfinite(f"validation {name} became {values[name]} at step {state.step} "
-                                            f"(epoch {state.epoch})", saved_by=state.step - 1)
+                                            f"(epoch {state.step_epoch})", saved_by=state.step - 1)
                     break
             if error is None:
                 self._record_validation(model, optimizer, state, manager, metrics, values)
@@ -592,8 +599,8 @@ class Trainer:
             self.log.info(f"early stopping: {self.metric} has not improved for {state.bad_validations} validations")
             state.finished, state.stop_reason = True, "patience"
         shown = " ".join(f"{k} {v:.4f}" for k, v in values.items())
-        self.log.info(f"validation at step {state.step} (epoch {state.epoch}): {shown}")
-        metrics.write(state.step, state.epoch, "dev", values)
+        self.log.info(f"validation at step {state.step} (epoch {state.step_epoch}): {shown}")
+        metrics.write(state.step, state.step_epoch, "dev", values)
         extra = self._extra(state)
         manager.save_last(model_state(model), optimizer.state_dict(), extra)
         manager.save_if_best(value, state.step, model_state(model), None, extra)

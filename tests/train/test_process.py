@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from conftest import torchrun
+from conftest import torchrun, write_tiny_config
 
 # Each rank: join the group the way the trainer does, train a DDP step, drop the wrapper, shut down, and
 # print the gloo threads still alive (thread names from /proc). Threads left running into interpreter
@@ -44,3 +44,31 @@ def test_shutdown_joins_gloo_threads_after_ddp(tmp_path):
         during, after = line.removeprefix("during ").split(" after ")
         assert "gloo" in during, (rank, line)  # the check can see the threads it looks for
         assert after == "[]", (rank, line)
+
+
+# Each rank: `hyperplex.train.run.train` called from a script, as a user's own torchrun entry point would; with
+# argv[3] the script made the process group itself first (train must then leave it to its owner).
+TRAIN_SCRIPT = """
+import os, sys
+import torch.distributed as dist
+from hyperplex.train.run import train
+
+if len(sys.argv) > 3:
+    dist.init_process_group("gloo")
+train(sys.argv[1], model_dir=sys.argv[2])
+with open(os.path.join(sys.argv[2], f"group{os.environ['RANK']}.txt"), "w") as f:
+    f.write(str(dist.is_initialized()))
+"""
+
+
+@pytest.mark.parametrize("own_group", [False, True])
+def test_train_tears_down_the_process_group_it_made_and_only_that(tmp_path, own_group):
+    """A script that called train() under torchrun and then exited aborted now and then at interpreter teardown
+    (rank 1 SIGABRT after "finished at step 8"): only the CLI shut the group down."""
+    script = tmp_path / "train_script.py"
+    script.write_text(TRAIN_SCRIPT)
+    config = write_tiny_config(tmp_path, max_steps=4, validation_every=4, batch_size=16)
+    proc = torchrun(script, config, tmp_path / "m", *(["own"] if own_group else []), timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    for rank in (0, 1):
+        assert (tmp_path / "m" / f"group{rank}.txt").read_text() == str(own_group), rank

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 from pathlib import Path
@@ -24,6 +25,9 @@ def distributed() -> tuple[int, int]:
 
         backend = "nccl" if torch.cuda.is_available() and os.environ.get("HYPERPLEX_BACKEND") != "gloo" else "gloo"
         dist.init_process_group(backend=backend)
+        # The group lives for the process (several runs in one process share it) and is destroyed at exit,
+        # before interpreter teardown, whether the CLI or a user's script called train().
+        atexit.register(shutdown_distributed)
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -43,13 +43,9 @@ def train(config: str, overrides: list[str] | None = None, model_dir: str | None
 
 def _train_owned(cfg: ExperimentConfig, config: str, overrides: list[str] | None, data_root: str | None,
                  resume: bool) -> dict:
-    import torch.distributed as dist
-
     from hyperplex.config.registry import get_task
-    from hyperplex.train.process import shutdown_distributed
     from hyperplex.train.trainer import Trainer
 
-    made_group = not (dist.is_available() and dist.is_initialized())  # under torchrun the Trainer makes it
     changes: list[str] = []
     if resume and (Path(cfg.model_dir) / "config.yaml").is_file():
         # The saved config is the run's; only budget keys may change (anything else is refused, by name).
@@ -63,8 +59,6 @@ def _train_owned(cfg: ExperimentConfig, config: str, overrides: list[str] | None
         for handler in list(log.handlers):
             log.removeHandler(handler)
             handler.close()
-        if made_group:  # joined here, not in interpreter teardown, where gloo can abort a finished run
-            shutdown_distributed()
 
 
 def compress(config: str, overrides: list[str] | None = None, model_dir: str | None = None,

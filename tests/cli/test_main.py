@@ -152,3 +152,14 @@ def test_params_of_a_huge_vocabulary_counts_without_allocating(tmp_path, capsys)
     assert "vocabulary 1000000000000" in out and "| embeddings | 32,000,000,000,000 |" in out
     assert cli.main(["params", str(config), "--vocab-size", "100"]) == 0
     assert "| embeddings | 3,200 |" in capsys.readouterr().out  # the same rule at an ordinary size
+
+
+def test_version_names_hyperplex_torch_and_the_build(capsys):
+    import hyperplex
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out.strip()
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
+    assert out == f"hyperplex {hyperplex.__version__} (torch {torch.__version__}, {build})"

@@ -8,6 +8,7 @@ The adapter adds ``s · ΔW x`` to a frozen layer ``W x + b`` with ``ΔW = Σᵢ
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hyperplex.layers.selection import glob_patterns
@@ -57,16 +58,16 @@ class PHMAdapterConfig(TransformConfig):
     rank: int | None = field(default=None, metadata={"help": "None: full Sᵢ (k/n × d/n); r: Sᵢ = Lᵢ Rᵢ with "
                                                              "Lᵢ = left[i] (k/n × r), Rᵢ = right[i] (r × d/n); "
                                                              "default None"})
-    targets: tuple[str, ...] | None = field(default=None, metadata={
+    targets: Sequence[str] | None = field(default=None, metadata={
         "help": "glob patterns on dotted module names; each must match at least one linear layer; None = every "
                 "linear layer"})
-    exclude: tuple[str, ...] = field(default=(), metadata={
+    exclude: Sequence[str] = field(default=(), metadata={
         "help": "glob patterns of linear layers left alone; each must match one; default none"})
     scale: float = field(default=1.0, metadata={"help": "s in y = W x + b + s·ΔW x; default 1.0"})
     shared_rule: bool = field(default=False, metadata={"help": "one set of Aᵢ for every adapted layer (Compacter); "
                                                                "default false: a rule per layer"})
     dropout: float = field(default=0.0, metadata={"help": "dropout on the adapter's input (as LoRA); default 0.0"})
-    modules_to_save: tuple[str, ...] = field(default=(), metadata={
+    modules_to_save: Sequence[str] = field(default=(), metadata={
         "help": "glob patterns of modules (any type, e.g. a new head) that the adapter trains in full, as a copy "
                 "per adapter, and saves with its weights; each must match a module; default none"})
 

@@ -445,6 +445,24 @@ def _add_config_reference(sub, common: argparse.ArgumentParser) -> None:
     add_config_reference(sub, common)
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: hyperplex's version with torch's and its CUDA build's, the three that a bug report needs;
+    torch is imported only when it is asked for, so the other verbs' ``--help`` stays quick."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0,
+                         help=help or "print hyperplex's, torch's and CUDA's versions and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import torch
+
+        from hyperplex._version import __version__
+
+        cuda = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
+        print(f"hyperplex {__version__} (torch {torch.__version__}, {cuda})")  # stdout, as argparse's own
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``hyperplex`` parser: one subparser per verb, each added by its ``_add_VERB`` function."""
     common = argparse.ArgumentParser(add_help=False)
@@ -453,6 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hyperplex", parents=[common],
         description="Parameterized hypercomplex multiplication (PHM) layers and quaternion networks for NLP.")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_demo, _add_train, _add_compress, _add_score_encoder, _add_corpus, _add_evaluate, _add_translate,
                 _add_params, _add_average, _add_experiment, _add_report, _add_export,

@@ -10,7 +10,7 @@ Layers are selected with ``targets`` / ``exclude`` (:mod:`hyperplex.transforms`)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -46,8 +46,8 @@ class PHMConfig(TransformConfig):
     ``ValueError`` naming the field."""
 
     n: int = field(default=4, metadata={"help": "Kronecker terms; must divide both sizes of a layer to convert it"})
-    targets: tuple[str, ...] | None = field(default=None, metadata={"help": _SELECTION_HELP})
-    exclude: tuple[str, ...] = field(default=(), metadata={"help": "glob patterns of layers kept dense"})
+    targets: Sequence[str] | None = field(default=None, metadata={"help": _SELECTION_HELP})
+    exclude: Sequence[str] = field(default=(), metadata={"help": "glob patterns of layers kept dense"})
     init: str = field(default="svd", metadata={"help": f"one of {', '.join(INITS)}; see hyperplex.convert.linears"})
     rule: str = field(default="learned", metadata={"help": "learned, or an algebra name (quaternion, ...)"})
     min_features: int = field(default=32, metadata={"help": "layers with min(in, out) below this stay dense"})
@@ -78,8 +78,8 @@ class LowRankConfig(TransformConfig):
 
     n: int = field(default=4, metadata={"help": "the PHM n whose parameter count the rank matches (rank=None)"})
     rank: int | None = field(default=None, metadata={"help": "explicit rank; None = matched to PHM n"})
-    targets: tuple[str, ...] | None = field(default=None, metadata={"help": _SELECTION_HELP})
-    exclude: tuple[str, ...] = field(default=(), metadata={"help": "glob patterns of layers kept dense"})
+    targets: Sequence[str] | None = field(default=None, metadata={"help": _SELECTION_HELP})
+    exclude: Sequence[str] = field(default=(), metadata={"help": "glob patterns of layers kept dense"})
     init: str = field(default="svd", metadata={"help": f"one of {', '.join(INITS)}; see hyperplex.convert.linears"})
     min_features: int = field(default=32, metadata={"help": "layers with min(in, out) below this stay dense"})
     refine_steps: int = field(default=200, metadata={"help": "Adam steps per layer for init='activation'"})

@@ -8,7 +8,7 @@ training mode raises, and so does quantising it again.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -45,10 +45,10 @@ class Int8Config(TransformConfig):
     :class:`~hyperplex.LowRankLinear` and :class:`~hyperplex.PHMLinear` becomes its int8 layer
     (:mod:`hyperplex.int8.layers`). Invalid values raise ``ValueError`` naming the field."""
 
-    targets: tuple[str, ...] | None = field(default=None, metadata={
+    targets: Sequence[str] | None = field(default=None, metadata={
         "help": "glob patterns on dotted layer names (fnmatch; a pattern P also matches names ending in .P); "
                 "None = every dense, low-rank and PHM layer"})
-    exclude: tuple[str, ...] = field(default=(), metadata={"help": "glob patterns of layers kept in float"})
+    exclude: Sequence[str] = field(default=(), metadata={"help": "glob patterns of layers kept in float"})
     phm_path: str = field(default="auto", metadata={
         "help": "how an int8 PHM layer computes: auto (premixed when in ≤ out, else int8), int8, premixed, "
                 "dequantized (see QuantizedPHMLinear)"})

@@ -1,0 +1,43 @@
+"""The annotations are part of the API (the package ships ``py.typed``): the README's Python examples, as a user
+would paste them, type-check against them with mypy. A wrong annotation on a public signature (a config field that
+says ``tuple`` where the docs pass a list, a return type the docs unpack differently) fails here."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+mypy_api = pytest.importorskip("mypy.api", reason="mypy comes with the lint extra")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_examples() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
+
+
+def test_the_package_declares_its_annotations():
+    assert (ROOT / "src" / "hyperplex" / "py.typed").is_file()
+    assert '"hyperplex" = ["py.typed"]' in (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+
+
+def test_the_readme_examples_type_check(tmp_path):
+    examples = readme_examples()
+    assert len(examples) >= 2  # the drop-in layer and the pretrained model
+    files = []
+    for i, code in enumerate(examples):
+        files.append(tmp_path / f"readme_example_{i}.py")
+        files[-1].write_text(code, encoding="utf-8")
+    # the weights package and sentence-transformers are the examples' own imports, not hyperplex's API
+    out, err, status = mypy_api.run(["--ignore-missing-imports", "--no-incremental", "--cache-dir", str(tmp_path / "c"),
+                                     "--no-error-summary", *map(str, files)])
+    assert status == 0, out + err
+
+
+def test_a_wrong_use_of_the_api_is_caught(tmp_path):
+    """The check can fail: unpacking ``from_linear`` as one layer (it returns the layer and its error) is an error."""
+    code = ("from torch import nn\nfrom hyperplex import PHMLinear\n"
+            "layer: PHMLinear = PHMLinear.from_linear(nn.Linear(8, 8), 4)\n")
+    (tmp_path / "wrong.py").write_text(code, encoding="utf-8")
+    out, _, status = mypy_api.run(["--no-incremental", "--cache-dir", str(tmp_path / "c"), str(tmp_path / "wrong.py")])
+    assert status == 1 and "tuple[PHMLinear, float]" in out, out

@@ -16,6 +16,11 @@ def readme_examples() -> list[str]:
     return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
 
 
+def run_mypy(tmp_path: Path, *args: str) -> tuple[str, str, int]:
+    """mypy from a clean cache in ``tmp_path``, so no earlier run's results stand in for this one's."""
+    return mypy_api.run(["--no-incremental", "--cache-dir", str(tmp_path / "mypy_cache"), *args])
+
+
 def test_the_package_declares_its_annotations():
     assert (ROOT / "src" / "hyperplex" / "py.typed").is_file()
     assert '"hyperplex" = ["py.typed"]' in (ROOT / "pyproject.toml").read_text(encoding="utf-8")
@@ -29,8 +34,7 @@ def test_the_readme_examples_type_check(tmp_path):
         files.append(tmp_path / f"readme_example_{i}.py")
         files[-1].write_text(code, encoding="utf-8")
     # the weights package and sentence-transformers are the examples' own imports, not hyperplex's API
-    out, err, status = mypy_api.run(["--ignore-missing-imports", "--no-incremental", "--cache-dir", str(tmp_path / "c"),
-                                     "--no-error-summary", *map(str, files)])
+    out, err, status = run_mypy(tmp_path, "--ignore-missing-imports", "--no-error-summary", *map(str, files))
     assert status == 0, out + err
 
 
@@ -39,5 +43,5 @@ def test_a_wrong_use_of_the_api_is_caught(tmp_path):
     code = ("from torch import nn\nfrom hyperplex import PHMLinear\n"
             "layer: PHMLinear = PHMLinear.from_linear(nn.Linear(8, 8), 4)\n")
     (tmp_path / "wrong.py").write_text(code, encoding="utf-8")
-    out, _, status = mypy_api.run(["--no-incremental", "--cache-dir", str(tmp_path / "c"), str(tmp_path / "wrong.py")])
+    out, _, status = run_mypy(tmp_path, str(tmp_path / "wrong.py"))
     assert status == 1 and "tuple[PHMLinear, float]" in out, out

@@ -124,3 +124,21 @@ def test_tokenizer_and_vocab_saved_then_loaded_encode_alike(tmp_path):
     assert loaded_vocab.itos == vocab.itos
     for line in lines + ["a cat never seen"]:
         assert loaded_vocab.encode(loaded_tok.tokenize(line)) == vocab.encode(tok.tokenize(line))
+
+
+@pytest.mark.parametrize("tokenizer", ["word", "bpe"])
+def test_tokenizer_and_vocab_on_a_rank_other_than_0_builds_the_same_and_writes_nothing(tmp_path, monkeypatch,
+                                                                                        tokenizer):
+    """Under torchrun a rank other than 0 could reach this before rank 0 had made the model folder (a second
+    train() in one process failed there): it builds what rank 0 builds and leaves the files to rank 0."""
+    import hyperplex.tasks.common as common
+
+    cfg = _data(tokenizer=tokenizer, vocab_size=40)
+    lines = [f"the cat {w} sat on the mat" for w in ("black", "white", "grey", "small", "old")] * 20
+    main_tok, main_vocab = tokenizer_and_vocab(cfg, lines, tmp_path / "rank0", "src", fresh=True)
+    monkeypatch.setattr(common, "is_main_process", lambda: False)
+    folder = tmp_path / "not-made-yet"
+    tok, vocab = tokenizer_and_vocab(cfg, lines, folder, "src", fresh=True)
+    assert not folder.exists()
+    assert vocab.itos == main_vocab.itos
+    assert tok.tokenize("the grey cat") == main_tok.tokenize("the grey cat")

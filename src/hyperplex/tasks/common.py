@@ -10,6 +10,7 @@ from hyperplex.config.experiment import DataConfig, ExperimentConfig, resolve_da
 from hyperplex.data.readers import DataError
 from hyperplex.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
 from hyperplex.data.vocab import Vocabulary
+from hyperplex.train.process import is_main_process
 
 
 def data_file(path: str, data_root: str | None, suffix: str = "", key: str = "data.train") -> Path:
@@ -71,14 +72,19 @@ def tokenizer_options(cfg: DataConfig) -> dict:
 
 def tokenizer_and_vocab(cfg: DataConfig, lines: list[str] | None, model_dir: Path, name: str,
                         fresh: bool) -> tuple[Tokenizer, Vocabulary]:
-    """Train/build (``fresh``) and save, or load, the tokeniser ``name`` and its vocabulary."""
+    """Train/build (``fresh``) and save, or load, the tokeniser ``name`` and its vocabulary.
+
+    Under torchrun every rank builds the same tokeniser from the same lines (sentencepiece's training is
+    deterministic), but only rank 0 saves it: the other ranks may get here before rank 0 has made the
+    model folder, and two ranks need not write one file."""
     if fresh:
         kind = "sentencepiece" if cfg.tokenizer in ("bpe", "unigram") else cfg.tokenizer
         tokenizer = build_tokenizer(kind, lines, **tokenizer_options(cfg))
         max_size = cfg.vocab_size if cfg.tokenizer == "word" else None
         vocab = tokenizer.build_vocab(lines, max_size=max_size, min_freq=cfg.min_freq)
-        tokenizer.save(model_dir, name)
-        vocab.save(model_dir / f"{name}_vocab.json")
+        if is_main_process():
+            tokenizer.save(model_dir, name)
+            vocab.save(model_dir / f"{name}_vocab.json")
         return tokenizer, vocab
     return load_tokenizer(model_dir, name), Vocabulary.load(model_dir / f"{name}_vocab.json")
 

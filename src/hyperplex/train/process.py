@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-__all__ = ["distributed", "shutdown_distributed", "resolve_device", "check_writable"]
+__all__ = ["distributed", "is_main_process", "shutdown_distributed", "resolve_device", "check_writable"]
 
 
 def distributed() -> tuple[int, int]:
@@ -29,6 +29,11 @@ def distributed() -> tuple[int, int]:
         # before interpreter teardown, whether the CLI or a user's script called train().
         atexit.register(shutdown_distributed)
     return dist.get_rank(), dist.get_world_size()
+
+
+def is_main_process() -> bool:
+    """True outside a torchrun group and on its rank 0: the process that writes a run's shared files."""
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def shutdown_distributed() -> None:

@@ -247,14 +247,17 @@ def convergence_section(results: dict, records: Path | None, comparisons: list[t
     waiting = [r["label"] for r in every if not r["values"]]
     if waiting:
         lines += ["", f"No finished model yet: {'; '.join(waiting)}."]
-    lines += ["", f"| gap | ours: difference of mean {metric} [95% Welch interval] | the paper's Table 2, same gap "
-                  "over its seven corpora (quoted, its data) |", "|---|---:|---|"]
+    # The paper's column only where a gap quotes it: a plan of another task (style transfer) has no Table 2 row.
+    quoted = any(paper for _, _, paper in comparisons)
+    head = f"| gap | ours: difference of mean {metric} [95% Welch interval] |"
+    lines += ["", head + (" the paper's Table 2, same gap over its seven corpora (quoted, its data) |\n|---|---:|---|"
+                          if quoted else "\n|---|---:|")]
     for name, base, paper in comparisons:
         if name not in rows or base not in rows:
             continue
         gap = welch_gap(rows[name]["values"], rows[base]["values"])
-        lines.append(f"| {rows[name]['label']} − {rows[base]['label']} | {_gap_text(gap)} | "
-                     f"{_paper_gap(paper, 'Transformer') if paper else '–'} |")
+        line = f"| {rows[name]['label']} − {rows[base]['label']} | {_gap_text(gap)} |"
+        lines.append(line + (f" {_paper_gap(paper, 'Transformer') if paper else '–'} |" if quoted else ""))
     if at_steps:
         lines += _course_table(rows, comparisons, sorted(set(at_steps)), metric)
     return "\n".join(lines) + "\n"

@@ -112,7 +112,6 @@ def test_the_section_reports_each_row_and_the_gap_beside_the_papers(tmp_path):
     assert f"{min(diffs):+.2f} … {max(diffs):+.2f} (mean {math.fsum(diffs) / 7:+.2f})" in text
 
 
-
 def test_the_papers_column_appears_only_when_a_gap_quotes_the_paper(tmp_path):
     records, results = _results(tmp_path)
     gap = welch_gap([29.5, 31.0, 31.5], [30.5, 31.5, 32.5])
@@ -123,6 +122,7 @@ def test_the_papers_column_appears_only_when_a_gap_quotes_the_paper(tmp_path):
     quoted = convergence_section(json.loads(json.dumps(results)), records, [("phm4", "tm", ""),
                                                                               ("phm4", "tm", "PHM-Tm n=4")])
     assert "the paper's Table 2" in quoted and ours + " – |" in quoted  # the unquoted gap gets a dash there
+
 
 def test_the_report_verb_prints_and_writes_the_section_and_names_a_bad_row(tmp_path, capsys):
     from hyperplex.cli import main

@@ -249,9 +249,9 @@ def convergence_section(results: dict, records: Path | None, comparisons: list[t
         lines += ["", f"No finished model yet: {'; '.join(waiting)}."]
     # The paper's column only where a gap quotes it: a plan of another task (style transfer) has no Table 2 row.
     quoted = any(paper for _, _, paper in comparisons)
-    head = f"| gap | ours: difference of mean {metric} [95% Welch interval] |"
-    lines += ["", head + (" the paper's Table 2, same gap over its seven corpora (quoted, its data) |\n|---|---:|---|"
-                          if quoted else "\n|---|---:|")]
+    paper_head = " the paper's Table 2, same gap over its seven corpora (quoted, its data) |" if quoted else ""
+    lines += ["", f"| gap | ours: difference of mean {metric} [95% Welch interval] |{paper_head}",
+              "|---|---:|" + ("---|" if quoted else "")]
     for name, base, paper in comparisons:
         if name not in rows or base not in rows:
             continue

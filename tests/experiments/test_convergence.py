@@ -7,6 +7,7 @@ import pytest
 
 from hyperplex.experiments.convergence import (
     PAPER_TABLE2,
+    PAPER_TABLE4,
     best_by,
     convergence_figure,
     convergence_section,
@@ -122,6 +123,27 @@ def test_the_papers_column_appears_only_when_a_gap_quotes_the_paper(tmp_path):
     quoted = convergence_section(json.loads(json.dumps(results)), records, [("phm4", "tm", ""),
                                                                               ("phm4", "tm", "PHM-Tm n=4")])
     assert "the paper's Table 2" in quoted and ours + " – |" in quoted  # the unquoted gap gets a dash there
+
+
+def test_a_style_transfer_section_quotes_the_papers_table_4_gap(tmp_path, capsys):
+    from hyperplex.cli import main
+
+    records, results = _results(tmp_path)
+    text = convergence_section(json.loads(json.dumps(results)), records, [("phm4", "tm", "PHM-Tm n=4")],
+                               paper_table=4)
+    quoted = PAPER_TABLE4["PHM-Tm n=4"][0] - PAPER_TABLE4["Transformer"][0]  # one corpus: the gap, no range
+    assert "the paper's Table 4, same gap" in text and "Table 2" not in text
+    assert text.split("| PHM-Tm n=4 − Transformer |")[1].split("\n")[0].endswith(f" {quoted:+.2f} |")
+    with pytest.raises(ValueError, match="paper tables quoted are"):
+        convergence_section(results, records, [], paper_table=3)
+    results["plan"] = {"name": "tiny_converged"}
+    (records / "results.json").write_text(json.dumps(results))
+    argv = ["report", "convergence", str(records / "results.json"), "--compare", "phm4:tm:PHM-Tm† n=4"]
+    assert main(argv) == 0  # Table 2 (the default) has the hidden-doubled row
+    capsys.readouterr()
+    assert main([*argv, "--paper-table", "4"]) == 1  # Table 4 has not: named, with the table's rows
+    err = capsys.readouterr().err
+    assert "the paper's Table 4 has no row 'PHM-Tm† n=4'" in err and "PHM-Tm n=8" in err
 
 
 def test_the_report_verb_prints_and_writes_the_section_and_names_a_bad_row(tmp_path, capsys):

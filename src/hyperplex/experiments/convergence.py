@@ -4,7 +4,8 @@ A plan whose rows train until the validation metric stops improving (``training.
 from its ``results.json`` and its records (``metrics.csv``, ``train.log`` of each model): the best
 validation value and the step and epoch that reached it, why training stopped (early stopping, a step
 or epoch cap, divergence), and the differences between rows' means with a 95% Welch interval. The
-paper's own Table 2 gaps are quoted beside them, marked as the paper's, on its data. ``--figure`` draws the
+paper's own gaps (its Table 2 for translation, its Table 4 for style transfer) are quoted beside them, marked
+as the paper's, on its data. ``--figure`` draws the
 rows' validation curves: each row's mean over seeds of the best value reached by each step (what a checkpoint
 kept at that step would score), every seed's own validations faint, and each model's best checkpoint marked.
 """
@@ -21,8 +22,8 @@ from hyperplex.experiments.intervals import summarize, t_quantile_975
 from hyperplex.experiments.state import DIVERGED_FILE
 from hyperplex.fileio import atomic_write
 
-__all__ = ["PAPER_TABLE2", "best_by", "training_course", "welch_gap", "row_courses", "convergence_section",
-           "mean_best_curve", "convergence_figure"]
+__all__ = ["PAPER_TABLE2", "PAPER_TABLE4", "PAPER_TABLES", "best_by", "training_course", "welch_gap", "row_courses",
+           "convergence_section", "mean_best_curve", "convergence_figure"]
 
 #: Zhang et al. (ICLR 2021), Table 2, BLEU on seven corpora — quoted from the paper, never measured here.
 PAPER_TABLE2 = {
@@ -35,6 +36,19 @@ PAPER_TABLE2 = {
     "PHM-Tm n=16": [29.04, 33.48, 33.89, 31.53, 12.15, 11.97, 19.63],
     "PHM-Tm† n=4": [29.17, 46.24, 34.86, 33.80, 14.43, 13.78, 21.91],
 }
+
+#: Zhang et al. (ICLR 2021), Table 4, BLEU of Modern→Shakespeare style transfer — quoted, never measured here.
+PAPER_TABLE4 = {
+    "corpora": ["Modern→Shakespeare"],
+    "Transformer": [11.65],
+    "PHM-Tm n=2": [12.20],
+    "PHM-Tm n=4": [12.42],
+    "PHM-Tm n=8": [11.66],
+    "PHM-Tm n=16": [10.76],
+}
+
+#: The paper tables that ``--paper-table`` can quote, by number.
+PAPER_TABLES = {2: PAPER_TABLE2, 4: PAPER_TABLE4}
 
 _FINISHED = re.compile(r"finished at step (\d+) \(epoch (\d+)\): (.*)$")
 _STEPS_PER_EPOCH = re.compile(r"\((\d+) steps per epoch")
@@ -198,11 +212,18 @@ def _gap_text(gap: dict) -> str:
     return text
 
 
-def _paper_gap(label: str, base: str) -> str:
-    if label not in PAPER_TABLE2 or base not in PAPER_TABLE2:
+def _paper_gap(table: dict, label: str, base: str) -> str:
+    if label not in table or base not in table:
         return "–"
-    diffs = [x - y for x, y in zip(PAPER_TABLE2[label], PAPER_TABLE2[base])]
+    diffs = [x - y for x, y in zip(table[label], table[base])]
+    if len(diffs) == 1:
+        return f"{diffs[0]:+.2f}"
     return f"{min(diffs):+.2f} … {max(diffs):+.2f} (mean {math.fsum(diffs) / len(diffs):+.2f})"
+
+
+#: What the paper's column says of each table's gap, in the gap table's header.
+_PAPER_HEADS = {2: "the paper's Table 2, same gap over its seven corpora (quoted, its data)",
+                4: "the paper's Table 4, same gap (quoted, its models and training)"}
 
 
 def _course_table(rows: dict, comparisons: list[tuple[str, str, str]], steps: list[int], metric: str) -> list[str]:
@@ -226,11 +247,14 @@ def _course_table(rows: dict, comparisons: list[tuple[str, str, str]], steps: li
 
 
 def convergence_section(results: dict, records: Path | None, comparisons: list[tuple[str, str, str]],
-                        metric: str = "bleu", at_steps: list[int] | None = None) -> str:
+                        metric: str = "bleu", at_steps: list[int] | None = None, paper_table: int = 2) -> str:
     """Markdown: a table of every trained row at convergence and a table of gaps. ``comparisons`` lists
-    ``(row, baseline row, paper label)``: the paper label names the :data:`PAPER_TABLE2` row whose gap to the
-    paper's Transformer is quoted beside ours (empty for none). ``at_steps``: also a table of each row's best
-    validation value by those steps and the same gaps there (how a gap at a fixed budget changed with training)."""
+    ``(row, baseline row, paper label)``: the paper label names the row of the paper's table ``paper_table``
+    (:data:`PAPER_TABLES`: 2 for translation, 4 for style transfer) whose gap to the paper's Transformer is quoted
+    beside ours (empty for none). ``at_steps``: also a table of each row's best validation value by those steps and
+    the same gaps there (how a gap at a fixed budget changed with training)."""
+    if paper_table not in PAPER_TABLES:
+        raise ValueError(f"paper_table: the paper tables quoted are {sorted(PAPER_TABLES)}, got {paper_table!r}")
     every = row_courses(results, records, metric)
     rows = {r["name"]: r for r in every if r["values"]}
     lines = [f"| model | seeds | {metric} of the best checkpoint [95% interval] | steps to best | epochs to best | "
@@ -247,9 +271,9 @@ def convergence_section(results: dict, records: Path | None, comparisons: list[t
     waiting = [r["label"] for r in every if not r["values"]]
     if waiting:
         lines += ["", f"No finished model yet: {'; '.join(waiting)}."]
-    # The paper's column only where a gap quotes it: a plan of another task (style transfer) has no Table 2 row.
+    # The paper's column only where a gap quotes it (the LSTM translator's rows have no row in the paper's tables).
     quoted = any(paper for _, _, paper in comparisons)
-    paper_head = " the paper's Table 2, same gap over its seven corpora (quoted, its data) |" if quoted else ""
+    paper_head = f" {_PAPER_HEADS[paper_table]} |" if quoted else ""
     lines += ["", f"| gap | ours: difference of mean {metric} [95% Welch interval] |{paper_head}",
               "|---|---:|" + ("---|" if quoted else "")]
     for name, base, paper in comparisons:
@@ -257,7 +281,8 @@ def convergence_section(results: dict, records: Path | None, comparisons: list[t
             continue
         gap = welch_gap(rows[name]["values"], rows[base]["values"])
         line = f"| {rows[name]['label']} − {rows[base]['label']} | {_gap_text(gap)} |"
-        lines.append(line + (f" {_paper_gap(paper, 'Transformer') if paper else '–'} |" if quoted else ""))
+        table = PAPER_TABLES[paper_table]
+        lines.append(line + (f" {_paper_gap(table, paper, 'Transformer') if paper else '–'} |" if quoted else ""))
     if at_steps:
         lines += _course_table(rows, comparisons, sorted(set(at_steps)), metric)
     return "\n".join(lines) + "\n"
@@ -325,8 +350,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--metric", default="bleu", help="the validation metric early stopping watched (default bleu)")
     parser.add_argument("--compare", action="append", default=[], metavar="ROW:BASE[:PAPER]",
                         help="a gap to report, ROW minus BASE (row names of the plan); PAPER names the row of the "
-                             "paper's Table 2 quoted beside it "
-                             f"({', '.join(k for k in PAPER_TABLE2 if k != 'corpora')})")
+                             "paper's table (--paper-table) whose gap to its Transformer is quoted beside it: Table 2 "
+                             f"({', '.join(k for k in PAPER_TABLE2 if k not in ('corpora', 'Transformer'))}); Table 4 "
+                             f"({', '.join(k for k in PAPER_TABLE4 if k not in ('corpora', 'Transformer'))})")
+    parser.add_argument("--paper-table", type=int, choices=sorted(PAPER_TABLES), default=2,
+                        help="the paper's table that --compare's PAPER names: 2, translation on seven corpora "
+                             "(default), or 4, Modern→Shakespeare style transfer")
     parser.add_argument("--at-steps", type=int, nargs="+", metavar="STEP",
                         help="also tabulate each row's best validation value by these steps and the gaps there "
                              "(e.g. a fixed budget's last step beside later ones)")
@@ -338,7 +367,7 @@ def add_arguments(parser) -> None:
                         help="the rows the figure draws (default: every row with a finished model)")
 
 
-def _comparisons(specs: list[str], rows: set[str]) -> list[tuple[str, str, str]]:
+def _comparisons(specs: list[str], rows: set[str], paper_table: int = 2) -> list[tuple[str, str, str]]:
     out = []
     for spec in specs:
         parts = spec.split(":")
@@ -348,8 +377,11 @@ def _comparisons(specs: list[str], rows: set[str]) -> list[tuple[str, str, str]]
         for name in (row, base):
             if name not in rows:
                 raise ValueError(f"--compare {spec!r}: no row {name!r} in the plan (rows: {', '.join(sorted(rows))})")
-        if paper and paper not in PAPER_TABLE2:
-            raise ValueError(f"--compare {spec!r}: the paper's Table 2 has no row {paper!r}")
+        table = PAPER_TABLES[paper_table]
+        if paper and (paper not in table or paper == "corpora"):
+            names = ", ".join(k for k in table if k != "corpora")
+            raise ValueError(f"--compare {spec!r}: the paper's Table {paper_table} has no row {paper!r} "
+                             f"(its rows: {names}; --paper-table chooses the table)")
         out.append((row, base, paper))
     return out
 
@@ -368,7 +400,7 @@ def run(args, prog: str = PROG) -> int:
         check_outputs({"--append-to": args.append_to, "--figure": args.figure}, [args.results])
         results = json.loads(path.read_text(encoding="utf-8"))
         rows = {row["name"] for row in results["rows"]}
-        comparisons = _comparisons(args.compare, rows)
+        comparisons = _comparisons(args.compare, rows, args.paper_table)
         if args.at_steps and min(args.at_steps) < 1:
             raise ValueError(f"--at-steps: steps are positive, got {min(args.at_steps)}")
     except (OSError, ValueError, KeyError, TypeError, OutputError) as err:
@@ -382,7 +414,7 @@ def run(args, prog: str = PROG) -> int:
         except ValueError as err:
             print(f"{prog}: {path}: {err}", file=sys.stderr)
             return 1
-    body = convergence_section(results, records, comparisons, args.metric, args.at_steps)
+    body = convergence_section(results, records, comparisons, args.metric, args.at_steps, args.paper_table)
     print(body, end="")
     if args.append_to:
         write_section(args.append_to, f"{results['plan']['name']}.convergence", body)

@@ -180,6 +180,9 @@ def test_overfits_reverse_task(variant):
     model = TransformerTranslator(config, 10, 10)
     src, lengths, tgt = reverse_task(count=16)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    # At a constant 1e-2 full-batch Adam can circle the minimum with one pair still wrong, depending on the CPU's
+    # rounding; annealing the rate lets every variant settle (16 of 16 pairs on seeds 4-11 for all three).
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=800)
     loss_fn = nn.CrossEntropyLoss(ignore_index=PAD)
     for _ in range(800):
         logits = model(src, lengths, tgt[:, :-1])
@@ -187,6 +190,7 @@ def test_overfits_reverse_task(variant):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        schedule.step()
         if loss.item() < 0.005:
             break
     model.eval()

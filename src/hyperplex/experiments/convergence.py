@@ -276,12 +276,12 @@ def convergence_section(results: dict, records: Path | None, comparisons: list[t
     paper_head = f" {_PAPER_HEADS[paper_table]} |" if quoted else ""
     lines += ["", f"| gap | ours: difference of mean {metric} [95% Welch interval] |{paper_head}",
               "|---|---:|" + ("---|" if quoted else "")]
+    table = PAPER_TABLES[paper_table]
     for name, base, paper in comparisons:
         if name not in rows or base not in rows:
             continue
         gap = welch_gap(rows[name]["values"], rows[base]["values"])
         line = f"| {rows[name]['label']} − {rows[base]['label']} | {_gap_text(gap)} |"
-        table = PAPER_TABLES[paper_table]
         lines.append(line + (f" {_paper_gap(table, paper, 'Transformer') if paper else '–'} |" if quoted else ""))
     if at_steps:
         lines += _course_table(rows, comparisons, sorted(set(at_steps)), metric)
@@ -369,6 +369,7 @@ def add_arguments(parser) -> None:
 
 def _comparisons(specs: list[str], rows: set[str], paper_table: int = 2) -> list[tuple[str, str, str]]:
     out = []
+    table = PAPER_TABLES[paper_table]
     for spec in specs:
         parts = spec.split(":")
         if len(parts) not in (2, 3) or not all(parts[:2]):
@@ -377,7 +378,6 @@ def _comparisons(specs: list[str], rows: set[str], paper_table: int = 2) -> list
         for name in (row, base):
             if name not in rows:
                 raise ValueError(f"--compare {spec!r}: no row {name!r} in the plan (rows: {', '.join(sorted(rows))})")
-        table = PAPER_TABLES[paper_table]
         if paper and (paper not in table or paper == "corpora"):
             names = ", ".join(k for k in table if k != "corpora")
             raise ValueError(f"--compare {spec!r}: the paper's Table {paper_table} has no row {paper!r} "

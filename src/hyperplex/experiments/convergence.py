@@ -50,6 +50,11 @@ PAPER_TABLE4 = {
 #: The paper tables that ``--paper-table`` can quote, by number.
 PAPER_TABLES = {2: PAPER_TABLE2, 4: PAPER_TABLE4}
 
+
+def _paper_rows(table: dict) -> list[str]:
+    """The model rows of a quoted paper table (its ``corpora`` entry names the columns, not a model)."""
+    return [k for k in table if k != "corpora"]
+
 _FINISHED = re.compile(r"finished at step (\d+) \(epoch (\d+)\): (.*)$")
 _STEPS_PER_EPOCH = re.compile(r"\((\d+) steps per epoch")
 
@@ -351,8 +356,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--compare", action="append", default=[], metavar="ROW:BASE[:PAPER]",
                         help="a gap to report, ROW minus BASE (row names of the plan); PAPER names the row of the "
                              "paper's table (--paper-table) whose gap to its Transformer is quoted beside it: Table 2 "
-                             f"({', '.join(k for k in PAPER_TABLE2 if k not in ('corpora', 'Transformer'))}); Table 4 "
-                             f"({', '.join(k for k in PAPER_TABLE4 if k not in ('corpora', 'Transformer'))})")
+                             f"({', '.join(k for k in _paper_rows(PAPER_TABLE2) if k != 'Transformer')}); Table 4 "
+                             f"({', '.join(k for k in _paper_rows(PAPER_TABLE4) if k != 'Transformer')})")
     parser.add_argument("--paper-table", type=int, choices=sorted(PAPER_TABLES), default=2,
                         help="the paper's table that --compare's PAPER names: 2, translation on seven corpora "
                              "(default), or 4, Modern→Shakespeare style transfer")
@@ -369,7 +374,7 @@ def add_arguments(parser) -> None:
 
 def _comparisons(specs: list[str], rows: set[str], paper_table: int = 2) -> list[tuple[str, str, str]]:
     out = []
-    table = PAPER_TABLES[paper_table]
+    known = _paper_rows(PAPER_TABLES[paper_table])
     for spec in specs:
         parts = spec.split(":")
         if len(parts) not in (2, 3) or not all(parts[:2]):
@@ -378,10 +383,9 @@ def _comparisons(specs: list[str], rows: set[str], paper_table: int = 2) -> list
         for name in (row, base):
             if name not in rows:
                 raise ValueError(f"--compare {spec!r}: no row {name!r} in the plan (rows: {', '.join(sorted(rows))})")
-        if paper and (paper not in table or paper == "corpora"):
-            names = ", ".join(k for k in table if k != "corpora")
+        if paper and paper not in known:
             raise ValueError(f"--compare {spec!r}: the paper's Table {paper_table} has no row {paper!r} "
-                             f"(its rows: {names}; --paper-table chooses the table)")
+                             f"(its rows: {', '.join(known)}; --paper-table chooses the table)")
         out.append((row, base, paper))
     return out
 

@@ -10,6 +10,7 @@ translating, a model's own tokenizer or checkpoint state, …) are declared in :
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -57,8 +58,9 @@ class Task:
         the data (``prepare(fresh=False)``); tasks that can do without override it."""
         self.prepare(fresh=False)
 
-    def train_batches(self, epoch: int) -> list:
-        """All training batches of 1-based ``epoch``, in order; deterministic in (seed, epoch)."""
+    def train_batches(self, epoch: int) -> Sequence:
+        """All training batches of 1-based ``epoch``, in order; deterministic in (seed, epoch). Any sequence the
+        trainer can take ``len`` of and slice (a list, or a lazy one that builds batches when indexed)."""
         raise NotImplementedError
 
     # -- model ----------------------------------------------------------------

@@ -55,6 +55,7 @@ def _paper_rows(table: dict) -> list[str]:
     """The model rows of a quoted paper table (its ``corpora`` entry names the columns, not a model)."""
     return [k for k in table if k != "corpora"]
 
+
 _FINISHED = re.compile(r"finished at step (\d+) \(epoch (\d+)\): (.*)$")
 _STEPS_PER_EPOCH = re.compile(r"\((\d+) steps per epoch")
 

@@ -223,6 +223,11 @@ def test_the_figure_draws_each_rows_mean_its_seeds_and_their_best_checkpoints(tm
     assert list(lines["seed:phm4:1"].get_ydata()) == [25.5, 30.5, 29.5]
     best = {c.get_gid(): c.get_offsets().tolist() for c in fig.axes[0].collections}
     assert best["best:phm4"] == [[500, 29.0], [500, 30.5], [500, 31.0]]
+    assert lines["mean:tm"].get_label() == "Transformer (3 seeds)"
+    results["rows"][0]["runs"] = results["rows"][0]["runs"][:1]  # a row with its first seed only
+    one = convergence_figure(results, records, rows=["tm"])
+    labels = {line.get_gid(): line.get_label() for line in one.axes[0].get_lines()}
+    assert labels["mean:tm"] == "Transformer (1 seed)"
     only = convergence_figure(results, records, rows=["phm4"])
     assert {line.get_gid() for line in only.axes[0].get_lines()} == {"mean:phm4", "seed:phm4:0", "seed:phm4:1",
                                                                       "seed:phm4:2"}

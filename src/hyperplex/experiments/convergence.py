@@ -330,9 +330,9 @@ def convergence_figure(results: dict, records: Path | None, metric: str = "bleu"
             curve = course.get("curve", [])
             ax.plot([s for s, _ in curve], [v for _, v in curve], color=color, alpha=0.25, linewidth=0.8,
                     gid=f"seed:{name}:{k}")
-        mean = mean_best_curve(row["courses"])
+        mean, seeds = mean_best_curve(row["courses"]), len(row["courses"])
         ax.plot([s for s, _ in mean], [v for _, v in mean], color=color, linewidth=2,
-                label=f"{row['label']} ({len(row['courses'])} seeds)", gid=f"mean:{name}")
+                label=f"{row['label']} ({seeds} seed{'' if seeds == 1 else 's'})", gid=f"mean:{name}")
         bests = [(c["best_step"], c["best"]) for c in row["courses"] if c["best"] is not None]
         ax.scatter([s for s, _ in bests], [v for _, v in bests], color=color, marker="o", s=18, zorder=3,
                    gid=f"best:{name}")

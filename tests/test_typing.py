@@ -1,6 +1,7 @@
-"""The annotations are part of the API (the package ships ``py.typed``): the README's Python examples, as a user
-would paste them, type-check against them with mypy. A wrong annotation on a public signature (a config field that
-says ``tuple`` where the docs pass a list, a return type the docs unpack differently) fails here."""
+"""The annotations are part of the API (the package ships ``py.typed``): the package type-checks with mypy, and the
+README's Python examples, as a user would paste them, type-check against it. A wrong annotation on a public signature
+(a config field that says ``tuple`` where the docs pass a list, a return type the docs unpack differently) fails
+here."""
 
 import re
 from pathlib import Path
@@ -35,6 +36,15 @@ def test_the_readme_examples_type_check(tmp_path):
         files[-1].write_text(code, encoding="utf-8")
     # the weights package and sentence-transformers are the examples' own imports, not hyperplex's API
     out, err, status = run_mypy(tmp_path, "--ignore-missing-imports", "--no-error-summary", *map(str, files))
+    assert status == 0, out + err
+
+
+def test_the_package_type_checks(tmp_path):
+    """Every annotation in the package agrees with how the package itself uses it (mypy with the settings in
+    pyproject.toml): a signature that drifts from its callers, or an attribute read as the wrong type, fails here
+    rather than in a user's own type check."""
+    out, err, status = run_mypy(tmp_path, "--config-file", str(ROOT / "pyproject.toml"), "--no-error-summary",
+                                str(ROOT / "src" / "hyperplex"))
     assert status == 0, out + err
 
 

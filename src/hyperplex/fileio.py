@@ -62,7 +62,7 @@ def temporary_sibling(path: str | os.PathLike) -> str:
     return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> None:
     """Call ``write(tmp_path)``, fsync, then move the file onto ``path`` atomically (``os.replace``).
 
     ``tmp_path`` lies in a private folder ``.<name>.tmp-<pid>-<hex>/`` next to ``path`` (so any
@@ -151,7 +151,7 @@ def check_folder_files(folder: str | os.PathLike, max_entries: int = 10_000) -> 
 
     root = os.path.realpath(folder)
     count = 0
-    for current, dirs, files in os.walk(folder, followlinks=False):
+    for current, dirs, files in os.walk(os.fspath(folder), followlinks=False):
         for name in dirs + files:
             count += 1
             if count > max_entries:
@@ -284,7 +284,7 @@ def folder_lock(folder: str | os.PathLike, command: str, transient: tuple[str, .
     try:
         import fcntl
     except ImportError:  # pragma: no cover - no flock on this platform: runs are not guarded
-        fcntl = None
+        fcntl = None  # type: ignore[assignment]
     if fcntl is not None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

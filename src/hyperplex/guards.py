@@ -156,7 +156,7 @@ def check_output_folder(folder: str | os.PathLike, option: str, own_marker: str 
     return folder
 
 
-def write_set(items: Sequence[tuple[str | os.PathLike, Callable[[str], None]]]) -> None:
+def write_set(items: Sequence[tuple[str | os.PathLike, Callable[[str], object]]]) -> None:
     """Write several files as one set: each ``write(tmp_path)`` fills a temporary file beside its target, and
     only when every one has been written (and fsynced) are they renamed into place, in order, so the last
     item (the report, the spec) appears last. A writer that fails (a full disk) leaves every target as it

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any, ClassVar, TypeVar
 
 from hyperplex.layers.selection import glob_patterns, name_matches
 
@@ -64,9 +65,16 @@ def check_number(value, key: str, *, minimum: float | None = None, none: bool = 
         raise ValueError(f"{key} must be {'None or ' if none else ''}a finite number{bound}, got {value!r}")
 
 
+_Config = TypeVar("_Config", bound="TransformConfig")
+
+
 class TransformConfig:
     """Base of the frozen config dataclasses: ``targets`` / ``exclude`` normalised to tuples (``targets`` may be
     ``None``: every eligible layer), and the dict round trip used by the on-disk specs and the YAML configs."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # every subclass is a dataclass
+    targets: Sequence[str] | None
+    exclude: Sequence[str]
 
     def _normalise_selection(self) -> None:
         name = type(self).__name__
@@ -78,14 +86,14 @@ class TransformConfig:
 
     def to_dict(self) -> dict:
         """JSON-ready dict of every field (tuples as lists)."""
-        data = {}
+        data: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             data[f.name] = list(value) if isinstance(value, tuple) else value
         return data
 
     @classmethod
-    def from_dict(cls, data: dict, where: str | None = None):
+    def from_dict(cls: type[_Config], data: dict, where: str | None = None) -> _Config:
         """Inverse of :meth:`to_dict`; a missing key takes its default. ``ValueError`` naming ``where`` (default:
         the class name) and the key for an unknown key or a bad value."""
         where = where or cls.__name__

@@ -110,3 +110,10 @@ def test_whitened_ridge_defaults_per_kind_and_changes_the_fit(kind):
 def _copy(m):
     import copy
     return copy.deepcopy(m)
+
+
+def test_whitened_lowrank_layer_needs_a_rank():
+    from hyperplex.convert.activation import whitened_layer
+
+    with pytest.raises(ValueError, match="needs a rank"):
+        whitened_layer(nn.Linear(8, 8), "lowrank", 2, None, "learned", torch.randn(8, 16))

@@ -216,3 +216,12 @@ def test_sentence_transformer_encode_after_conversion(tiny_sentence_transformer)
     assert student.shape == expected.shape and not torch.allclose(student, expected, atol=1e-3)
     to_dense(st)
     torch.testing.assert_close(st.encode(SENTENCES, convert_to_tensor=True), student, rtol=1e-5, atol=1e-6)
+
+
+def test_to_dense_refuses_a_marked_layer_it_cannot_form_by_name():
+    m = model()
+    layer = m.get_submodule("0.up")
+    setattr(layer, CONVERTED_FROM, "linear")  # a mark on a layer that is still dense
+    with pytest.raises(TypeError, match=r"'0.up' is marked .* a Linear, not a PHMLinear or LowRankLinear"):
+        to_dense(m)
+    assert m.get_submodule("0.up") is layer  # nothing replaced

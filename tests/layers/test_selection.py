@@ -83,3 +83,27 @@ def test_dense_layer_types():
 
     conv = Conv1D(5, 3)  # (nf=out, nx=in): weight stored as (in, out)
     assert dense_source(conv) == "conv1d" and dense_sizes(conv) == (3, 5)
+
+
+def test_conversions_take_any_linear_like_object():
+    """``LinearLike`` is structural: a plain object with weight, bias and the two sizes converts exactly as the
+    ``nn.Linear`` holding the same tensors does."""
+    from dataclasses import dataclass
+
+    from hyperplex import LowRankLinear, PHMLinear
+
+    @dataclass
+    class View:
+        weight: torch.Tensor
+        bias: torch.Tensor | None
+        in_features: int
+        out_features: int
+
+    torch.manual_seed(0)
+    linear = nn.Linear(8, 12)
+    view = View(linear.weight.detach().clone(), linear.bias.detach().clone(), 8, 12)
+    for convert in (lambda m: PHMLinear.from_linear(m, 4), lambda m: LowRankLinear.from_linear(m, 3)):
+        (from_view, error_view), (from_linear, error_linear) = convert(view), convert(linear)
+        assert error_view == error_linear
+        for a, b in zip(from_view.state_dict().values(), from_linear.state_dict().values()):
+            assert torch.equal(a, b)

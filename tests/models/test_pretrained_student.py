@@ -193,3 +193,13 @@ def test_blockwise_fitting_lowers_each_blocks_error_on_the_calibration_inputs(te
     torch.manual_seed(0)
     rebuilt = PretrainedStudent(config, structure_only=True)
     assert rebuilt.blockwise == [] and errors(rebuilt) == pytest.approx(before, rel=1e-5)
+
+
+def test_blockwise_fit_refuses_a_layer_whose_error_is_not_finite_before_fitting():
+    from hyperplex.models.pretrained_student import fit_blocks
+
+    layers = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+    x = torch.randn(2, 3, 4)
+    x[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="student layer 0: the reconstruction error before fitting is nan"):
+        fit_blocks(layers, [x], [torch.randn(2, 3, 4)], [0], torch.ones(2, 3), (), {}, steps=2, lr=1e-3)

@@ -85,7 +85,7 @@ class PHMAdapterConfig(TransformConfig):
             raise ValueError(f"PHMAdapterConfig.shared_rule must be true or false, got {self.shared_rule!r}")
 
     @classmethod
-    def from_dict(cls, data: dict, where: str = "adapter config") -> PHMAdapterConfig:
+    def from_dict(cls, data: dict, where: str | None = "adapter config") -> PHMAdapterConfig:
         """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming them and ``where``; a missing key
         takes its default (a spec without ``modules_to_save`` saves no module, one without ``exclude``
         excludes none)."""

@@ -169,7 +169,7 @@ def _fit_problems(modules: dict[str, nn.Module], spec: dict) -> tuple[list[str],
     for path, listed in spec["layers"].items():
         module = modules.get(path)
         base = module.base_layer if isinstance(module, PHMAdaptedLinear) else module
-        if module is None:
+        if base is None:
             problems.append(f"{path}: no such module in the model")
         elif not is_dense(base):
             problems.append(f"{path}: is a {type(base).__name__}, not an nn.Linear/Conv1D")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -31,7 +32,7 @@ def tensors_sha256(named: list[tuple[str, Tensor]]) -> str:
         t = tensor.detach().to("cpu").contiguous()
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         if t.numel():
-            digest.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().data)
     return digest.hexdigest()
 
 
@@ -128,14 +129,15 @@ class AdapterWrapper(nn.Module):
     def set_active(self, name: str | None) -> None:
         """Make adapter ``name`` the active one here (``None`` where this wrapper does not hold it); only its
         parameters get ``requires_grad`` (a shared rule belongs to one adapter: no conflict)."""
-        self.active_adapter = name if name in self.adapters else None
+        self.active_adapter = name if name is not None and name in self.adapters else None
         for key, module in self.adapters.items():
             module.requires_grad_(key == name)
 
 
 def dense_signature(layer: nn.Module) -> str:
     """SHA-256 of a dense layer's ``weight`` and ``bias`` (:func:`tensors_sha256`)."""
-    return tensors_sha256([(name, t) for name, t in (("weight", layer.weight), ("bias", layer.bias)) if t is not None])
+    pairs = (("weight", cast(Tensor, layer.weight)), ("bias", cast("Tensor | None", layer.bias)))
+    return tensors_sha256([(name, t) for name, t in pairs if t is not None])
 
 
 class PHMAdaptedLinear(AdapterWrapper):
@@ -164,11 +166,11 @@ class PHMAdaptedLinear(AdapterWrapper):
     @property
     def weight(self) -> Tensor:
         """The base layer's weight (so code that reads ``layer.weight`` keeps working)."""
-        return self.base_layer.weight
+        return cast(Tensor, self.base_layer.weight)
 
     @property
     def bias(self) -> Tensor | None:
-        return self.base_layer.bias
+        return cast("Tensor | None", self.base_layer.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.base_layer(x)
@@ -179,8 +181,10 @@ class PHMAdaptedLinear(AdapterWrapper):
     def folded_weight(self, sign: float = 1.0) -> Tensor:
         """``W ± s·ΔW`` for the active adapter, computed in at least float32 and returned in the weight's
         dtype (what a merge would write; shape of ``base_layer.weight``). The layer is not changed."""
-        delta = self.adapters[self.active_adapter].delta_weight().detach()  # (k, d)
-        weight = self.base_layer.weight
+        if self.active_adapter is None:
+            raise RuntimeError("no adapter is active in this layer (hyperplex.adapters.set_active first)")
+        delta = cast(PHMDelta, self.adapters[self.active_adapter]).delta_weight().detach()  # (k, d)
+        weight = self.weight
         if dense_source(self.base_layer) == "conv1d":  # weight is (d, k), y = x W + b
             delta = delta.T
         compute = torch.promote_types(weight.dtype, torch.float32)
@@ -195,14 +199,14 @@ class PHMAdaptedLinear(AdapterWrapper):
         if not bool(torch.isfinite(folded).all()):
             bad = int((~torch.isfinite(folded)).sum())
             raise RuntimeError(f"cannot merge adapter {self.active_adapter!r} into {where}: {bad} weight(s) would "
-                               f"become NaN or infinite in {self.base_layer.weight.dtype} (a non-finite adapter, or "
+                               f"become NaN or infinite in {self.weight.dtype} (a non-finite adapter, or "
                                f"an overflow); the weights are unchanged")
 
     def _fold(self, sign: float) -> None:
         """``W ← W ± s·ΔW`` for the active adapter (:meth:`folded_weight`)."""
         folded = self.folded_weight(sign)
         with torch.no_grad():
-            self.base_layer.weight.copy_(folded)
+            self.weight.copy_(folded)
 
     def merge(self) -> None:
         """Fold the active adapter into ``base_layer.weight``; forward then costs the base layer's.

@@ -11,10 +11,10 @@ All adapter state lives in those wrappers; nothing is set on the user's model ob
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar, cast
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from hyperplex.adapters.config import PHMAdapterConfig
 from hyperplex.adapters.layer import AdapterWrapper, PHMAdaptedLinear, PHMDelta, SavedModule
@@ -68,7 +68,8 @@ def adapter_names(model: nn.Module) -> list[str]:
 
 def adapter_deltas(model: nn.Module, name: str) -> list[tuple[str, PHMDelta]]:
     """``(layer name, delta)`` of adapter ``name`` in module order; ``KeyError`` naming the attached ones."""
-    deltas = [(path, layer.adapters[name]) for path, layer in adapted_layers(model) if name in layer.adapters]
+    deltas = [(path, cast(PHMDelta, layer.adapters[name])) for path, layer in adapted_layers(model)
+              if name in layer.adapters]
     if not deltas:
         known = adapter_names(model)
         raise KeyError(f"no adapter named {name!r} in the model; attached: {known or 'none'}")
@@ -170,7 +171,7 @@ def _module_to_save(modules: dict[str, nn.Module], path: str) -> nn.Module:
 
 
 def _new_deltas(targets: list[tuple[str, nn.Module]], config: PHMAdapterConfig) -> list[PHMDelta]:
-    reference = targets[0][1].weight
+    reference = cast(Tensor, targets[0][1].weight)
     shared = None
     if config.shared_rule:
         shared = nn.Parameter(torch.empty(config.n, config.n, config.n, device=reference.device, dtype=reference.dtype))
@@ -186,8 +187,11 @@ def _new_deltas(targets: list[tuple[str, nn.Module]], config: PHMAdapterConfig) 
     return deltas
 
 
-def _wrap(model: nn.Module, module: nn.Module, kind: type[AdapterWrapper],
-          record: list[tuple[nn.Parameter, bool]]) -> AdapterWrapper:
+_Wrapper = TypeVar("_Wrapper", bound=AdapterWrapper)
+
+
+def _wrap(model: nn.Module, module: nn.Module, kind: type[_Wrapper],
+          record: list[tuple[nn.Parameter, bool]]) -> _Wrapper:
     """``module`` itself if it is a ``kind`` wrapper already, else a new ``kind`` around it, put at every name
     the module is registered under (tied layers keep sharing one wrapper)."""
     if isinstance(module, kind):

@@ -226,7 +226,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {_show(value)}")
         return [_convert(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         resolve = getattr(tp, "resolve_class", None)  # a polymorphic section (``model:``): pick the subclass
@@ -335,7 +335,7 @@ def reference_markdown(cls: type, prefix: str = "", heading_level: int = 3, inst
             default = f.default_factory()  # type: ignore[misc]
         else:
             default = "(required)"
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             nested.append((dotted, tp, default if dataclasses.is_dataclass(default) else None))
             default = "see below"
         shown = yaml.safe_dump(to_dict(default), default_flow_style=True).strip().removesuffix("...").strip() \

@@ -328,7 +328,7 @@ def upgrade_saved_config(raw: dict) -> None:
     model = raw.get("model")
     if not isinstance(model, dict):
         return
-    for old, new in SAVED_KEY_RENAMES.get(model.get("architecture"), {}).items():
+    for old, new in SAVED_KEY_RENAMES.get(model.get("architecture", ""), {}).items():
         if old in model and new not in model:
             model[new] = model.pop(old)
 

@@ -128,6 +128,7 @@ def _section_keys(key: SchemaKey, value: Any, dotted: str) -> dict[str, SchemaKe
     """The keys of the nested section ``key`` whose YAML value is ``value``. A polymorphic section
     (``model:``) names its own class through ``resolve_class`` (the config loader's rule)."""
     cls = key.section
+    assert cls is not None, key.name  # only a section has keys of its own
     resolve = getattr(cls, "resolve_class", None)
     if resolve is not None:
         cls = resolve(value, dotted)
@@ -310,7 +311,7 @@ def annotate_text(text: str, source: str = "config") -> str:
     _walk(root, schema_keys(ExperimentConfig), "", source, comments, errors)
     if errors:
         raise ConfigError("\n".join(errors))
-    out = []
+    out: list[str] = []
     for number, line in enumerate(lines):
         if number in generated:
             continue

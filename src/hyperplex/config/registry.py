@@ -148,7 +148,7 @@ for _name, _entry in {
 }.items():
     register_architecture(_name, _entry)
 
-for _name, _entry in {
+for _task_name, _task_entry in {
     "translation": TaskEntry("hyperplex.tasks.translation", "TranslationTask", ("seq2seq",),
                              "sequence-to-sequence (also style transfer and the arithmetic task)"),
     "classification": TaskEntry("hyperplex.tasks.classification", "ClassificationTask",
@@ -160,4 +160,4 @@ for _name, _entry in {
     "distillation": TaskEntry("hyperplex.tasks.distillation", "DistillationTask", ("embedder",),
                               "a converted pretrained encoder matches its teacher's sentence embeddings"),
 }.items():
-    register_task(_name, _entry)
+    register_task(_task_name, _task_entry)

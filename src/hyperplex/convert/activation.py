@@ -27,7 +27,9 @@ import torch
 from torch import Tensor, nn
 
 from hyperplex.layers.conversion import lowrank_from_linear_whitened, phm_from_linear_whitened
-from hyperplex.layers.phm import RuleSpec
+from hyperplex.layers.lowrank import LowRankLinear
+from hyperplex.layers.phm import PHMLinear, RuleSpec
+from hyperplex.layers.selection import LinearLike
 
 __all__ = ["capture_inputs", "refine", "relative_output_error", "whitened_layer", "WHITENED_INITS", "RIDGE"]
 
@@ -83,7 +85,8 @@ def relative_output_error(weight: Tensor, effective: Tensor, factor: Tensor) -> 
     return float(torch.linalg.norm((W - H) @ F) / torch.linalg.norm(W @ F).clamp_min(1e-300))
 
 
-def refine(layer: nn.Module, weight: Tensor, factor: Tensor, steps: int = 200, lr: float = 1e-2) -> tuple[float, float]:
+def refine(layer: PHMLinear | LowRankLinear, weight: Tensor, factor: Tensor, steps: int = 200, lr: float = 1e-2
+           ) -> tuple[float, float]:
     """Adam on ``layer``'s factors to minimise ``‖(W − H) F‖²_F / ‖W F‖²_F``; keeps the best iterate.
 
     Args:
@@ -134,13 +137,13 @@ def refine(layer: nn.Module, weight: Tensor, factor: Tensor, steps: int = 200, l
                 p.copy_(saved)
         for p, flag in zip(params, flags):
             p.requires_grad_(flag)
-    if hasattr(layer, "invalidate_cache"):
+    if isinstance(layer, PHMLinear):
         layer.invalidate_cache()
     return before, relative_output_error(weight, layer.dense_weight(), factor)
 
 
-def whitened_layer(dense: nn.Module, kind: str, n: int, rank: int | None, rule: RuleSpec, factor: Tensor,
-                   als_sweeps: int = 0, ridge: float | None = None) -> nn.Module:
+def whitened_layer(dense: LinearLike, kind: str, n: int, rank: int | None, rule: RuleSpec, factor: Tensor,
+                   als_sweeps: int = 0, ridge: float | None = None) -> PHMLinear | LowRankLinear:
     """A PHM or low-rank layer fitted in closed form to the output error on the calibration inputs.
 
     Args:
@@ -164,7 +167,7 @@ def whitened_layer(dense: nn.Module, kind: str, n: int, rank: int | None, rule: 
     F = factor.double()
     gram = F @ F.T  # (in, in)
     if kind == "phm":
-        layer, _ = phm_from_linear_whitened(dense, n, gram, rule, als_sweeps=als_sweeps, ridge=ridge)
-    else:
-        layer, _ = lowrank_from_linear_whitened(dense, rank, gram, ridge=ridge)
-    return layer
+        return phm_from_linear_whitened(dense, n, gram, rule, als_sweeps=als_sweeps, ridge=ridge)[0]
+    if rank is None:
+        raise ValueError("kind='lowrank' needs a rank")
+    return lowrank_from_linear_whitened(dense, rank, gram, ridge=ridge)[0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -43,9 +44,10 @@ class _Dense:
 
 
 def _dense_view(layer: nn.Module, source: str) -> _Dense:
+    weight, bias = cast(Tensor, layer.weight), cast("Tensor | None", layer.bias)
     if source == "conv1d":  # Conv1D computes x @ W + b with W: (in, out), i.e. a Linear of weight Wᵀ
-        return _Dense(layer.weight.t(), layer.bias, *dense_sizes(layer))
-    return _Dense(layer.weight, layer.bias, layer.in_features, layer.out_features)
+        return _Dense(weight.t(), bias, *dense_sizes(layer))
+    return _Dense(weight, bias, *dense_sizes(layer))
 
 
 def _param_count(module: nn.Module) -> int:
@@ -151,14 +153,15 @@ def _check_weights(layers: dict[str, nn.Module], sources: dict[str, str]) -> Non
 
 
 def _build(view: _Dense, kind: str, n: int, rank: int | None, rule: RuleSpec,
-           init: str) -> tuple[nn.Module, int | None]:
+           init: str) -> tuple[PHMLinear | LowRankLinear, int | None]:
     """The replacement layer for one dense layer (same dtype and device), and its rank (low-rank)."""
     W = view.weight.detach()
-    factory = {"device": W.device, "dtype": W.dtype}
     bias = view.bias is not None
+    layer: PHMLinear | LowRankLinear
     if kind == "phm":
         if init == "random":
-            layer = PHMLinear(view.in_features, view.out_features, n, bias=bias, rule=rule, **factory)
+            layer = PHMLinear(view.in_features, view.out_features, n, bias=bias, rule=rule, device=W.device,
+                              dtype=W.dtype)
         else:
             linear_like = _Dense(W, view.bias, view.in_features, view.out_features)
             layer, _ = PHMLinear.from_linear(linear_like, n, rule)
@@ -166,10 +169,12 @@ def _build(view: _Dense, kind: str, n: int, rank: int | None, rule: RuleSpec,
     else:
         used_rank = rank if rank is not None else matching_rank(view.in_features, view.out_features, n, rule, bias)
         if init == "random":
-            layer = LowRankLinear(view.in_features, view.out_features, used_rank, bias=bias, **factory)
+            layer = LowRankLinear(view.in_features, view.out_features, used_rank, bias=bias, device=W.device,
+                                  dtype=W.dtype)
         else:
             layer, _ = LowRankLinear.from_linear(_Dense(W, view.bias, view.in_features, view.out_features), used_rank)
-    if bias:  # the bias is not factorised: a random init keeps the pretrained one too (ablations isolate H)
+    if layer.bias is not None and view.bias is not None:
+        # the bias is not factorised: a random init keeps the pretrained one too (ablations isolate H)
         with torch.no_grad():
             layer.bias.copy_(view.bias.detach())
     return layer, used_rank
@@ -315,8 +320,9 @@ def _check_arguments(kind: str, n: int, rank: int | None, rule: RuleSpec, init: 
         PHMLinear(n, n, n, rule=rule)  # validates the rule name against n before anything changes
 
 
-def _fit_to_inputs(new: nn.Module, view: _Dense, row: LayerReport, inputs, kind: str, n: int, used_rank: int | None,
-                   rule: RuleSpec, init: str, refine_steps: int, als_sweeps: int, ridge: float | None) -> nn.Module:
+def _fit_to_inputs(new: PHMLinear | LowRankLinear, view: _Dense, row: LayerReport, inputs, kind: str, n: int,
+                   used_rank: int | None, rule: RuleSpec, init: str, refine_steps: int, als_sweeps: int,
+                   ridge: float | None) -> PHMLinear | LowRankLinear:
     """With calibration ``inputs`` (the layer's captured factors): the ``whitened*`` inits' closed-form layer
     in place of ``new``, or ``new`` refined by ``activation``; ``row`` gets the relative output errors (of
     the SVD start, and of the layer returned)."""
@@ -332,7 +338,7 @@ def _fit_to_inputs(new: nn.Module, view: _Dense, row: LayerReport, inputs, kind:
     return new
 
 
-def _dense_from(layer: nn.Module, source: str) -> nn.Module:
+def _dense_from(layer: PHMLinear | LowRankLinear, source: str) -> nn.Module:
     """A dense layer with weight exactly ``layer.dense_weight()`` and the same bias."""
     H = layer.dense_weight().detach()
     if source == "conv1d":
@@ -371,6 +377,9 @@ def to_dense(module: nn.Module) -> ConversionReport:
         source = getattr(layer, CONVERTED_FROM, None)
         if source is None or name == "":
             continue
+        if not isinstance(layer, (PHMLinear, LowRankLinear)):
+            raise TypeError(f"layer {name!r} is marked {CONVERTED_FROM}={source!r} but is a {type(layer).__name__}, "
+                            "not a PHMLinear or LowRankLinear; to_dense cannot form its dense weight")
         dense = _dense_from(layer, source)
         factors = [p for pname, p in layer.named_parameters() if pname != "bias"]
         _keep_flags(dense, layer, any(p.requires_grad for p in factors),
@@ -435,15 +444,15 @@ def apply_spec(module: nn.Module, spec: list[dict], where: str = "the spec") -> 
         targets.append((entry, old, view))
     for entry, old, view in targets:
         W = view.weight
-        factory = {"device": W.device, "dtype": W.dtype}
         d, k, bias = entry["in_features"], entry["out_features"], entry["bias"]
+        new: PHMLinear | LowRankLinear
         if entry["kind"] == "phm":
             rule = entry["rule"]
             if rule == "custom":  # a buffer restored from the weights; any non-zero placeholder of the right shape
                 rule = torch.ones(entry["n"], entry["n"], entry["n"])
-            new = PHMLinear(d, k, entry["n"], bias=bias, rule=rule, **factory)
+            new = PHMLinear(d, k, entry["n"], bias=bias, rule=rule, device=W.device, dtype=W.dtype)
         else:
-            new = LowRankLinear(d, k, entry["rank"], bias=bias, **factory)
+            new = LowRankLinear(d, k, entry["rank"], bias=bias, device=W.device, dtype=W.dtype)
         _keep_flags(new, old, W.requires_grad, None if view.bias is None else view.bias.requires_grad)
         setattr(new, CONVERTED_FROM, "conv1d" if entry["from_conv1d"] else "linear")
         parent_name, _, child = entry["name"].rpartition(".")

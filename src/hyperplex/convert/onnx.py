@@ -24,6 +24,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -103,7 +104,7 @@ def _phm_forward(model: nn.Module, mode: str) -> Iterator[None]:
     build = {"premixed": premixed, "structured": structured, "materialized": materialized}[mode]
     try:
         for m in layers:
-            m.forward = build(m)  # an instance attribute: nn.Module.__call__ takes it over the class's forward
+            m.__dict__["forward"] = build(m)  # an instance attribute: nn.Module.__call__ takes it over forward
         yield
     finally:
         for m in layers:
@@ -147,14 +148,15 @@ def _prepare(model: nn.Module, sentence_embedding: bool, example_inputs, check_i
     """(module to trace, example inputs, inputs of other sizes to check or None, input names, output names,
     whether the outputs are per token)."""
     token_names = ["input_ids", "attention_mask"]
+    foreign: Any = model  # a sentence-transformers or transformers model: their attributes, not nn.Module's
     if _is_sentence_transformer(model):
-        auto_model = model[0].auto_model
+        auto_model = foreign[0].auto_model
         inputs, other = _token_inputs(auto_model.config.vocab_size), _token_inputs(auto_model.config.vocab_size, 3, 11)
         if sentence_embedding:
             return _SentenceEncoder(model), inputs, other, token_names, ["sentence_embedding"], False
         return _TokenEncoder(auto_model), inputs, other, token_names, ["last_hidden_state"], True
     if _is_transformers_model(model):
-        inputs, other = _token_inputs(model.config.vocab_size), _token_inputs(model.config.vocab_size, 3, 11)
+        inputs, other = _token_inputs(foreign.config.vocab_size), _token_inputs(foreign.config.vocab_size, 3, 11)
         with torch.no_grad():
             first = next(iter(model(input_ids=inputs[0], attention_mask=inputs[1]).keys()))
         return _TokenEncoder(model), inputs, other, token_names, [first], first != "pooler_output"
@@ -419,7 +421,7 @@ def export_onnx_folder(folder: str | os.PathLike, out_dir: str | os.PathLike, *,
         model = SentenceTransformer(os.fspath(source), device="cpu")
     if not _is_sentence_transformer(model):
         raise ExportError(f"{source}: holds a {type(model).__name__}, not a SentenceTransformer")
-    for index, module in enumerate(list(model)[1:], start=1):
+    for index, module in enumerate(list(model.children())[1:], start=1):
         if any(True for _ in module.parameters()):
             raise ExportError(f"{source}: module {index} ({type(module).__name__}) has parameters; the ONNX folder's "
                               f"graph covers the transformer (module 0) only — export the sentence_embedding graph "

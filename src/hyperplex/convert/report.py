@@ -107,7 +107,7 @@ class ConversionReport:
         for layer in self.layers:
             shape = f"{layer.out_features}x{layer.in_features}" + (" (Conv1D)" if layer.source == "conv1d" else "")
             if layer.status == "converted":
-                kind = layer.kind + (f" n={layer.n}" if layer.n is not None else "") + (
+                kind = f"{layer.kind}" + (f" n={layer.n}" if layer.n is not None else "") + (
                     f" r={layer.rank}" if layer.rank is not None else "")
                 error = f"{layer.relative_error:.4f}" if layer.relative_error is not None else "-"
                 rows.append((layer.name, shape, kind, f"{layer.params_before:,}", f"{layer.params_after:,}", error))

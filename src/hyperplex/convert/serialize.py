@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import tempfile
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -120,7 +121,9 @@ def retie_aliases(model: nn.Module, aliases: dict[str, str]) -> None:
 def deduplicate_tensors(entries) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """``(name, tensor)`` pairs as ``{name: contiguous CPU tensor}`` with each shared tensor (same storage,
     offset, shape, strides and dtype) kept once, and ``{alias: kept name}`` for the others."""
-    tensors, aliases, seen = {}, {}, {}
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
     for key, tensor in entries:
         identity = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
                     tuple(tensor.stride()), tensor.dtype) if tensor.numel() else None
@@ -162,7 +165,7 @@ def spec_digest(spec: dict) -> str:
     return hashlib.sha256(json.dumps(core, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
-def _sentence_transformer_weights(model: nn.Module, scratch: str) -> set[str]:
+def _sentence_transformer_weights(model: nn.Sequential, scratch: str) -> set[str]:
     """After ``model.save(scratch)``: the module folders (relative, ``""`` for the root) whose weight files
     ``load_converted`` rebuilds from their config (the Transformer modules). Every other module that
     holds converted layers is saved again into its folder as a dense copy (:func:`to_dense`), so the
@@ -176,7 +179,7 @@ def _sentence_transformer_weights(model: nn.Module, scratch: str) -> set[str]:
             continue
         module = model[int(entry["idx"])]
         if conversion_spec(module) and hasattr(module, "save"):
-            dense = copy.deepcopy(module)
+            dense: Any = copy.deepcopy(module)
             to_dense(dense)
             dense.save(os.path.join(scratch, path))
     return transformer_dirs
@@ -256,14 +259,15 @@ def save_converted(model: nn.Module, folder: str | os.PathLike, tokenizer=None, 
             # model's file name; load_converted rebuilds them from their config). Other modules with
             # weights (a Dense projection) cannot be rebuilt without a weights file, so theirs are kept,
             # written dense where they hold converted layers; the single weights file overrides them.
-            model.save(scratch)
-            transformer_dirs = _sentence_transformer_weights(model, scratch)
+            sentence_model: Any = model
+            sentence_model.save(scratch)
+            transformer_dirs = _sentence_transformer_weights(sentence_model, scratch)
             _copy_tree(scratch, folder, lambda rel: rel.endswith(_WEIGHT_SUFFIXES)
                        and os.path.dirname(rel) in transformer_dirs, files)
             shutil.rmtree(scratch, ignore_errors=True)
             os.makedirs(scratch, exist_ok=True)
         elif description["library"] == "transformers":
-            texts = {"config.json": model.config.to_json_string()}
+            texts = {"config.json": cast(Any, model).config.to_json_string()}
             generation = getattr(model, "generation_config", None)
             if generation is not None and getattr(model, "can_generate", lambda: False)():
                 texts["generation_config.json"] = generation.to_json_string()
@@ -397,7 +401,7 @@ def _read_spec(folder: str) -> dict:
         raise LoadError(f"{path}: key 'layers' is {_short(layers)}, expected a list of layer objects")
     if len(layers) > MAX_LAYERS:
         raise LoadError(f"{path}: key 'layers' has {len(layers):,} entries, more than {MAX_LAYERS:,}")
-    seen = {}
+    seen: dict[str, int] = {}
     for i, entry in enumerate(layers):
         _check_layer(entry, i, path)
         if entry["name"] in seen:
@@ -559,9 +563,10 @@ def load_converted(folder: str | os.PathLike, model: nn.Module | None = None) ->
             raise LoadError(f"{weights_path}: tensor {left[0]!r} of the rebuilt {type(model).__name__} is not in the "
                             f"file and has no value ({len(left)} such tensors)")
     for module in model.modules():
-        if hasattr(module, "invalidate_cache"):
-            module.invalidate_cache()
-    model.hyperplex_loaded_from = os.path.realpath(folder)
+        invalidate = getattr(module, "invalidate_cache", None)
+        if callable(invalidate):
+            invalidate()
+    cast(Any, model).hyperplex_loaded_from = os.path.realpath(folder)
     return model.eval()
 
 
@@ -583,7 +588,7 @@ def _initialise_buffers(model: nn.Module, path: str) -> None:
     """Give the non-persistent buffers still on ``meta`` (position ids …) their values the way ``transformers``
     does when it loads a meta-built model: the owning ``PreTrainedModel``'s ``_init_weights`` of their module.
     Each is first filled with a sentinel; one left unset is a LoadError (re-save the folder to store it)."""
-    owners = {}
+    owners: dict[int, Any] = {}
     for module in model.modules():
         if callable(getattr(module, "_init_weights", None)) and hasattr(module, "config"):
             for sub in module.modules():
@@ -603,6 +608,7 @@ def _initialise_buffers(model: nn.Module, path: str) -> None:
             sentinel = float("nan") if meta.is_floating_point() else torch.iinfo(meta.dtype).min
             module._buffers[name] = torch.full(meta.shape, sentinel, dtype=meta.dtype)
             sentinels[name] = sentinel
+        assert owner is not None  # refused for each buffer above
         with torch.no_grad():
             owner._init_weights(module)
         for name, sentinel in sentinels.items():

@@ -75,7 +75,7 @@ def evaluate_arithmetic_input(text: str) -> int:
         env = dict(part.split("=") for part in (first, second))
         if sorted(env) != ["x", "y"] or len(expression) != 3:
             raise ValueError
-        a, op, b = expression
+        a, op, b = list(expression)
         x, y = int(env[a]), int(env[b])
     except (ValueError, KeyError):
         raise ValueError(f"not an arithmetic input {text!r}; expected 'x=<int>,y=<int>,<v1><op><v2>'") from None

@@ -27,7 +27,9 @@ def _chunk(order: list[int], lengths: Sequence[int], batch_size: int, batch_type
     """Split ``order`` into consecutive batches within the budget."""
     if batch_type == "sentence":
         return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    batches, current, longest = [], [], 0
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
     for index in order:
         length = max(lengths[index], 1)  # an empty example still occupies a row
         new_longest = max(longest, length)

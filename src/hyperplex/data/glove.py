@@ -128,7 +128,7 @@ def load_glove(path: str | os.PathLike, vocabulary_tokens: list[str], dim: int |
     vectors = torch.zeros(len(vocabulary_tokens), dim, dtype=dtype)
     mask = torch.zeros(len(vocabulary_tokens), dtype=torch.bool)
     if rows:
-        index = torch.tensor(sorted(rows))
-        vectors[index] = torch.tensor([rows[i] for i in index.tolist()], dtype=dtype)
-        mask[index] = True
+        found = torch.tensor(sorted(rows))
+        vectors[found] = torch.tensor([rows[i] for i in found.tolist()], dtype=dtype)
+        mask[found] = True
     return GloveVectors(vectors, mask)

@@ -66,7 +66,7 @@ class Vocabulary:
             raise ValueError(f"max_size must be >= 0 or None, got {max_size}")
         if min_freq < 1:
             raise ValueError(f"min_freq must be >= 1, got {min_freq}")
-        counts = Counter()
+        counts: Counter[str] = Counter()
         for tokens in token_lists:
             counts.update(tokens)
         ranked = sorted((t for t, c in counts.items() if c >= min_freq and t not in SPECIALS),

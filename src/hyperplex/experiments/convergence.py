@@ -79,7 +79,9 @@ def training_course(files: Path, metric: str = "bleu") -> dict:
     trainer's budget line logged (the first epoch's; bucketed batches vary by a step or so between epochs), or,
     in a log without that line, the epoch that ``metrics.csv`` names. ``stop`` is ``early stopping``, ``step
     cap``, ``epoch cap``, ``diverged``, ``unfinished`` or ``other``."""
-    best = best_step = best_epoch = None
+    best: float | None = None
+    best_step: int | None = None
+    best_epoch: float | None = None
     last_step = 0
     curve = []
     metrics = files / "metrics.csv"
@@ -140,9 +142,10 @@ def _trained_on(files: Path) -> list[str]:
 def welch_gap(a: list[float], b: list[float]) -> dict:
     """mean(a) − mean(b) with a two-sided 95% Welch interval: ``{"diff", "ci95", "n_a", "n_b"}`` (``ci95`` is
     None with fewer than two values on a side; seeds of two rows are independent models, so not paired)."""
-    diff = math.fsum(a) / len(a) - math.fsum(b) / len(b) if a and b else None
     if len(a) < 2 or len(b) < 2:
+        diff = math.fsum(a) / len(a) - math.fsum(b) / len(b) if a and b else None
         return {"diff": diff, "ci95": None, "n_a": len(a), "n_b": len(b)}
+    diff = math.fsum(a) / len(a) - math.fsum(b) / len(b)
     va, vb = (summarize(v)["std"] ** 2 / len(v) for v in (a, b))
     se = math.sqrt(va + vb)
     if se == 0:
@@ -247,8 +250,8 @@ def _course_table(rows: dict, comparisons: list[tuple[str, str, str]], steps: li
         lines.append(f"| {r['label']} | " + " | ".join("–" if c is None else f"{c:.2f}" for c in cells) + " |")
     for name, base, _ in comparisons:
         if name in rows and base in rows:
-            cells = [_gap_text(welch_gap(at(rows[name], s), at(rows[base], s))) for s in steps]
-            lines.append(f"| {rows[name]['label']} − {rows[base]['label']} | " + " | ".join(cells) + " |")
+            gaps = [_gap_text(welch_gap(at(rows[name], s), at(rows[base], s))) for s in steps]
+            lines.append(f"| {rows[name]['label']} − {rows[base]['label']} | " + " | ".join(gaps) + " |")
     return lines
 
 
@@ -302,8 +305,9 @@ def mean_best_curve(courses: list[dict]) -> list[tuple[int, float]]:
     points = []
     for step in steps:
         values = [best_by(c, step) for c in courses]
-        if values and all(v is not None for v in values):
-            points.append((step, math.fsum(values) / len(values)))
+        present = [v for v in values if v is not None]
+        if values and len(present) == len(values):
+            points.append((step, math.fsum(present) / len(present)))
     return points
 
 

@@ -117,8 +117,9 @@ def _plot(results: list[DemoResult], out: Path) -> list[Path]:
         # titles overlapped the row above).
         fig = plt.figure(figsize=(1.6 * n, 4.4), layout="constrained")
         fig.suptitle(f"{r.task}: learned vs true rule (max |diff| = {r.rule_error:.1e})", fontsize=9)
-        rows = fig.subfigures(2, 1)
+        rows = fig.subfigures(2, 1, squeeze=False)[:, 0]
         for sub, (name, tensor) in zip(rows, (("learned", r.learned_rule), ("true", r.true_rule))):
+            assert tensor is not None  # the learned rule was checked above; the true one is always set
             sub.suptitle(f"{name} $A_i$", fontsize=8)
             for i, a in enumerate(sub.subplots(1, n, squeeze=False)[0]):
                 a.imshow(tensor[i].numpy(), cmap="coolwarm", vmin=-1, vmax=1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from hyperplex.config import from_dict, merge, parse_overrides, to_dict
 from hyperplex.experiments.plan import Plan, Row
@@ -46,8 +47,9 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
     metrics = score(cfg, task, model)
     breakdown = parameter_breakdown(model)
     signatures = dict(task.signatures) if isinstance(task, SignsMetrics) else {}  # sacreBLEU's, translation only
-    result = {"metrics": {k: float(v) for k, v in metrics.items()}, "params": breakdown, "signatures": signatures,
-              "beam_size": cfg.testing.beam_size if cfg.data.task == "translation" else None}
+    result: dict[str, Any] = {"metrics": {k: float(v) for k, v in metrics.items()}, "params": breakdown,
+                              "signatures": signatures,
+                              "beam_size": cfg.testing.beam_size if cfg.data.task == "translation" else None}
     if quality:
         scores = quality_metrics.evaluate_quality(task, model, quality, data_root)
         result["quality_details"] = scores.pop("quality_details")
@@ -66,8 +68,9 @@ def evaluation_key(run: Run, row: Row, checkpoint: str, quality: dict | None = N
     else:
         ckpt = checkpoint_path(run.model_dir, checkpoint)
         stat, name = ckpt.stat(), ckpt.name
-    key = {"checkpoint": checkpoint, "file": name, "size": stat and stat.st_size, "mtime_ns": stat and stat.st_mtime_ns,
-           "eval_overrides": row.eval_overrides, "eval_split": row.eval_split}
+    key: dict[str, Any] = {"checkpoint": checkpoint, "file": name, "size": stat and stat.st_size,
+                           "mtime_ns": stat and stat.st_mtime_ns, "eval_overrides": row.eval_overrides,
+                           "eval_split": row.eval_split}
     if quality:  # only then: the caches of plans without quality keep their keys
         key["quality"] = quality
     return key

@@ -181,7 +181,7 @@ def _missing_status(run: dict) -> str:
     """Why a seed has no metrics, from its status."""
     status = {"new": "not trained", "partial": "not trained (empty folder)",
               "diverged": f"diverged (non-finite loss at step {(run.get('stability') or {}).get('nan_step')})"
-              }.get(run.get("status"), run.get("status"))
+              }.get(run.get("status") or "", run.get("status"))
     return status or "not trained"
 
 
@@ -204,8 +204,8 @@ def quality_lines(results: dict) -> list[str]:
     quality = results["plan"].get("quality")
     if not quality:
         return []
-    details = next((r["quality_details"] for row in results["rows"] for r in row["runs"] if r.get("quality_details")),
-                   {})
+    details: dict = next((r["quality_details"] for row in results["rows"] for r in row["runs"]
+                          if r.get("quality_details")), {})
     lines = []
     if "agreement" in quality:
         count = details.get("agreement", {}).get("sentences")
@@ -242,7 +242,7 @@ def param_match_lines(results: dict) -> list[str]:
         ref = by_name.get(row.get("match_params") or "")
         counted = [r["params"] for r in row["runs"] if r.get("params")]
         ref_counted = [r["params"] for r in ref["runs"] if r.get("params")] if ref else []
-        if not counted or not ref_counted:
+        if ref is None or not counted or not ref_counted:
             continue
         parts = []
         for key, what in (("total_without_embeddings", "without embeddings"), ("total", "total")):
@@ -254,7 +254,8 @@ def param_match_lines(results: dict) -> list[str]:
 
 def _sweep_groups(results: dict, key: str) -> tuple[list, dict]:
     """(swept values in plan order, {base row: {value: row}}) of the rows sweeping ``key``."""
-    values, groups = [], {}
+    values: list = []
+    groups: dict[str, dict] = {}
     for row in results["rows"]:
         if row.get("sweep_key") == key:
             if row["sweep_value"] not in values:

@@ -40,7 +40,8 @@ def sweep_series(results: dict, key: str, metric: str) -> tuple[list, dict[str, 
     value with a row: ``values`` (the metric of every evaluated seed), ``diverged`` (seeds marked diverged)
     and ``spikes`` (gradient-norm spikes summed over seeds; ``None`` without stability records), and
     ``label`` (the row label without its ``, lr …`` suffix)."""
-    values, series = [], {}
+    values: list = []
+    series: dict[str, dict] = {}
     for row in results["rows"]:
         if row.get("sweep_key") != key:
             continue

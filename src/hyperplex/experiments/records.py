@@ -72,6 +72,7 @@ def _record_holds(target: Path, info: dict, model_dir: Path, names: list[str]) -
 def recorded_evaluation(run: Run, row_name: str, key: dict) -> dict:
     """The evaluation a record holds for row ``row_name``, if it was made with the same settings (checkpoint
     choice, eval overrides and split, quality) — the checkpoint itself is not here to re-evaluate."""
+    assert run.record is not None  # only a recorded run is read back
     cache = run.record / f"evaluation-{row_name}.json"
     saved = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else None
     strip = lambda k: {a: b for a, b in k.items() if a not in FILE_KEYS}  # noqa: E731

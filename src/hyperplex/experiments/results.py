@@ -16,7 +16,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hyperplex.experiments import markdown as report
 from hyperplex.experiments.evaluation import cached_evaluation
@@ -41,7 +43,11 @@ class _Provenance:
     """The training commands, machines and times of the models a report covers, in first-seen order."""
 
     def __init__(self) -> None:
-        self.machines, self.commands, self.starts, self.ends, self.signatures = [], [], [], [], []
+        self.machines: list[str] = []
+        self.commands: list[str] = []
+        self.starts: list[str] = []
+        self.ends: list[str] = []
+        self.signatures: list[str] = []
 
     def add(self, item: dict, files: Path) -> None:
         self.signatures += [f"{k}: {v}" for k, v in item.get("signatures", {}).items()]
@@ -88,9 +94,13 @@ def collect(plan: Plan, all_runs: list[Run], resolved: dict, data_root: str | No
             "recorded": sorted({r["record"] for row in rows for r in row["runs"] if r.get("record")})}
 
 
+def _text_writer(content: str) -> Callable[[str], object]:
+    return lambda tmp: Path(tmp).write_text(content, encoding="utf-8")
+
+
 def _row_entry(row: Row, cfg) -> dict:
     """A row of ``results.json`` before its runs: what it trains and how it is scored."""
-    entry = {"name": row.name, "label": row.label, "config": row.config, "overrides": row.overrides,
+    entry: dict[str, Any] = {"name": row.name, "label": row.label, "config": row.config, "overrides": row.overrides,
              "eval_overrides": row.eval_overrides, "eval_split": row.eval_split, "models_from": row.models_from,
              "seeds": row.seeds, "runs": [], "match_params": row.match_params}
     if not row.train:
@@ -172,8 +182,7 @@ def write_results(results: dict, out: Path, append_to: str | None, records: Path
     for path in files:
         path.parent.mkdir(parents=True, exist_ok=True)
     # one set: a disk that fills half-way leaves every report as it was, never a new json beside an old page
-    write_set([(path, lambda tmp, content=content: Path(tmp).write_text(content, encoding="utf-8"))
-               for path, content in files.items()])
+    write_set([(path, _text_writer(content)) for path, content in files.items()])
     return body
 
 

@@ -177,7 +177,7 @@ def comparisons(results: dict) -> list[Comparison]:
     for r in trained:
         if r.get("match_params") in by_name:
             matched_to.setdefault(r["match_params"], []).append(r)
-    dense = {}
+    dense: dict[tuple, dict] = {}
     for r in trained:
         if setting[r["name"]][0] == "dense":
             dense.setdefault(_base(r), r)
@@ -190,7 +190,7 @@ def comparisons(results: dict) -> list[Comparison]:
     for p in phms:
         for m in matched_to.get(p["name"], []):
             kind = setting[m["name"]][0]
-            pairs.append((p, m, ROLE_NAMES.get(kind, kind or "matched"), "matched"))
+            pairs.append((p, m, ROLE_NAMES.get(kind or "", kind or "matched"), "matched"))
         if _base(p) in dense and p.get("train", True):  # a conversion vs its own teacher says nothing: skipped
             pairs.append((p, dense[_base(p)], "dense", "dense"))
     out = [Comparison("", p, o, role, rel) for p, o, role, rel in pairs]

@@ -64,7 +64,7 @@ def params_report(config: str, overrides: list[str] | None = None, vocab_size: i
 
         v = len(SPECIALS) + len(ArithmeticSpec().characters)
     own_tokenizer = issubclass(model_class, OwnTokenizer)  # a pretrained encoder brings its vocabulary
-    if vocab_size is None and own_tokenizer:
+    if vocab_size is None and issubclass(model_class, OwnTokenizer):
         v = len(model_class.text_tokenizer(cfg.model))
     if arch.family == "seq2seq":  # the second size is the target vocabulary
         outputs = v if tgt_vocab_size is None else tgt_vocab_size

@@ -141,6 +141,7 @@ def translate(model_dir: str, input_path: str | None = None, output_path: str | 
     if plot_attention:
         from hyperplex.train.plots import plot_attention as draw
 
+        assert plotted is not None  # refused above
         tokens, attention = details[plotted]
         src_tokens = task.source_tokens([lines[plotted]], warn=False)[0] + ["</s>"]
         draw(attention, src_tokens, tokens + ["</s>"] if attention.shape[0] > len(tokens) else tokens, plot_attention)

@@ -7,6 +7,9 @@ points, float biases) and ``hyperplex_quantize.json`` (the format, the checksum,
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any, cast
+
 import torch
 from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as _TorchDynamicLinear
@@ -40,26 +43,29 @@ def _plain_state(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]]:
     :meth:`~QuantizedLinear.int8_state`), a tensor shared under several keys stored once; and
     ``alias -> kept key``."""
     int8 = {name: m for name, m in model.named_modules() if isinstance(m, _TorchDynamicLinear)}
-    foreign = [name for name, m in int8.items() if not isinstance(m, QuantizedLinear)]
+    ours = {name: m for name, m in int8.items() if isinstance(m, QuantizedLinear)}
+    foreign = [name for name in int8 if name not in ours]
     if foreign:
         raise QuantizationError(f"layer {foreign[0]!r} was quantised by PyTorch directly; save_quantized "
                                 f"writes models quantised by hyperplex.quantize")
     entries = [(k, v) for k, v in {**model.state_dict(), **non_persistent_buffers(model)}.items()
                if not any(k.startswith(f"{name}.") for name in int8)]
-    for name, module in int8.items():
+    for name, module in ours.items():
         entries += [(f"{name}.{key}", value) for key, value in module.int8_state().items()]
     return deduplicate_tensors(entries)
 
 
-def _float_twin(module: nn.Module) -> nn.Module:
+def _float_twin(module: QuantizedPHMLinear | QuantizedLowRankLinear | QuantizedLinear) -> nn.Module:
     """The float layer a quantised one stands for, with its dequantised weights (for the skeleton files)."""
+    twin: nn.Module
     if isinstance(module, QuantizedPHMLinear):
         rule = module.phm_rule if module.rule_name == "custom" else module.rule_name
-        twin = PHMLinear(module.in_features, module.out_features, module.n, bias=module.bias is not None, rule=rule)
+        phm = PHMLinear(module.in_features, module.out_features, module.n, bias=module.bias is not None, rule=rule)
         with torch.no_grad():
-            if twin.rule_is_learned or module.n == 1:
-                twin.phm_rule.copy_(module.phm_rule)
-            twin.phm_weight.copy_(module.dequantized_phm_weight())
+            if phm.rule_is_learned or module.n == 1:
+                phm.phm_rule.copy_(module.phm_rule)
+            phm.phm_weight.copy_(module.dequantized_phm_weight())
+        twin = phm
     elif isinstance(module, QuantizedLowRankLinear):
         twin = LowRankLinear(module.in_features, module.out_features, module.rank,
                              bias=module.left._weight_bias()[1] is not None)
@@ -67,7 +73,7 @@ def _float_twin(module: nn.Module) -> nn.Module:
         twin = nn.Linear(module.in_features, module.out_features, bias=module._weight_bias()[1] is not None)
     source = getattr(module, "hyperplex_quantized_from", None)
     if source is not None:
-        twin.hyperplex_converted_from = source
+        cast(Any, twin).hyperplex_converted_from = source
     return twin.eval()
 
 
@@ -115,7 +121,7 @@ def save_quantized(model: nn.Module, folder, tokenizer=None) -> str:
     twin = copy.deepcopy(model)
     for name in layers:
         parent_name, _, child = name.rpartition(".")
-        setattr(twin.get_submodule(parent_name), child, _float_twin(twin.get_submodule(name)))
+        setattr(twin.get_submodule(parent_name), child, _float_twin(layers[name]))
     spec = {
         "format": QUANT_FORMAT, "version": QUANT_FORMAT_VERSION, "weights": QUANT_WEIGHTS_NAME,
         "weight_dtype": "qint8", "scheme": "per-output-channel symmetric int8 weights, dynamic int8 activations",
@@ -185,7 +191,7 @@ def _read_quant_spec(folder: str) -> dict:
 def _float_layer_matches(layer: nn.Module, entry: dict) -> bool:
     """Whether ``layer`` (in the rebuilt float model) is what the int8 spec entry was quantised from."""
     kinds = {"phm": PHMLinear, "lowrank": LowRankLinear, "linear": nn.Linear}
-    if (not isinstance(layer, kinds.get(entry.get("kind"), ()))
+    if (not isinstance(layer, kinds.get(entry.get("kind", ""), ()))
             or (entry["kind"] == "linear" and type(layer) is not nn.Linear)):
         return False
     if (layer.in_features, layer.out_features, layer.bias is not None) != (
@@ -262,24 +268,25 @@ def _restore(model: nn.Module, spec: dict, float_spec: dict, spec_path: str, flo
         apply_spec(model, float_spec["layers"], where=float_spec_path)
     except ValueError as err:
         raise serialize.LoadError(str(err)) from None
-    replacements = {}
+    replacements: dict[str, nn.Module] = {}
     for i, entry in enumerate(spec["layers"]):
         name = entry.get("name") if isinstance(entry, dict) else None
-        try:
-            layer = model.get_submodule(name) if isinstance(name, str) and name else None
-        except AttributeError:
-            layer = None
+        layer = None
+        if isinstance(name, str) and name:
+            with contextlib.suppress(AttributeError):
+                layer = model.get_submodule(name)
         if layer is None or not _float_layer_matches(layer, entry):
             found = "missing" if layer is None else f"a {type(layer).__name__}"
             raise serialize.LoadError(f"{spec_path}: int8 layer {name!r} (layers[{i}]: {entry}) is {found} in the "
                                       f"rebuilt {type(model).__name__}; a model folder of another architecture?")
+        assert isinstance(name, str)  # a missing name has no layer, refused above
         replacements[name] = empty_layer(entry)
     for name, new in replacements.items():
         for sub_name, sub in new.named_modules():
             setattr(sub, QUANTIZED_NAME, f"{name}.{sub_name}" if sub_name else name)
         source = getattr(model.get_submodule(name), "hyperplex_converted_from", None)
         if source is not None:
-            new.hyperplex_quantized_from = source
+            cast(Any, new).hyperplex_quantized_from = source
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, new)
 
@@ -307,7 +314,7 @@ def _restore(model: nn.Module, spec: dict, float_spec: dict, spec_path: str, flo
         owner = model.get_submodule(owner_name)
         if leaf in owner._parameters:
             old = owner._parameters[leaf]
-            owner._parameters[leaf] = nn.Parameter(value, requires_grad=old.requires_grad)
+            owner._parameters[leaf] = nn.Parameter(value, requires_grad=old is None or old.requires_grad)
         else:
             owner._buffers[leaf] = value
     retie_aliases(model, aliases)  # one Parameter under both names again, as in the saved model

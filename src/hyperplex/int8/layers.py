@@ -167,6 +167,9 @@ class QuantizedLowRankLinear(nn.Module):
     Shape: input ``(*, d)``, output ``(*, k)``.
     """
 
+    right: QuantizedLinear
+    left: QuantizedLinear
+
     def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = True) -> None:
         super().__init__()
         self.in_features, self.out_features, self.rank = in_features, out_features, rank
@@ -216,6 +219,10 @@ class QuantizedPHMLinear(nn.Module):
     Shape: input ``(*, d)``, output ``(*, k)``.
     """
 
+    phm_rule: Tensor
+    bias: Tensor | None
+    blocks: QuantizedLinear
+
     def __init__(self, in_features: int, out_features: int, n: int, bias: bool = True, rule_name: str = "learned",
                  path: str = "int8") -> None:
         super().__init__()
@@ -242,7 +249,7 @@ class QuantizedPHMLinear(nn.Module):
         new = cls(d, k, n, bias=layer.bias is not None, rule_name=layer.rule_name, path=path)
         with torch.no_grad():
             new.phm_rule.copy_(layer.phm_rule.detach().float())
-            if layer.bias is not None:
+            if new.bias is not None and layer.bias is not None:
                 new.bias.copy_(layer.bias.detach().float())
         weight = layer.factors().detach()  # Sᵢ of any layer (low-rank ones formed from their factors)
         stored = side_by_side(weight) if path == "premixed" else weight.reshape(k, d // n)
@@ -299,7 +306,7 @@ def _layer_kind(module: nn.Module) -> str:
     return "linear"
 
 
-def layer_entry(name: str, module: nn.Module) -> dict:
+def layer_entry(name: str, module: QuantizedLinear | QuantizedLowRankLinear | QuantizedPHMLinear) -> dict:
     """The JSON description of one int8 layer (what :func:`empty_layer` rebuilds)."""
     if isinstance(module, QuantizedPHMLinear):
         bias, extra = module.bias is not None, {"n": module.n, "rule": module.rule_name, "rank": None,
@@ -324,10 +331,10 @@ def empty_layer(entry: dict) -> nn.Module:
     return QuantizedLinear(d, k, bias_=bias, dtype=torch.qint8).eval()
 
 
-def quantized_layers(model: nn.Module) -> dict[str, nn.Module]:
+def quantized_layers(model: nn.Module) -> dict[str, QuantizedPHMLinear | QuantizedLowRankLinear | QuantizedLinear]:
     """The top-level int8 layers :func:`~hyperplex.int8.transform.quantize` put in (not the ``QuantizedLinear``
     inside them)."""
-    layers: dict[str, nn.Module] = {}
+    layers: dict[str, QuantizedPHMLinear | QuantizedLowRankLinear | QuantizedLinear] = {}
     for name, module in model.named_modules():
         if isinstance(module, (QuantizedPHMLinear, QuantizedLowRankLinear, QuantizedLinear)):
             if not any(name.startswith(f"{outer}.") for outer in layers):

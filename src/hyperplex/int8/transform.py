@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -58,7 +59,7 @@ class Int8Config(TransformConfig):
         check_choice(self.phm_path, "Int8Config.phm_path", ("auto", *PHM_PATHS))
 
 
-def _eligible(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+def _eligible(model: nn.Module) -> Iterator[tuple[str, PHMLinear | LowRankLinear | nn.Linear]]:
     """``(name, layer)`` for every layer :func:`quantize` can replace, in module order."""
     parents = {id(child): parent for _, parent in model.named_modules() for child in parent.children()}
     for name, layer in model.named_modules():
@@ -66,7 +67,7 @@ def _eligible(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             continue
         if isinstance(parents.get(id(layer)), nn.MultiheadAttention):
             continue  # nn.MultiheadAttention reads out_proj.weight directly
-        if isinstance(layer, (PHMLinear, LowRankLinear)) or type(layer) is nn.Linear:
+        if isinstance(layer, (PHMLinear, LowRankLinear)) or (isinstance(layer, nn.Linear) and type(layer) is nn.Linear):
             yield name, layer
 
 
@@ -134,9 +135,10 @@ def quantize(model: nn.Module, config: Int8Config | None = None, *, phm_path: st
                            "nn.Linear, LowRankLinear or PHMLinear layer")
     if not chosen:
         raise QuantizationError(f"Int8Config: targets/exclude leave no layer of {type(model).__name__} to quantise")
-    built = {}
+    built: dict[str, nn.Module] = {}
     for name in chosen:  # build every replacement first: a failure leaves the model as it was
         layer = eligible[name]
+        new: nn.Module
         if isinstance(layer, PHMLinear):
             new = QuantizedPHMLinear.from_float(layer, config.phm_path)
         elif isinstance(layer, LowRankLinear):
@@ -145,7 +147,7 @@ def quantize(model: nn.Module, config: Int8Config | None = None, *, phm_path: st
             new = QuantizedLinear.from_weight(layer.weight, layer.bias)
         source = getattr(layer, "hyperplex_converted_from", None)
         if source is not None:
-            new.hyperplex_quantized_from = source
+            cast(Any, new).hyperplex_quantized_from = source
         built[name] = new
     for name, new in built.items():
         for sub_name, sub in new.named_modules():
@@ -165,7 +167,7 @@ def model_bytes(model: nn.Module) -> int:
     packed int8 copy and one int32 offset per row: resident memory grew by 1.98× the int8 bytes for 40
     layers of 1536 × 384 on the x86 engine) nor PHM ``H`` caches; measure resident memory for those.
     """
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[int, int | torch.SymInt]] = set()
     total = 0
 
     def add(tensor: Tensor | None) -> None:
@@ -179,9 +181,7 @@ def model_bytes(model: nn.Module) -> int:
         total += tensor.numel() * tensor.element_size()
 
     for module in model.modules():
-        for tensor in module.parameters(recurse=False):
-            add(tensor)
-        for tensor in module.buffers(recurse=False):
+        for tensor in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
             add(tensor)
         if isinstance(module, QuantizedLinear) or type(module) is _TorchDynamicLinear:
             weight, bias = module._weight_bias()

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from hyperplex.layers.lowrank import LowRankLinear
 from hyperplex.layers.phm import PHMLinear, PHMRule, RuleSpec
+from hyperplex.layers.selection import DenseWeighted, LinearLike
 
 __all__ = ["kronecker_decompose", "phm_from_linear", "lowrank_from_linear", "to_linear", "linear_from",
            "dense_weight", "copy_into_like", "lowrank_whitened", "kronecker_factor_gram",
@@ -53,7 +54,7 @@ def kronecker_decompose(matrix: Tensor, n: int) -> tuple[Tensor, Tensor, float]:
     return rule, weight, error
 
 
-def phm_from_linear(linear: nn.Linear, n: int, rule: RuleSpec = "learned", **kwargs) -> tuple[PHMLinear, float]:
+def phm_from_linear(linear: LinearLike, n: int, rule: RuleSpec = "learned", **kwargs) -> tuple[PHMLinear, float]:
     """Convert a dense layer; returns ``(layer, relative_error)`` with ``relative_error = ‖W − H‖_F / ‖W‖_F``.
 
     A learned rule gets the best ``n``-term Kronecker sum (:func:`kronecker_decompose`, exact when
@@ -78,7 +79,7 @@ def phm_from_linear(linear: nn.Linear, n: int, rule: RuleSpec = "learned", **kwa
             S = torch.linalg.lstsq(A, R).solution
             layer.phm_weight.copy_(S.reshape(n, k_n, d_n))
             error = float(torch.linalg.norm(R - A @ S) / torch.linalg.norm(R).clamp_min(1e-300))
-        if layer.bias is not None:
+        if layer.bias is not None and linear.bias is not None:
             layer.bias.copy_(linear.bias.detach())
     layer.invalidate_cache()
     return layer, error
@@ -95,7 +96,7 @@ def _check_fittable(rule, kwargs: dict) -> None:
                          "factor_rank=r) and train or distil it)")
 
 
-def lowrank_from_linear(linear: nn.Linear, rank: int) -> tuple[LowRankLinear, float]:
+def lowrank_from_linear(linear: LinearLike, rank: int) -> tuple[LowRankLinear, float]:
     """Truncated SVD of the dense weight (optimal by Eckart–Young); returns
     ``(layer, ‖W − L R‖_F / ‖W‖_F)``."""
     W = linear.weight.detach()
@@ -106,14 +107,14 @@ def lowrank_from_linear(linear: nn.Linear, rank: int) -> tuple[LowRankLinear, fl
     with torch.no_grad():
         layer.left.copy_(U[:, :rank] * root)
         layer.right.copy_(root[:, None] * Vh[:rank])
-        if layer.bias is not None:
+        if layer.bias is not None and linear.bias is not None:
             layer.bias.copy_(linear.bias.detach())
     total = sigma.square().sum()
     error = float((sigma[rank:].square().sum() / total).sqrt()) if total > 0 else 0.0
     return layer, error
 
 
-def dense_weight(layer: nn.Module) -> Tensor:
+def dense_weight(layer: nn.Linear | DenseWeighted) -> Tensor:
     """The ``(out, in)`` matrix a linear-like layer applies (detached): ``W``, ``H`` or ``L R``."""
     return layer.weight.detach() if isinstance(layer, nn.Linear) else layer.dense_weight().detach()
 
@@ -129,7 +130,7 @@ def linear_from(weight: Tensor, bias: Tensor | None) -> nn.Linear:
     return linear
 
 
-def to_linear(layer: nn.Module) -> nn.Linear:
+def to_linear(layer: nn.Linear | DenseWeighted) -> nn.Linear:
     """An ``nn.Linear`` computing the same function as ``layer`` (``PHMLinear``, ``LowRankLinear`` or ``nn.Linear``)."""
     return linear_from(dense_weight(layer), None if layer.bias is None else layer.bias.detach())
 
@@ -370,7 +371,7 @@ def kronecker_als(weight: Tensor, gram: Tensor, rule: Tensor, blocks: Tensor, sw
     return A, S, history
 
 
-def lowrank_from_linear_whitened(linear: nn.Module, rank: int, gram: Tensor, ridge: float = 1e-6
+def lowrank_from_linear_whitened(linear: LinearLike, rank: int, gram: Tensor, ridge: float = 1e-6
                                  ) -> tuple[LowRankLinear, float]:
     """:func:`lowrank_from_linear` fitted to the output error on inputs of Gram ``gram`` ``(d, d)``
     (:func:`lowrank_whitened`); returns ``(layer, relative output error on the ridged Gram)``."""
@@ -381,12 +382,12 @@ def lowrank_from_linear_whitened(linear: nn.Module, rank: int, gram: Tensor, rid
     with torch.no_grad():
         layer.left.copy_(L)
         layer.right.copy_(R)
-        if layer.bias is not None:
+        if layer.bias is not None and linear.bias is not None:
             layer.bias.copy_(linear.bias.detach())
     return layer, error
 
 
-def phm_from_linear_whitened(linear: nn.Module, n: int, gram: Tensor, rule: RuleSpec = "learned", als_sweeps: int = 0,
+def phm_from_linear_whitened(linear: LinearLike, n: int, gram: Tensor, rule: RuleSpec = "learned", als_sweeps: int = 0,
                              ridge: float = 1e-6, **kwargs) -> tuple[PHMLinear, float]:
     """:func:`phm_from_linear` fitted to the output error on inputs of Gram ``gram`` ``(d, d)``.
 
@@ -429,7 +430,7 @@ def phm_from_linear_whitened(linear: nn.Module, n: int, gram: Tensor, rule: Rule
                                                update_rule=False)
             layer.phm_weight.copy_(blocks)
             error = history[-1]
-        if layer.bias is not None:
+        if layer.bias is not None and linear.bias is not None:
             layer.bias.copy_(linear.bias.detach())
     layer.invalidate_cache()
     return layer, error

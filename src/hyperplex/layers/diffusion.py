@@ -75,7 +75,7 @@ class DiffusionPHMLinear(nn.Module):
                       device=factors.device, dtype=factors.dtype)
             out.diffusion.copy_(layer.phm_rule.permute(2, 1, 0))  # B[i, a, m] = A[m, a, i]
             out.blocks.copy_(factors.permute(2, 0, 1))  # T[j, m, q] = S[m, q, j]
-            if out.bias is not None:
+            if out.bias is not None and layer.bias is not None:
                 out.bias.copy_(layer.bias)
         return out
 
@@ -89,7 +89,7 @@ class DiffusionPHMLinear(nn.Module):
                 out.phm_weight.copy_(self.blocks.permute(1, 2, 0))
             else:  # n = 1: the rule is the constant 1, fold B into S
                 out.phm_weight.copy_(self.blocks.permute(1, 2, 0) * self.diffusion.reshape(()))
-            if out.bias is not None:
+            if out.bias is not None and self.bias is not None:
                 out.bias.copy_(self.bias)
         out.invalidate_cache()
         return out

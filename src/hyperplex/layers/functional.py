@@ -220,7 +220,7 @@ def phm_linear_blocked(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | N
     flat = x.reshape(-1, d)
     factors = weight.reshape(n, k_n * d_n)  # [i, (q, j)]
     mix = rule.to(weight.dtype)
-    out = None
+    out: Tensor | None = None
     for c in range(n):
         torch.mm(mix[:, :, c].T, factors, out=block.view(n, k_n * d_n))  # [a, (q, j)] = H_c
         part = flat[:, c * d_n:(c + 1) * d_n]
@@ -230,6 +230,7 @@ def phm_linear_blocked(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | N
             out = torch.addmm(bias.to(block.dtype), part, block.T)
         else:
             out = part @ block.T
+    assert out is not None  # a PHM weight has n ≥ 1 blocks
     return out.view(*x.shape[:-1], k)
 
 
@@ -371,12 +372,12 @@ def _onednn_process_reason() -> str | None:
 def cpu_inference_reason(*tensors: Tensor | None) -> str | None:
     """Why an inference-only CPU float32 product (the oneDNN path, the compiled kernel) cannot take these tensors,
     or ``None``."""
-    tensors = [t for t in tensors if t is not None]
-    if any(t.device.type != "cpu" for t in tensors):
+    present = [t for t in tensors if t is not None]
+    if any(t.device.type != "cpu" for t in present):
         return "it runs on the CPU only"
-    if any(t.dtype != torch.float32 for t in tensors):
+    if any(t.dtype != torch.float32 for t in present):
         return "it runs in float32 only"
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if torch.is_grad_enabled() and any(t.requires_grad for t in present):
         return "it has no backward pass (use it under torch.no_grad() or torch.inference_mode(), or on frozen weights)"
     return None
 
@@ -396,7 +397,7 @@ def onednn_reason(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None =
 def onednn_available() -> bool:
     """Whether this process can run :func:`phm_linear_onednn` at all (PyTorch has oneDNN, it is switched on, and
     its linear passed a self-check, run once per process)."""
-    return torch.backends.mkldnn.enabled and _onednn_process_reason() is None
+    return bool(torch.backends.mkldnn.enabled) and _onednn_process_reason() is None
 
 
 #: oneDNN builds (and keeps, in PyTorch's primitive caches of up to 1,024 entries) a kernel for every distinct input
@@ -459,5 +460,7 @@ def phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = No
 
 def phm_linear_reference(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """Reference ``x (Σᵢ kron(Aᵢ, Sᵢ))ᵀ + b`` with ``torch.kron``, as in the paper's eq. 3.3."""
-    H = sum(torch.kron(rule[i], weight[i]) for i in range(rule.shape[0]))
+    H = torch.kron(rule[0], weight[0])
+    for i in range(1, rule.shape[0]):
+        H = H + torch.kron(rule[i], weight[i])
     return F.linear(x, H, bias)

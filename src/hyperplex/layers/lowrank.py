@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyperplex.layers.phm import RuleSpec, phm_parameter_count
+from hyperplex.layers.selection import LinearLike
 
 __all__ = ["LowRankLinear", "lowrank_parameter_count", "matching_rank"]
 
@@ -83,7 +84,7 @@ class LowRankLinear(nn.Module):
         return F.linear(F.linear(input, self.right), self.left, self.bias)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, rank: int) -> tuple[LowRankLinear, float]:
+    def from_linear(cls, linear: LinearLike, rank: int) -> tuple[LowRankLinear, float]:
         """Truncated SVD of the dense weight; returns ``(layer, ‖W − L R‖_F / ‖W‖_F)``
         (:func:`hyperplex.layers.conversion.lowrank_from_linear`)."""
         from hyperplex.layers.conversion import lowrank_from_linear

@@ -225,6 +225,8 @@ def _load_cached(name: str):
         return None
     try:
         spec = importlib.util.spec_from_file_location(name, library)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{library} is not a loadable extension module")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     except (ImportError, OSError):

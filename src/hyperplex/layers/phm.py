@@ -38,6 +38,7 @@ from hyperplex.layers.functional import (
     signed_permutation,
 )
 from hyperplex.layers.rule import PHMRule, rule_table
+from hyperplex.layers.selection import LinearLike
 
 __all__ = ["PHMLinear", "PHMRule", "phm_parameter_count", "shared_weights", "FORWARD_MODES", "cache_dense_weights",
            "cached_bytes", "release_dense_caches"]
@@ -238,9 +239,9 @@ class PHMLinear(nn.Module):
     def phm_rule(self) -> Tensor:
         """``(n, n, n)``: the rule this layer computes with (its own, or the shared :class:`PHMRule`'s)."""
         shared = self._modules.get("shared_rule")
-        if shared is not None:
+        if isinstance(shared, PHMRule):
             return shared.phm_rule
-        own = self._parameters.get("phm_rule")
+        own: Tensor | None = self._parameters.get("phm_rule")
         if own is None:
             own = self._buffers.get("phm_rule")
         if own is None:
@@ -276,7 +277,8 @@ class PHMLinear(nn.Module):
     def rule_is_learned(self) -> bool:
         """Whether the rule is a parameter (the layer's own or the shared :class:`PHMRule`'s); read from where it
         is registered, so that ``torch.func.functional_call`` swapping in plain tensors does not change it."""
-        owner = self._modules.get("shared_rule", self)
+        shared = self._modules.get("shared_rule")
+        owner = shared if shared is not None else self
         return "phm_rule" in owner._parameters
 
     @property
@@ -442,7 +444,7 @@ class PHMLinear(nn.Module):
 
     # ------------------------------------------------------------------ conversion
     @classmethod
-    def from_linear(cls, linear: nn.Linear, n: int, rule: RuleSpec = "learned", **kwargs) -> tuple[PHMLinear, float]:
+    def from_linear(cls, linear: LinearLike, n: int, rule: RuleSpec = "learned", **kwargs) -> tuple[PHMLinear, float]:
         """Convert a dense layer; returns ``(layer, ‖W − H‖_F / ‖W‖_F)``
         (:func:`hyperplex.layers.conversion.phm_from_linear`)."""
         from hyperplex.layers.conversion import phm_from_linear

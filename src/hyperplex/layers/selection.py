@@ -20,10 +20,39 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
+from typing import Protocol
 
-from torch import nn
+from torch import Tensor, nn
 
-__all__ = ["conv1d_class", "dense_source", "is_dense", "dense_sizes", "name_matches", "glob_patterns"]
+__all__ = ["conv1d_class", "dense_source", "is_dense", "dense_sizes", "name_matches", "glob_patterns", "LinearLike",
+           "DenseWeighted"]
+
+
+class LinearLike(Protocol):
+    """What a conversion reads from a dense layer ``y = x Wᵀ + b``: ``nn.Linear`` is one, and so is any object
+    with these four attributes (``weight`` is ``(out, in)``)."""
+
+    @property
+    def weight(self) -> Tensor: ...
+
+    @property
+    def bias(self) -> Tensor | None: ...
+
+    @property
+    def in_features(self) -> int: ...
+
+    @property
+    def out_features(self) -> int: ...
+
+
+class DenseWeighted(Protocol):
+    """A factorised layer (``PHMLinear``, ``LowRankLinear``, ``DiffusionPHMLinear``): the ``(out, in)`` matrix
+    it applies, formed by ``dense_weight()``, and its bias."""
+
+    @property
+    def bias(self) -> Tensor | None: ...
+
+    def dense_weight(self) -> Tensor: ...
 
 
 def conv1d_class() -> type | None:
@@ -51,7 +80,7 @@ def dense_sizes(module: nn.Module) -> tuple[int, int]:
     """``(in_features, out_features)`` of a dense layer (``Conv1D`` stores its weight as ``(in, out)``)."""
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
-    d, k = module.weight.shape
+    d, k = module.get_parameter("weight").shape
     return d, k
 
 

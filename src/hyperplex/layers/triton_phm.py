@@ -240,6 +240,7 @@ def _counters(device: torch.device, tiles: int) -> Tensor:
     calls on one stream, which run in order, share one buffer with no zeroing launch; another stream gets its own.
     While a CUDA graph is being captured, a buffer the capturing stream does not have yet is made for that call
     alone (its zeroing is captured with it) rather than kept: memory allocated in a capture belongs to the graph."""
+    key: tuple[int | str, int]
     if device.type == "cuda":
         key = (device.index if device.index is not None else torch.cuda.current_device(),
                torch.cuda.current_stream(device).cuda_stream)

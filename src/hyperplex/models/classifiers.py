@@ -95,8 +95,9 @@ class _PairModel(nn.Module):
     def reset_parameters(self) -> None:
         """Re-initialise every sub-module that knows how."""
         for module in self.modules():
-            if module is not self and hasattr(module, "reset_parameters"):
-                module.reset_parameters()
+            reset = getattr(module, "reset_parameters", None)
+            if module is not self and callable(reset):
+                reset()
 
     @torch.no_grad()
     def load_pretrained_embeddings(self, vectors: Tensor, mask: Tensor | None = None) -> None:
@@ -320,7 +321,8 @@ class QuaternionAttentionModel(_PairModel):
         if config.projection:
             config.projection_linear.check_divides(config.embedding_dim, d,
                                                    where="QuaternionAttentionConfig.projection_linear")
-            self.projection = _feed_forward([config.embedding_dim, d], config.projection_linear, act, p, factory)
+            self.projection: nn.Module = _feed_forward([config.embedding_dim, d], config.projection_linear, act, p,
+                                                       factory)
         else:
             self.projection = nn.Dropout(p)
         sizes = [4 * d] + [d] * config.ffn_layers

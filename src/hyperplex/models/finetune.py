@@ -276,6 +276,8 @@ def _match_lokr(sizes: list[tuple[int, int]], target: int, factor: int = 0) -> t
             key = (abs(count - target), r, order)
             if best is None or key < best[0]:
                 best = (key, (r, f, count))
+    if best is None:
+        raise ValueError(f"no LoKr rank and factor fit layers of sizes {sizes} (factor {factor})")
     return best[1]
 
 
@@ -339,8 +341,9 @@ def _attach_peft(encoder: nn.Module, config: FineTuneConfig) -> FineTuneReport:
     kind, method = config.kind, _peft_method(config.kind)
     matched = config.peft_rank == 0
     layers, sizes = _target_layers(encoder, config, config.n if matched else 1)
-    phm_count = _phm_count(config, sizes) if matched else None
+    phm_count: int | None = None
     if matched:
+        phm_count = _phm_count(config, sizes)
         rank, factor, _ = match_peft_rank(kind, sizes, phm_count, config.factor)
     else:
         rank, factor = config.peft_rank, config.factor or -1

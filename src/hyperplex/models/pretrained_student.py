@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -98,7 +98,7 @@ class PretrainedStudentConfig(ModelConfig):
             raise ValueError(f"model.blockwise_lr must be > 0, got {self.blockwise_lr}")
 
 
-def tokenize(encoder: nn.Module, sentences: list[str]) -> dict[str, Tensor]:
+def tokenize(encoder: Any, sentences: list[str]) -> dict[str, Tensor]:
     """A SentenceTransformer's tokenisation of ``sentences`` (padded to the longest, cut at its
     ``max_seq_length``): ``input_ids`` / ``attention_mask`` (and ``token_type_ids``) ``(B, S)``."""
     # sentence-transformers 6 renamed tokenize (deprecated there) to preprocess
@@ -115,7 +115,7 @@ def embed(encoder: nn.Module, features: dict[str, Tensor]) -> Tensor:
 
 
 # -- layers of the backbone ------------------------------------------------------------------------------------
-def transformer_layers(encoder: nn.Module) -> nn.ModuleList:
+def transformer_layers(encoder: Any) -> nn.ModuleList:
     """The transformer layers (``encoder.layer``, a ``ModuleList``) of a SentenceTransformer whose first
     module wraps a BERT-style ``transformers`` model; ValueError naming the model class if it has none."""
     backbone = getattr(encoder[0], "auto_model", None) or getattr(encoder[0], "model", None)
@@ -126,7 +126,7 @@ def transformer_layers(encoder: nn.Module) -> nn.ModuleList:
     return layers
 
 
-def keep_transformer_layers(encoder: nn.Module, keep: list[int]) -> None:
+def keep_transformer_layers(encoder: Any, keep: list[int]) -> None:
     """Keep only the transformer layers ``keep`` (indices into the current layers, increasing) of a
     SentenceTransformer, in place; the model's config gets ``num_hidden_layers = len(keep)``, so the
     model saves and reloads as an ordinary model of that depth. ValueError if an index is out of range."""
@@ -205,7 +205,7 @@ class record_internals:
         for layer in self.layers:
             self._handles.append(layer.register_forward_hook(keep_hidden))
             if self.attention:
-                attention = layer.attention.self
+                attention = cast(Any, layer).attention.self  # a transformers BERT self-attention
                 self._handles.append(attention.query.register_forward_hook(lambda m, a, out: self._queries.append(out)))
                 self._handles.append(attention.key.register_forward_hook(lambda m, a, out: self._keys.append(out)))
         return self
@@ -220,7 +220,7 @@ class record_internals:
         recorded forward, padded keys (``attention_mask`` ``(B, S)`` = 0) at probability 0."""
         out = []
         for layer, query, key in zip(self.layers, self._queries, self._keys):
-            module = layer.attention.self
+            module = cast(Any, layer).attention.self
             heads, size = module.num_attention_heads, module.attention_head_size
             B, S = query.shape[:2]
             q = query.view(B, S, heads, size).transpose(1, 2)  # (B, h, S, d)
@@ -269,7 +269,9 @@ def capture_block_io(encoder: nn.Module, features: dict[str, Tensor]) -> tuple[l
     (lists of ``(B, S, H)``, one per layer) and the other arguments the layers were called with (the
     attention mask in the form the backbone builds it), so a layer can be called alone on the inputs."""
     layers = transformer_layers(encoder)
-    inputs, outputs, extra = [], [], {}
+    inputs: list[Tensor] = []
+    outputs: list[Tensor] = []
+    extra: dict[str, Any] = {}
 
     def before(module, args, kwargs):
         inputs.append(args[0].detach())
@@ -302,6 +304,8 @@ def fit_blocks(layers: nn.ModuleList, inputs: list[Tensor], targets: list[Tensor
     ``(B, S, H)`` each) to that teacher layer's output (``targets``), on real tokens (``mask`` ``(B, S)``).
     The best iterate is kept (never worse than the start). Dropout is off while fitting. Returns per layer
     ``(j, relative error before, after)`` with error ``‖(out − target)·m‖² / ‖target·m‖²``."""
+    from hyperplex.layers.phm import PHMLinear
+
     results = []
     for j, layer in enumerate(layers):
         x, target = inputs[layer_map[j]], targets[layer_map[j]]
@@ -325,9 +329,12 @@ def fit_blocks(layers: nn.ModuleList, inputs: list[Tensor], targets: list[Tensor
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
+        if best_state is None:
+            raise ValueError(f"block-wise fit of student layer {j}: the reconstruction error before fitting is {start} "
+                             f"(non-finite inputs or weights)")
         layer.load_state_dict(best_state)
         for module in layer.modules():
-            if hasattr(module, "invalidate_cache"):
+            if isinstance(module, PHMLinear):
                 module.invalidate_cache()
         layer.train(was_training)
         results.append((j, start, best))
@@ -391,6 +398,7 @@ class PretrainedStudent(nn.Module):
                 balance_factor_scales(self.encoder)
         if fit_now:
             inputs, outputs, args, kwargs = block_io
+            assert self.layer_map is not None  # resolved above whenever fit_now
             self.blockwise = fit_blocks(transformer_layers(self.encoder), inputs, outputs, self.layer_map,
                                         block_features["attention_mask"], args, kwargs,
                                         config.blockwise_steps, config.blockwise_lr)

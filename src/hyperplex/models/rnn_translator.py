@@ -144,7 +144,7 @@ class RNNTranslator(nn.Module):
         # W_c of eq. 3.4 (no bias, as Luong et al.)
         self.combine = make_linear(2 * H, H, spec, bias=False) if self.attention is not None else None
         if dense_output:
-            self.output_layer = nn.Linear(H, tgt_vocab_size, bias=not c.tie_embeddings)
+            self.output_layer: nn.Module = nn.Linear(H, tgt_vocab_size, bias=not c.tie_embeddings)
             if c.tie_embeddings:
                 self.output_layer.weight = self.tgt_embed.weight
         else:
@@ -194,7 +194,7 @@ class RNNTranslator(nn.Module):
     # ------------------------------------------------------------------ decoder
     def _attend(self, h: Tensor, state: dict[str, Tensor], step: int) -> tuple[Tensor, Tensor | None]:
         """``h (B, [T,] H) -> (h̃ (B, [T,] H), weights (B, [T,] S) | None)`` (eq. 3.4)."""
-        if self.attention is None:
+        if self.attention is None or self.combine is None:  # both or neither
             return h, None
         context, weights = self.attention(h, state["memory"], state["mask"], step, state["src_lengths"], state["keys"])
         return torch.tanh(self.combine(torch.cat([context, h], dim=-1))), weights

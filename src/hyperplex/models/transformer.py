@@ -166,7 +166,7 @@ class TransformerTranslator(nn.Module):
         self.encoder = TransformerEncoder(config.encoder_layers, d_model, config.pre_norm, **factory, **layer)
         self.decoder = TransformerDecoder(config.decoder_layers, d_model, config.pre_norm, **factory, **layer)
         if config.tie_embeddings:  # logits = h Eᵀ (Tensor2Tensor's shared_embedding_and_softmax_weights)
-            self.output_projection = nn.Linear(d_model, tgt_vocab_size, bias=False, **factory)
+            self.output_projection: nn.Module = nn.Linear(d_model, tgt_vocab_size, bias=False, **factory)
             self.output_projection.weight = self.tgt_embed.token.weight
         else:
             self.output_projection = _output_layer(config, d_model, tgt_vocab_size, "TransformerTranslator", **factory)

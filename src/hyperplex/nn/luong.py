@@ -131,7 +131,8 @@ class LuongAttention(nn.Module):
     """Global or local Luong attention built from a score and (for local) a position predictor.
 
     Args:
-        score: a score module with ``keys(memory)`` and ``forward(query, keys) -> (B, T, S)``.
+        score: :class:`DotScore`, :class:`GeneralScore` or :class:`ConcatScore` (or a module with the same
+            ``keys(memory)`` and ``forward(query, keys) -> (B, T, S)``).
         position: ``None`` (global) or a module ``(query, steps, lengths) -> p (B, T)``.
         window: half-width ``D`` of the local window (``D ≥ 1``).
         gaussian: multiply the alignment by ``exp(−(s − p_t)²/2σ²)``, ``σ = D/2`` (local-p).
@@ -146,7 +147,7 @@ class LuongAttention(nn.Module):
         Every source needs at least one valid position.
     """
 
-    def __init__(self, score: nn.Module, position: nn.Module | None = None, window: int = 10,
+    def __init__(self, score: DotScore | ConcatScore, position: nn.Module | None = None, window: int = 10,
                  gaussian: bool = False, normalize: bool = True, name: str = "") -> None:
         super().__init__()
         if position is not None and (not isinstance(window, int) or window < 1):

@@ -22,11 +22,14 @@ only the recurrent projection ``(B, H) → (B, 4H)`` runs inside the time loop.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
 from hyperplex.layers import shared_weights
 from hyperplex.layers.conversion import copy_into_like, dense_weight
+from hyperplex.layers.selection import DenseWeighted
 from hyperplex.nn.linear import LinearSpec, make_linear
 from hyperplex.nn.masks import lengths_out_of_range, lengths_to_mask
 
@@ -77,8 +80,8 @@ class PHMLSTMCell(nn.Module):
 
     def reset_parameters(self) -> None:
         """Re-initialise both projections with their own (``nn.Linear``-variance) init."""
-        self.input_proj.reset_parameters()
-        self.hidden_proj.reset_parameters()
+        for proj in (self.input_proj, self.hidden_proj):
+            cast(nn.Linear, proj).reset_parameters()  # every linear kind has nn.Linear's reset_parameters
 
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}, bias={self.bias}"
@@ -117,6 +120,8 @@ class PHMLSTM(nn.Module):
         valid step — what ``nn.LSTM`` gives on a ``pack_padded_sequence``.
     """
 
+    conversion_error: float  # set by from_lstm: the largest relative weight error of the conversion
+
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = True, dropout: float = 0.0, bidirectional: bool = False,
                  linear: LinearSpec | None = None, device=None, dtype=None) -> None:
@@ -137,7 +142,7 @@ class PHMLSTM(nn.Module):
 
     def reset_parameters(self) -> None:
         for cell in self.cells:
-            cell.reset_parameters()
+            cast(PHMLSTMCell, cell).reset_parameters()
 
     def extra_repr(self) -> str:
         return (f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, bias={self.bias}, "
@@ -205,7 +210,7 @@ class PHMLSTM(nn.Module):
             outputs = []
             for direction in range(self.num_directions):
                 k = layer * self.num_directions + direction
-                cell = self.cells[k]
+                cell = cast(PHMLSTMCell, self.cells[k])
                 gates = cell.input_proj(x)  # all time steps in one call, (B, T, 4H)
                 if direction == 1:
                     gates = reverse_padded(gates, lengths)
@@ -279,10 +284,12 @@ class PHMLSTM(nn.Module):
             for layer in range(self.num_layers):
                 for direction in range(self.num_directions):
                     suffix = f"l{layer}" + ("_reverse" if direction else "")
-                    cell = self.cells[layer * self.num_directions + direction]
-                    getattr(lstm, f"weight_ih_{suffix}").copy_(dense_weight(cell.input_proj))
-                    getattr(lstm, f"weight_hh_{suffix}").copy_(dense_weight(cell.hidden_proj))
+                    cell = cast(PHMLSTMCell, self.cells[layer * self.num_directions + direction])
+                    input_proj = cast("nn.Linear | DenseWeighted", cell.input_proj)
+                    hidden_proj = cast("nn.Linear | DenseWeighted", cell.hidden_proj)
+                    getattr(lstm, f"weight_ih_{suffix}").copy_(dense_weight(input_proj))
+                    getattr(lstm, f"weight_hh_{suffix}").copy_(dense_weight(hidden_proj))
                     if self.bias:
-                        getattr(lstm, f"bias_ih_{suffix}").copy_(cell.input_proj.bias)
+                        getattr(lstm, f"bias_ih_{suffix}").copy_(input_proj.bias)
                         getattr(lstm, f"bias_hh_{suffix}").zero_()
         return lstm

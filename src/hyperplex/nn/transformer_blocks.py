@@ -16,11 +16,13 @@ Transformers differ only in the :class:`LinearSpec` they are given.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
-from hyperplex.nn.attention import ATTENTION_TYPES, KeyValue
+from hyperplex.nn.attention import ATTENTION_TYPES, KeyValue, MultiHeadAttention
 from hyperplex.nn.linear import LinearSpec, make_linear
 
 __all__ = ["sinusoidal_positions", "TransformerEmbedding", "FeedForward", "TransformerEncoderLayer",
@@ -56,6 +58,8 @@ class TransformerEmbedding(nn.Module):
     ``weight`` (the ``nn.Embedding``'s) can be tied to an output projection. Embeddings are
     ``N(0, d^-1/2)`` so that ``√d · E`` has unit scale (as Tensor2Tensor / fairseq); the pad row is 0.
     """
+
+    positions: Tensor  # (max_positions, d), a buffer
 
     def __init__(self, vocab_size: int, d_model: int, pad_index: int = 0, max_positions: int = 1024,
                  dropout: float = 0.0, device=None, dtype=None) -> None:
@@ -109,8 +113,10 @@ class _Sublayers(nn.Module):
     """Residual wrapper shared by encoder and decoder layers: pre- or post-LayerNorm."""
 
     pre_norm: bool
+    dropout: nn.Dropout
 
-    def _residual(self, x: Tensor, norm: nn.LayerNorm, fn) -> tuple[Tensor, object]:
+    def _residual(self, x: Tensor, norm: nn.LayerNorm, fn: Callable[[Tensor], tuple[Tensor, Any]]
+                  ) -> tuple[Tensor, Any]:
         """``x + drop(f(LN(x)))`` (pre-norm) or ``LN(x + drop(f(x)))`` (post-norm); ``fn`` returns
         ``(y, extra)``, ``extra`` is passed through."""
         y, extra = fn(norm(x) if self.pre_norm else x)
@@ -183,7 +189,7 @@ class TransformerDecoderLayer(_Sublayers):
         return x, cache, weights
 
 
-def _attention(name: str):
+def _attention(name: str) -> type[MultiHeadAttention]:
     if name not in ATTENTION_TYPES:
         raise ValueError(f"unknown attention_type {name!r}; valid: {', '.join(ATTENTION_TYPES)}")
     return ATTENTION_TYPES[name]
@@ -223,13 +229,13 @@ class TransformerDecoder(nn.Module):
 
     def project_memory(self, memory: Tensor) -> list[KeyValue]:
         """Cross-attention keys/values ``(B, H, S, d_k)`` of every layer, computed once per source."""
-        return [layer.cross_attn.project_memory(memory) for layer in self.layers]
+        return [cast(TransformerDecoderLayer, layer).cross_attn.project_memory(memory) for layer in self.layers]
 
     def empty_caches(self, batch_size: int, device=None, dtype=None) -> list[KeyValue]:
         """Zero-length self-attention caches ``(B, H, 0, d_k)`` for step 0."""
         caches = []
         for layer in self.layers:
-            attn = layer.self_attn
+            attn = cast(TransformerDecoderLayer, layer).self_attn
             empty = torch.zeros(batch_size, attn.num_heads, 0, attn.head_dim, device=device, dtype=dtype)
             caches.append((empty, empty.clone()))
         return caches

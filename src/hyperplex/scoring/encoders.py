@@ -68,8 +68,8 @@ def _distillation_config(path: Path) -> dict:
 def _recorded_teacher(raw: dict) -> str:
     from hyperplex.pretrained import MINILM
 
-    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
-    return str(model.get("path") or MINILM)
+    model = raw.get("model")
+    return str((model.get("path") if isinstance(model, dict) else None) or MINILM)
 
 
 def find_student(argument: str) -> Student:
@@ -136,8 +136,9 @@ def resolve_teacher(students: list[Student], teacher: str | None) -> tuple[str, 
         raise ValueError(f"STUDENT {bare[0].argument} records no teacher (a save_converted folder outside a "
                          f"`hyperplex compress` model folder): pass --teacher minilm|PATH")
     first = students[0]
+    assert first.teacher is not None  # students without a teacher were refused above
     for other in students[1:]:
-        if not _same_teacher(first.teacher, other.teacher):
+        if other.teacher is None or not _same_teacher(first.teacher, other.teacher):
             raise ValueError(f"the students record different teachers: {first.teacher!r} ({first.recorded_in}) and "
                              f"{other.teacher!r} ({other.recorded_in}); score them separately or pass --teacher")
     return first.teacher, f"model.path in {first.recorded_in}"
@@ -326,7 +327,8 @@ def _score_rows(teacher: str, teacher_model, found: list[Student], models: list,
     wikiqa = {"path": paths["wikiqa"]} if "wikiqa" in paths else None
     sst2 = {"path": paths["sst2"], "train_size": probe["train"], "test_size": probe["test"],
             "split_seed": probe["split_seed"], "C": PROBE_C, "carve": PROBE_CARVE} if probe else None
-    rows, details = [], {}
+    rows: list = []
+    details: dict[str, dict] = {}
     entries = [("teacher", f"teacher ({teacher})", teacher_model, teacher_size, "dense (teacher)",
                 resolve_model_path(teacher))]
     entries += [("student", s.argument, m, size, _conversion(spec) + (", int8" if is_quantized(m) else ""), s.source)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import copy
 import os
+from typing import Any
 
 from hyperplex.scoring.quality import BATCH_SIZE
 
 #: quality kind → {key: default}; ``file`` is required.
-QUALITY_KEYS = {
+QUALITY_KEYS: dict[str, dict[str, Any]] = {
     "agreement": {"file": None, "limit": 0},
     "wikiqa": {"file": None, "limit_questions": 0},
     "sst2_probe": {"file": None, "train_size": 2000, "test_size": 1000, "split_seed": 0, "carve": "sentences",
@@ -112,7 +113,7 @@ def check_files(quality: dict, data_root: str | None) -> list[str]:
     return problems
 
 
-def evaluate_quality(task, model, quality: dict, data_root: str | None) -> dict[str, float]:
+def evaluate_quality(task, model, quality: dict, data_root: str | None) -> dict[str, Any]:
     """The quality metrics of a loaded distillation model (:func:`hyperplex.inference.load.load_model`):
     ``model.encoder`` is the student SentenceTransformer, ``task.teacher`` the frozen teacher. Returns
     ``{metric: value}`` plus ``{"quality_details": {...}}`` (counts: sentences, questions, probe sizes), by
@@ -133,9 +134,9 @@ def evaluate_quality(task, model, quality: dict, data_root: str | None) -> dict[
         sst2 = {"path": resolve_file(q["file"], data_root), **{k: q[k] for k in probe}}
     student = sentence_transformer_embedder(model.encoder, batch_size=BATCH_SIZE)
     metrics, details = score_embedder(student, agreement, wikiqa, sst2, BATCH_SIZE)
-    for kind, counts in details.items():  # the plan's file names first, as the cached evaluations had them
-        details[kind] = {"file": quality[kind]["file"], **counts}
-    return {**metrics, "quality_details": details}
+    # the plan's file names first, as the cached evaluations had them
+    named = {kind: {"file": quality[kind]["file"], **counts} for kind, counts in details.items()}
+    return {**metrics, "quality_details": named}
 
 
 def model_size(model) -> dict:

@@ -298,7 +298,10 @@ class LabelledTextTask(Task):
                              f"pre-trained embeddings")
         path = data_file(self.cfg.data.embeddings, self.data_root, key="data.embeddings")
         dim = getattr(self.cfg.model, "embedding_dim", None)
-        vocab = self.text.vocab  # a model that loads embeddings has no tokenizer of its own
+        if not isinstance(self.text, SavedVocabulary):
+            raise ValueError(f"data.embeddings is set but model {self.cfg.model.architecture!r} brings its own "
+                             f"tokenizer: GloVe vectors are looked up by the words of a vocabulary built from the data")
+        vocab = self.text.vocab
         vectors, mask = load_glove(path, vocab.itos, dim)
         model.load_pretrained_embeddings(vectors, mask)
         self.log.info(f"embeddings: {int(mask.sum())} of {len(vocab)} words initialised from {path}")
@@ -409,7 +412,9 @@ class PairClassificationTask(LabelledTextTask):
         kept = [rec for rec in records if rec["a"].strip() and rec["b"].strip()]
         report.empty = len(records) - len(kept)
         labels, groups = self._targets(kept, what, report)
-        ids, token_types = self.text.tokenizer.encode_pair_batch([r["a"] for r in kept], [r["b"] for r in kept])
+        tokenizer = self.text.tokenizer if isinstance(self.text, ModelTokenizer) else None
+        assert isinstance(tokenizer, PairTextTokenizer)  # joint_pairs, and _model_tokenizer refused any other
+        ids, token_types = tokenizer.encode_pair_batch([r["a"] for r in kept], [r["b"] for r in kept])
         return JointPairDataset(ids, labels, token_types, groups, pad_index=self.text.pad_index), report
 
     def _encoded_dataset(self, columns: list[list], labels: list, groups: list[int] | None):
@@ -469,6 +474,8 @@ class RankingTask(PairClassificationTask):
     @torch.no_grad()
     def validate(self, model: nn.Module) -> dict[str, float]:
         logits, labels, groups = self.predict(model, self.dev_set)
+        if groups is None:
+            raise ValueError(f"task {self.name!r}: the dev set has no query groups to rank within")
         scores = logits.reshape(-1)
         loss = F.binary_cross_entropy_with_logits(scores, labels.float()).item()
         result = ranking_metrics(groups.tolist(), scores.tolist(), labels.long().tolist())

@@ -78,6 +78,8 @@ def tokenizer_and_vocab(cfg: DataConfig, lines: list[str] | None, model_dir: Pat
     deterministic), but only rank 0 saves it: the other ranks may get here before rank 0 has made the
     model folder, and two ranks need not write one file."""
     if fresh:
+        if lines is None:
+            raise ValueError(f"building tokenizer {name!r} needs its training lines")
         kind = "sentencepiece" if cfg.tokenizer in ("bpe", "unigram") else cfg.tokenizer
         tokenizer = build_tokenizer(kind, lines, **tokenizer_options(cfg))
         max_size = cfg.vocab_size if cfg.tokenizer == "word" else None

@@ -19,6 +19,7 @@ summed over sentences. Validation reports ``cosine`` (mean cos(student, teacher)
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -95,7 +96,7 @@ class DistillationTask(Task):
         self.teacher = load_sentence_transformer(self.cfg.model.path)
         for p in self.teacher.parameters():
             p.requires_grad_(False)
-        self._dev_targets = None
+        self._dev_targets: Tensor | None = None
 
     def prepare(self, fresh: bool) -> None:
         data = self.cfg.data
@@ -193,13 +194,14 @@ class DistillationTask(Task):
         calibration = getattr(self, "train_set", [])[:CALIBRATION_SENTENCES]
         model = PretrainedStudent(self.cfg.model, calibration=calibration, structure_only=not calibration)
         cfg = self.cfg.model
+        layer_map = model.layer_map or []  # resolved whenever layers are distilled or fitted
         if cfg.distill_hidden or cfg.distill_attention:
-            pairs = ", ".join(f"{j}↔{t}" for j, t in enumerate(model.layer_map))
+            pairs = ", ".join(f"{j}↔{t}" for j, t in enumerate(layer_map))
             self.log.info(f"loss per sentence: {cfg.distill_loss} on the embeddings + {cfg.distill_hidden} × "
                           f"hidden-state MSE + {cfg.distill_attention} × attention KL; "
                           f"student layer ↔ teacher layer: {pairs}")
         for layer, before, after in model.blockwise:
-            self.log.info(f"blockwise: layer {layer} fitted to teacher layer {model.layer_map[layer]}: relative output "
+            self.log.info(f"blockwise: layer {layer} fitted to teacher layer {layer_map[layer]}: relative output "
                           f"error on {len(calibration)} calibration sentences {before:.4f} → {after:.4f}")
         return model
 
@@ -223,7 +225,8 @@ class DistillationTask(Task):
         :func:`attention_loss`, student layer ``j`` matched to teacher layer ``layer_map[j]``; summed over sentences."""
         from hyperplex.models.pretrained_student import embed, record_internals
 
-        cfg, inner = self.cfg.model, getattr(model, "module", model)  # DDP wraps the student
+        cfg = self.cfg.model
+        inner: Any = getattr(model, "module", model)  # DDP wraps the student
         mask = batch["attention_mask"]
         with_attention = cfg.distill_attention > 0
         self.teacher.to(mask.device).eval()
@@ -249,10 +252,11 @@ class DistillationTask(Task):
         size = max(1, self.cfg.testing.batch_size)
         batches = [self._batch(self.dev_set[i:i + size], list(range(i, i + size)))
                    for i in range(0, len(self.dev_set), size)]
-        if self._dev_targets is None:
-            self._dev_targets = torch.cat([self._teacher(b.to(device), device).cpu() for b in batches])
+        targets = self._dev_targets
+        if targets is None:
+            targets = self._dev_targets = torch.cat([self._teacher(b.to(device), device).cpu() for b in batches])
         student = torch.cat([model(**b.to(device).tensors).float().cpu() for b in batches])
-        return student, self._dev_targets
+        return student, targets
 
     @torch.no_grad()
     def validate(self, model: nn.Module) -> dict[str, float]:

@@ -12,6 +12,8 @@ decodes or scores at most :data:`UNPOSITIONED_LINE_LIMIT` tokens of a line (cut 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -269,7 +271,7 @@ class TranslationTask(Task):
         return (texts, details) if kwargs.get("return_attention") else texts
 
     @torch.no_grad()
-    def translate_ids(self, model: nn.Module, src_ids: list[list[int]], beam_size: int,
+    def translate_ids(self, model: nn.Module, src_ids: Sequence[Sequence[int]], beam_size: int,
                       src_tokens: list[list[str]] | None = None, return_attention: bool = False,
                       progress: bool = False):
         """Decode source id sequences in order; returns detokenised strings (and per-sentence

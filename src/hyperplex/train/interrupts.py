@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from typing import Any
 
 __all__ = ["TrainingInterrupted", "InterruptFlag"]
 
@@ -39,7 +40,7 @@ class InterruptFlag:
         self.signal_number = 0  # the first signal this process got (0: none)
         self._voted = 0  # this process's signal when it last voted
         self.agreed = 0  # the signal every process stops for (DDP, set by agree)
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # signal -> the handler signal.getsignal gave
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -14,7 +14,7 @@ to be made (``updates_done + 1``) and ``epoch`` the 1-based number of the epoch 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -27,7 +27,7 @@ __all__ = [
 OPTIMIZERS = ("adam", "adamw", "sgd")
 
 
-def build_optimizer(parameters: Iterable, name: str, lr: float, betas: tuple[float, float] = (0.9, 0.98),
+def build_optimizer(parameters: Iterable, name: str, lr: float, betas: Sequence[float] = (0.9, 0.98),
                     eps: float = 1e-9, weight_decay: float = 0.0, momentum: float = 0.0) -> torch.optim.Optimizer:
     """Build a torch optimizer by name.
 
@@ -63,7 +63,7 @@ def build_optimizer(parameters: Iterable, name: str, lr: float, betas: tuple[flo
     if eps <= 0:
         raise ValueError(f"eps must be > 0, got {eps!r}")
     cls = torch.optim.Adam if key == "adam" else torch.optim.AdamW
-    return cls(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+    return cls(params, lr=lr, betas=(betas[0], betas[1]), eps=eps, weight_decay=weight_decay)
 
 
 def apply_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:

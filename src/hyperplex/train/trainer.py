@@ -15,8 +15,10 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -99,7 +101,7 @@ class _Loop:
     scaler: torch.amp.GradScaler | None  # fp16 only
     manager: CheckpointManager | None  # rank 0 only
     metrics: MetricsWriter | None  # rank 0 only
-    bar: object | None  # a tqdm bar, or None
+    bar: Any | None  # a tqdm bar, or None
     interrupts: InterruptFlag  # SIGINT/SIGTERM seen (and, under DDP, agreed on by every process)
 
 
@@ -229,7 +231,7 @@ class Trainer:
             train_model = nn.parallel.DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         if tcfg.compile:  # after the DDP wrapper, as PyTorch's DDP guide does; checkpoints keep `model`'s names
-            train_model = torch.compile(train_model)
+            train_model = cast(nn.Module, torch.compile(train_model))
         scaler = torch.amp.GradScaler("cuda") if tcfg.precision == "fp16" else None
         metrics = MetricsWriter(self.model_dir, state.step if self.resume else None) if self.rank == 0 else None
         loop = _Loop(model, train_model, optimizer, schedule, scaler, manager, metrics,
@@ -270,6 +272,9 @@ class Trainer:
         if ckpt.optimizer_state is not None:
             optimizer.load_state_dict(ckpt.optimizer_state)
         state = TrainState(**ckpt.extra["trainer"])
+        if ckpt.rng_state is None:
+            raise CheckpointError(f"{self.model_dir / LAST} holds no random-number state to resume from (the trainer "
+                                  f"always saves one); it was not written by `hyperplex train`")
         restore_rng(ckpt.rng_state)
         log.info(f"resumed from {self.model_dir / LAST} at step {state.step}, epoch {state.epoch}, "
                  f"batch {state.batch_index}")
@@ -346,7 +351,7 @@ class Trainer:
                     break
         return last_val
 
-    def _step(self, loop: _Loop, group: list, num_batches: int, state: TrainState, throughput: _Throughput) -> bool:
+    def _step(self, loop: _Loop, group: Sequence, num_batches: int, state: TrainState, throughput: _Throughput) -> bool:
         """One optimiser step over ``group`` at the scheduled learning rate, then the state moved past it
         (next epoch, the limit that ends the run, the loss window) and reported. Returns whether the step
         ended the epoch of ``num_batches`` batches."""
@@ -390,7 +395,7 @@ class Trainer:
         state.window_grad_norm, state.window_grad_norm_max = 0.0, 0.0
         throughput.reset()
 
-    def _optimizer_step(self, group: list, count: int, loop: _Loop, state: TrainState) -> float:
+    def _optimizer_step(self, group: Sequence, count: int, loop: _Loop, state: TrainState) -> float:
         """One optimiser step over the accumulated ``group`` of batches (``count`` targets in all): forward
         and backward per batch, gradient norm (clipped if configured, recorded for the log window),
         update. Returns the summed loss of the global batch over every process.
@@ -405,9 +410,9 @@ class Trainer:
         for j, batch in enumerate(group):
             shard = batch.shard(self.rank, self.world) if self.world > 1 else batch
             shard = shard.to(self.device)
-            sync = contextlib.nullcontext()
+            sync: contextlib.AbstractContextManager = contextlib.nullcontext()
             if self.world > 1 and j < len(group) - 1:
-                sync = train_model.no_sync()
+                sync = cast(nn.parallel.DistributedDataParallel, train_model).no_sync()
             with sync:
                 with self._autocast():
                     loss_sum = self.task.loss(train_model, shard).float()

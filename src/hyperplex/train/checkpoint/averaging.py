@@ -38,7 +38,8 @@ def average_checkpoints(paths: Sequence) -> dict[str, Tensor]:
                 raise CheckpointError(f"{path}: key {k!r} has shape {tuple(t.shape)} dtype {t.dtype}, but {paths[0]} "
                                       f"has {tuple(first[k].shape)} {first[k].dtype}; cannot average")
             sums[k] = sums[k] + t.double() if t.is_floating_point() else t
-    out, seen = {}, {}
+    out: dict[str, Tensor] = {}
+    seen: dict[int, str] = {}
     for k, t in first.items():
         if id(t) in seen:  # tied in the source: keep the same tensor under both names
             out[k] = out[seen[id(t)]]

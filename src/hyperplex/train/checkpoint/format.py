@@ -26,6 +26,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,7 +77,7 @@ class Checkpoint:
 
 
 # ---------------------------------------------------------------------------- atomic files
-def atomic_write(path, write: Callable[[str], None]) -> None:
+def atomic_write(path, write: Callable[[str], object]) -> None:
     """:func:`hyperplex.fileio.atomic_write`, raising :class:`CheckpointError` (also for safetensors errors)."""
     try:
         fileio.atomic_write(path, write)
@@ -99,7 +100,7 @@ class _Encoder:
         t = t.detach()
         storage = (t.device, t.untyped_storage().data_ptr()) if t.numel() else None
         view = (*storage, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype) if storage else None
-        if view in self._views:
+        if view is not None and view in self._views:
             return self._views[view]  # the same tensor under another name: store once
         if storage in self._storages:
             t = t.clone()  # a different view of shared memory: safetensors refuses aliasing, store a copy
@@ -107,7 +108,7 @@ class _Encoder:
         while name in self.tensors:
             name, k = f"{base}#{k}", k + 1
         self.tensors[name] = t.to("cpu").contiguous()
-        if storage:
+        if storage is not None and view is not None:
             self._views[view] = name
             self._storages.add(storage)
         return name
@@ -156,7 +157,7 @@ def _decode(obj, tensors: dict[str, Tensor]):
 
 def _digest(t: Tensor) -> str:
     h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
-    h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    h.update(t.reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()
 
 
@@ -299,7 +300,7 @@ def checkpoint_info(path) -> dict:
     ``extra`` is decoded with tensors and arrays replaced by ``None``.
     """
     path, payload = _read_header(path)
-    none = {name: None for name in payload["sha256"]}
+    none: dict[str, Any] = dict.fromkeys(payload["sha256"])
 
     def strip(obj):  # arrays need their bytes; report them as None too
         if isinstance(obj, dict) and "__ndarray__" in obj:
@@ -359,9 +360,9 @@ def load_into(model: torch.nn.Module, state: dict[str, Tensor], path, expected_f
     try:
         config = checkpoint_info(path)["extra"].get("config") or {}
         model_section = config.get("model") or {}
-        shown = {k: model_section[k] for k in _MODEL_KEYS_SHOWN if k in model_section}
-        if shown:
-            saved = f"; the checkpoint was saved with model: {json.dumps(shown, sort_keys=False)}"
+        saved_model = {k: model_section[k] for k in _MODEL_KEYS_SHOWN if k in model_section}
+        if saved_model:
+            saved = f"; the checkpoint was saved with model: {json.dumps(saved_model, sort_keys=False)}"
     except (CheckpointError, AttributeError, KeyError, TypeError):
         pass
     raise CheckpointError(f"{os.fspath(path)} does not fit the model built from {expected_from}: "

@@ -7,6 +7,7 @@ import math
 import os
 import re
 import shutil
+from typing import Any
 
 from torch import Tensor
 
@@ -110,7 +111,7 @@ class CheckpointManager:
         metric_value = float(metric_value)
         if not math.isfinite(metric_value):
             raise ValueError(f"save_if_best: the validation metric is {metric_value}; refusing to rank it")
-        entry = {"step": int(step), "metric": metric_value, "file": f"best-{int(step)}.safetensors"}
+        entry: dict[str, Any] = {"step": int(step), "metric": metric_value, "file": f"best-{int(step)}.safetensors"}
         ranked = sorted([e for e in self.entries if e["step"] != entry["step"]] + [entry], key=self._key)
         kept = ranked[: self.keep_best]
         if entry not in kept:

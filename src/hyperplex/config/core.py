@@ -331,8 +331,8 @@ def reference_markdown(cls: type, prefix: str = "", heading_level: int = 3, inst
             default = getattr(instance, f.name)
         elif f.default is not dataclasses.MISSING:
             default = f.default
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = f.default_factory()  # type: ignore[misc]
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
         else:
             default = "(required)"
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):

@@ -95,9 +95,9 @@ class SchemaKey:
 def _field_default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
         try:
-            return f.default_factory()  # type: ignore[misc]
+            return f.default_factory()
         except (ValueError, TypeError):  # e.g. TrainingConfig() alone: no step or epoch budget
             return _UNBUILT
     return _REQUIRED

@@ -164,6 +164,7 @@ class PHMLinear(nn.Module):
     """
 
     path_settings: PathSettings = DEFAULT_PATH_SETTINGS
+    _perm_key: tuple[int, int] | None  # the rule's (data_ptr, version) the signed permutation was read from
 
     def __init__(
         self,

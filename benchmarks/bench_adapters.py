@@ -98,7 +98,7 @@ def build_lora(d: int, k: int, rank: int) -> nn.Module:
 
     model = peft.get_peft_model(OneLayer(d, k), peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0,
                                                                  target_modules=["proj"]))
-    if not isinstance(model.base_model.model.proj, LoraLinear):
+    if not isinstance(model.get_submodule("base_model.model.proj"), LoraLinear):
         raise RuntimeError("peft did not wrap proj in its LoRA layer")
     return model
 
@@ -109,7 +109,7 @@ def build_lokr(d: int, k: int, rank: int, factor: int) -> nn.Module:
 
     config = peft.LoKrConfig(r=rank, alpha=rank, decompose_factor=factor, target_modules=["proj"])
     model = peft.get_peft_model(OneLayer(d, k), config)
-    if not isinstance(model.base_model.model.proj, LoKrLinear):
+    if not isinstance(model.get_submodule("base_model.model.proj"), LoKrLinear):
         raise RuntimeError("peft did not wrap proj in its LoKr layer")
     return model
 
@@ -136,6 +136,8 @@ def match_lokr(d: int, k: int, target: int) -> tuple[int, int]:
             key = (abs(count - target), rank)
             if best is None or key < best[0]:
                 best = (key, (rank, factor))
+    if best is None:
+        raise ValueError(f"no LoKr factor in (2, 4, 8, 16, 32) divides {d} and {k}")
     return best[1]
 
 

@@ -71,6 +71,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness, run as a script or loaded by path
@@ -188,7 +189,7 @@ def same_page_cache_history(specs: dict[str, dict], root: str) -> dict[str, dict
     in runs of 16–200: encoding the same 64 sentences left 10.2 MB of the word-embedding table resident in the
     PHM model against 2.9 MB in the teacher (the same 78 token ids), charging the model just saved about 7 MB that
     has nothing to do with its architecture. Copied by the same routine, both map 2.9–3.2 MB."""
-    copies = {}
+    copies: dict[str, Any] = {}
     for name, spec in specs.items():
         source = spec["folder"]
         if source not in copies:
@@ -270,6 +271,7 @@ def worker(spec: dict) -> None:
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
     device = torch.device(spec.get("device", "cpu"))
+    model: Any  # a SentenceTransformer, however it was loaded
     if spec["loader"] == "teacher":
         from sentence_transformers import SentenceTransformer
 
@@ -296,6 +298,7 @@ def worker(spec: dict) -> None:
     print(json.dumps({"ready": True}), file=reply, flush=True)
     for line in sys.stdin:
         request = json.loads(line)
+        answer: float | dict[str, Any]
         if "encode" in request:
             batch = request["encode"]
             with torch.inference_mode():
@@ -303,12 +306,13 @@ def worker(spec: dict) -> None:
                                            show_progress_bar=False)
                 answer = len(sentences) / harness.time_per_call(encode, 1, device)
         else:
-            answer = {**stats, "held": _held_bytes(model), "resident": _resident_bytes(), **_resident_split(),
-                      "peak": _peak_bytes()}
+            figures: dict[str, Any] = {**stats, "held": _held_bytes(model), "resident": _resident_bytes(),
+                                       **_resident_split(), "peak": _peak_bytes()}
             if device.type == "cuda":  # the allocator's figures: what the model and its encoding held on the card
-                answer.update(gpu_held=torch.cuda.memory_allocated(device),
-                              gpu_peak=torch.cuda.max_memory_allocated(device))
-            answer.update(_resident_trimmed())  # last: it frees what the figures above count
+                figures.update(gpu_held=torch.cuda.memory_allocated(device),
+                               gpu_peak=torch.cuda.max_memory_allocated(device))
+            figures.update(_resident_trimmed())  # last: it frees what the figures above count
+            answer = figures
         print(json.dumps(answer), file=reply, flush=True)
 
 
@@ -320,18 +324,20 @@ class ModelProcess:
         self.name = name
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both are pipes
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self._read()  # {"ready": true}
 
     def _read(self):
-        line = self.proc.stdout.readline()
+        line = self.stdout.readline()
         if not line:
             raise RuntimeError(f"the process of model {self.name!r} ended with exit code {self.proc.wait()} "
                                "(its error is above)")
         return json.loads(line)
 
     def ask(self, request: dict):
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
+        self.stdin.write(json.dumps(request) + "\n")
+        self.stdin.flush()
         return self._read()
 
     def close(self) -> None:
@@ -354,8 +360,8 @@ def measure(specs: dict, sentences: list[str], batch_sizes: list[int], rounds: i
         for name in names:  # warm-up: every sentence, so every input shape (a Triton specialisation on CUDA)
             for b in batch_sizes:
                 procs[name].ask({"encode": b})
-        speeds = {(name, b): [] for name in names for b in batch_sizes}
-        ratios = {(name, b): [] for name in names for b in batch_sizes}
+        speeds: dict[tuple[str, int], list[float]] = {(name, b): [] for name in names for b in batch_sizes}
+        ratios: dict[tuple[str, int], list[float]] = {(name, b): [] for name in names for b in batch_sizes}
         for order in harness.rotations(names, rounds):
             this = {(name, b): procs[name].ask({"encode": b}) for name in order for b in batch_sizes}
             for key, speed in this.items():
@@ -384,7 +390,7 @@ def measure_memory(specs: dict, sentences: list[str], batch_sizes: list[int], sa
     ``samples`` processes of its own, one process at a time (models interleaved: sample 1 of every model, then
     sample 2, …), each encoding the sentences once at every batch size before it reports."""
     names = list(specs)
-    drawn = {name: [] for name in names}
+    drawn: dict[str, list] = {name: [] for name in names}
     for _ in range(samples):
         for name in names:
             proc = ModelProcess(name, {**specs[name], "sentences": sentences, "threads": threads, **where})

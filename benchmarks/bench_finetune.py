@@ -64,6 +64,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -135,9 +136,9 @@ def load_config(row: RowSpec, extra: list[str]):
 class Built:
     """A row's model with what its training step needs."""
 
-    cfg: object
-    model: nn.Module
-    task: object
+    cfg: Any  # the row's ExperimentConfig
+    model: Any  # a PretrainedClassifier: its report and head are read
+    task: Any
     optimizer: torch.optim.Optimizer
 
     @property
@@ -223,9 +224,9 @@ def trainable(model: nn.Module) -> int:
 
 
 # ---------------------------------------------------------------------------- merging
-def merged_copy(model: nn.Module, kind: str) -> nn.Module | None:
-    """A deep copy of ``model`` with its adapter folded into the base weights (``None`` for full / none):
-    ``hyperplex.adapters.merge`` for PHM, peft's own ``merge()`` on each of its layers for LoRA / LoKr."""
+def merged_copy(model: Any, kind: str) -> nn.Module | None:
+    """A deep copy of ``model`` (a PretrainedClassifier) with its adapter folded into the base weights (``None`` for
+    full / none): ``hyperplex.adapters.merge`` for PHM, peft's own ``merge()`` on each of its layers for LoRA / LoKr."""
     if kind not in ("phm", "lora", "lokr"):
         return None
     merged = copy.deepcopy(model)
@@ -311,6 +312,7 @@ def memory_child(job: dict) -> dict:
     batch = dataset.collate(range(len(dataset)))
     built.model.train()
     gc.collect()
+    before: float | None
     try:
         with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
             handle.write("5")  # reset the peak-RSS mark (VmHWM, ru_maxrss) to the current RSS

@@ -55,8 +55,10 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -64,14 +66,14 @@ from torch import Tensor, nn
 
 from hyperplex.layers import triton_phm
 from hyperplex.layers.functional import onednn_available
-from hyperplex.layers.phm import PHMLinear
+from hyperplex.layers.phm import ForwardMode, PHMLinear
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness, run as a script or loaded by path
 import harness  # noqa: E402
 from harness import MiB  # noqa: E402
 
 #: The fixed-path PHMLinear layers, sharing the parameters of the ``auto`` one.
-MODES = ("structured", "premixed", "onednn", "materialized")
+MODES: tuple[ForwardMode, ...] = ("structured", "premixed", "onednn", "materialized")
 VARIANTS = ("dense", *MODES, "auto", "kron")
 #: Paths timed in inference only: oneDNN's has no backward pass, and the training table keeps to the two paths
 #: ``auto`` chooses between when training.
@@ -135,8 +137,9 @@ def verify_kron(ns: list[int]) -> None:
     for n in ns:
         d, k = 7 * n, 5 * n
         ref = PHMLinear(d, k, n, dtype=torch.float64)
-        layers = {"kron": BroadcastKronPHM(ref)}
-        for mode in ("structured", "materialized", "auto"):
+        layers: dict[str, Any] = {"kron": BroadcastKronPHM(ref)}
+        modes: tuple[ForwardMode, ...] = ("structured", "materialized", "auto")
+        for mode in modes:
             layers[mode] = PHMLinear(d, k, n, dtype=torch.float64, forward_mode=mode)
             layers[mode].load_state_dict(ref.state_dict())
         x0 = torch.randn(2, 3, d, dtype=torch.float64, generator=gen)
@@ -150,7 +153,7 @@ def verify_kron(ns: list[int]) -> None:
         for name in ("structured", "materialized", "auto"):
             for got, want in zip(results["kron"], results[name]):
                 if got is not None or want is not None:  # the rule has no gradient when it is fixed (n = 1)
-                    torch.testing.assert_close(got, want, msg=lambda m, name=name, n=n: f"kron vs {name}, n={n}: {m}")
+                    torch.testing.assert_close(got, want, msg=_prefixed(f"kron vs {name}, n={n}"))
 
 
 def estimate_bytes(variant: str, phase: str, d: int, k: int, n: int, rows: int, itemsize: int) -> int:
@@ -297,11 +300,16 @@ def step_of(stack: list[nn.Module], x: Tensor, g: Tensor, train: bool):
     return train_step if train else infer
 
 
+def _prefixed(where: str) -> Callable[[str], str]:
+    """An ``assert_close`` message: torch's own, after ``where``."""
+    return lambda message: f"{where}: {message}"
+
+
 def build_layers(d: int, k: int, n: int, device: torch.device, dtype: torch.dtype) -> dict[str, nn.Module]:
     """Dense baseline, the PHMLinear layers of :data:`MODES` and ``auto`` sharing one set of parameters, and the
     kron layer."""
     auto = PHMLinear(d, k, n, device=device, dtype=dtype)
-    layers = {"dense": nn.Linear(d, k, device=device, dtype=dtype)}
+    layers: dict[str, nn.Module] = {"dense": nn.Linear(d, k, device=device, dtype=dtype)}
     for mode in MODES:
         layers[mode] = PHMLinear(d, k, n, device=device, dtype=dtype, forward_mode=mode,
                                  cache_dense=mode == "materialized")
@@ -348,9 +356,10 @@ def build_stack(d: int, k: int, n: int, depth: int, device: torch.device, dtype:
         for src in autos:
             view = PHMLinear(d, k, n, bias=src.bias is not None, device="meta", forward_mode=mode,
                              cache_dense=mode == "materialized")
-            view.phm_rule, view.phm_weight, view.bias = src.phm_rule, src.phm_weight, src.bias
+            for name in ("phm_rule", "phm_weight", "bias"):  # Module.__setattr__ registers the shared tensors
+                setattr(view, name, getattr(src, name))
             stacks[mode].append(view)
-    stacks["auto"] = autos
+    stacks["auto"] = list(autos)
     if kron:
         stacks["kron"] = [BroadcastKronPHM(src) for src in autos]
     return stacks
@@ -509,7 +518,7 @@ def auto_checks(results: dict, where: str = "every grid point") -> list[dict]:
         if not quotients:
             checks.append(check(f"{where}, {label}, auto <= 1.10x min(str, mat)", None, None))
             continue
-        worst = max(quotients, key=quotients.get)
+        worst = max(quotients, key=lambda point: quotients[point])
         misses = [f"d=k={d}, n={n}, rows={rows}: auto = {q:.3f}x min(str, mat)"
                   for (d, n, rows), q in quotients.items() if q > 1.10]
         checks.append({**check(f"{where}, {label}, auto <= 1.10x min(str, mat)", quotients[worst], not misses,
@@ -539,7 +548,7 @@ def wrong_choices(results: dict, phase: str) -> list[str]:
             rivals.append("materialized")
         timed = {c: r for c in rivals if (r := _ratio(results, d, n, rows, phase, c)) is not None}
         if took is not None and timed:
-            best = min(timed, key=timed.get)
+            best = min(timed, key=lambda c: timed[c])
             if took > 1.10 * timed[best]:
                 wrong.append(f"d=k={d}, n={n}, rows={rows}: auto took {m.path}, {took / timed[best]:.3f}x {best}")
     return wrong

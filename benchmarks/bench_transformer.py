@@ -100,7 +100,7 @@ def mask_eos(model: TransformerTranslator) -> TransformerTranslator:
         return log_probs.index_fill(-1, torch.tensor([model.eos_index], device=log_probs.device),
                                     float("-inf")), state, attention
 
-    model.decode_step = decode_step
+    model.__dict__["decode_step"] = decode_step  # an instance attribute, read before the class's method
     return model
 
 

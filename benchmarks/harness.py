@@ -29,9 +29,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -105,28 +106,32 @@ def calls_per_block(fn: Callable[[], object], target_s: float, device: torch.dev
     return max(1, min(limit, round(target_s / max(once, 1e-7)))), once
 
 
-def rotations(names: list[str], rounds: int) -> Iterator[list[str]]:
+#: What names a timed call: a string, or a tuple such as ``(size, kind)`` where a script sweeps a grid.
+Name = TypeVar("Name", bound=Hashable)
+
+
+def rotations(names: list[Name], rounds: int) -> Iterator[list[Name]]:
     """The order of ``names`` in each of ``rounds`` rounds, rotated by one every round."""
     for r in range(rounds):
         shift = r % len(names) if names else 0
         yield names[shift:] + names[:shift]
 
 
-def interleave(calls: dict[str, Callable[[], object]], rounds: int, *, device: torch.device | str = "cpu",
-               number: int | dict[str, int] = 1, warmup: int = 1, clock: Callable[[], float] = time.perf_counter,
+def interleave(calls: Mapping[Name, Callable[[], object]], rounds: int, *, device: torch.device | str = "cpu",
+               number: int | Mapping[Name, int] = 1, warmup: int = 1, clock: Callable[[], float] = time.perf_counter,
                context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-               before: Callable[[str], object] | None = None) -> Timings:
+               before: Callable[[Name], object] | None = None) -> Timings[Name]:
     """Time every call in ``rounds`` interleaved rounds (:func:`rotations`), each sample a block of ``number`` calls
     (per name where a dict), after ``warmup`` untimed calls each; every call runs under ``context()``, and
     ``before(name)``, where given, untimed before each of ``name``'s samples."""
     names = list(calls)
-    per_name = number if isinstance(number, dict) else dict.fromkeys(names, number)
+    per_name = number if isinstance(number, Mapping) else dict.fromkeys(names, number)
     with context():
         for name in names:
             for _ in range(warmup):
                 calls[name]()
         sync(device)
-        timings = Timings({name: [] for name in names})
+        timings: Timings[Name] = Timings({name: [] for name in names})
         for order in rotations(names, rounds):
             for name in order:
                 if before is not None:
@@ -136,25 +141,25 @@ def interleave(calls: dict[str, Callable[[], object]], rounds: int, *, device: t
 
 
 @dataclass
-class Timings:
+class Timings(Generic[Name]):
     """Seconds per call, one sample per round, by name (:func:`interleave`)."""
 
-    samples: dict[str, list[float]] = field(default_factory=dict)
+    samples: dict[Name, list[float]] = field(default_factory=dict)
 
-    def median(self, name: str) -> float:
+    def median(self, name: Name) -> float:
         return statistics.median(self.samples[name])
 
-    def spread(self, name: str) -> float:
+    def spread(self, name: Name) -> float:
         return spread(self.samples[name])
 
-    def ratio(self, name: str, baseline: str) -> float:
+    def ratio(self, name: Name, baseline: Name) -> float:
         """Median over rounds of (``name``'s time / ``baseline``'s time in the same round); below 1 = faster."""
         return paired_ratio(self.samples[name], self.samples[baseline])
 
-    def summary(self, baseline: str | None = None, scale: float = 1.0) -> dict[str, dict]:
+    def summary(self, baseline: Name | None = None, scale: float = 1.0) -> dict[Name, dict]:
         """Per name: median, min and spread of the samples (× ``scale``: 1e3 for ms), the samples, and the ratio to
         ``baseline``."""
-        out = {}
+        out: dict[Name, dict] = {}
         for name, samples in self.samples.items():
             out[name] = {"median": self.median(name) * scale, "min": min(samples) * scale, "spread": spread(samples),
                          "samples": [s * scale for s in samples]}
@@ -325,7 +330,7 @@ def machine(device: torch.device | str = "cpu") -> dict:
     """What ran the benchmark: CPU model, logical and usable cores, torch threads, torch and Python versions, the load
     average; on CUDA also the card, its memory, the driver, CUDA and Triton versions."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    info = {"cpu": cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": usable,
+    info: dict[str, Any] = {"cpu": cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": usable,
             "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
             "device": str(device),
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}

@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     print(f"# bench_kernel: {meta['device']}, torch {meta['torch']}, triton {meta['triton']}, "
           f"L2 {meta['L2_bytes'] / 2 ** 20:.0f} MiB, d={args.d} k={args.k} {args.dtype}, "
           f"{'CUDA graphs' if args.graph and args.device == 'cuda' else 'eager'}", flush=True)
-    rows = []
+    rows: list[dict] = []
 
     def write_json(complete: bool) -> None:  # after every point: a step stopped by its time budget keeps its rows
         if args.json:

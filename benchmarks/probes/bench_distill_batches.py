@@ -23,6 +23,7 @@ import logging
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness, run as a script or loaded by path
 import harness  # noqa: E402
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
         timings = harness.interleave({bucket: next_step(bucket) for bucket in tasks}, args.steps, warmup=0,
                                      before=lambda bucket: model.zero_grad(set_to_none=True))
         times = timings.samples
-    result = {}
+    result: dict[bool | str, Any] = {}
     for bucket, chosen in batches.items():
         padded = sum(b["input_ids"].numel() for b in chosen)
         real = sum(int(b["attention_mask"].sum()) for b in chosen)

@@ -48,7 +48,7 @@ def measure(d: int, k: int, n: int, rows: int, layers: int, rounds: int) -> dict
                                       for name, stack in stacks.items()}, rounds, layers, prepare)
         finally:
             prepare("dense")
-    result.update(fastest=min(PATHS, key=result.get), auto=auto)
+    result.update(fastest=min(PATHS, key=lambda path: result[path]), auto=auto)
     return result
 
 

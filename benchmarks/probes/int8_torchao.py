@@ -34,6 +34,9 @@ TOKENS = 32
 class _TorchaoPHM(nn.Module):
     """A PHM layer whose ``Sᵢ`` sit in one ``nn.Linear`` (to be quantised by torchao), mixed in float."""
 
+    rule: torch.Tensor
+    bias: torch.Tensor
+
     def __init__(self, layer: PHMLinear) -> None:
         super().__init__()
         n, k, d = layer.n, layer.out_features, layer.in_features
@@ -44,6 +47,7 @@ class _TorchaoPHM(nn.Module):
         with torch.no_grad():
             self.blocks.weight.copy_(stored)
         self.register_buffer("rule", layer.phm_rule.detach().clone())
+        assert layer.bias is not None  # the probe's layers have a bias
         self.register_buffer("bias", layer.bias.detach().clone())
 
     def forward(self, x):
@@ -62,7 +66,9 @@ def torchao_form(layer: nn.Module) -> nn.Module:
     if isinstance(layer, LowRankLinear):
         right, left = nn.Linear(layer.in_features, layer.rank, bias=False), nn.Linear(layer.rank, layer.out_features)
         with torch.no_grad():
-            right.weight.copy_(layer.right), left.weight.copy_(layer.left), left.bias.copy_(layer.bias)
+            right.weight.copy_(layer.right), left.weight.copy_(layer.left)
+            if layer.bias is not None:
+                left.bias.copy_(layer.bias)
         return nn.Sequential(right, left)
     return copy.deepcopy(layer)
 
@@ -127,7 +133,7 @@ def main(argv=None) -> None:
                     ref = layer(x)
                     errors = {name: relative_error(ref, f(x)) for name, f in variants.items() if name != "float"}
                     calls = {name: calls_for(f, x, args.round_ms) for name, f in variants.items()}  # + warm-up
-                    times = {name: [] for name in variants}
+                    times: dict[str, list[float]] = {name: [] for name in variants}
                     for _ in range(args.rounds):  # interleaved: every variant once per round
                         for name, f in variants.items():
                             times[name].append(per_call_ms(f, x, calls[name]))

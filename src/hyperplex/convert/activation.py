@@ -21,7 +21,7 @@ on the exact objective (:mod:`hyperplex.layers.conversion` holds the algebra).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +43,7 @@ WHITENED_INITS = ("whitened", "whitened_als")
 RIDGE = {"phm": 0.1, "lowrank": 1e-6}
 
 
-def capture_inputs(module: nn.Module, layers: dict[str, nn.Module], calibrate: Callable[[nn.Module], object]
+def capture_inputs(module: nn.Module, layers: Mapping[str, nn.Module], calibrate: Callable[[nn.Module], object]
                    ) -> dict[str, Tensor]:
     """Run ``calibrate(module)`` without gradients and return, per layer name, a factor ``F`` (d × r,
     float64) of the Gram matrix ``Xᵀ X`` of the inputs ``X`` (rows × d) that layer received.

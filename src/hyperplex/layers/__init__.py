@@ -17,6 +17,7 @@ from hyperplex.layers.functional import (
 from hyperplex.layers.lowrank import LowRankLinear, lowrank_parameter_count, matching_rank
 from hyperplex.layers.phm import (
     FORWARD_MODES,
+    ForwardMode,
     PHMLinear,
     PHMRule,
     cache_dense_weights,
@@ -27,7 +28,7 @@ from hyperplex.layers.phm import (
 )
 
 __all__ = [
-    "PHMLinear", "PHMRule", "PathSettings", "DiffusionPHMLinear", "LowRankLinear", "FORWARD_MODES",
+    "PHMLinear", "PHMRule", "PathSettings", "DiffusionPHMLinear", "LowRankLinear", "FORWARD_MODES", "ForwardMode",
     "shared_weights", "cache_dense_weights", "cached_bytes", "release_dense_caches", "phm_parameter_count",
     "lowrank_parameter_count", "matching_rank", "kronecker_decompose",
     "materialize_weight", "phm_linear", "phm_linear_blocked", "phm_linear_lowrank", "phm_linear_premixed",

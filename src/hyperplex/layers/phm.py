@@ -40,10 +40,12 @@ from hyperplex.layers.functional import (
 from hyperplex.layers.rule import PHMRule, rule_table
 from hyperplex.layers.selection import LinearLike
 
-__all__ = ["PHMLinear", "PHMRule", "phm_parameter_count", "shared_weights", "FORWARD_MODES", "cache_dense_weights",
-           "cached_bytes", "release_dense_caches"]
+__all__ = ["PHMLinear", "PHMRule", "phm_parameter_count", "shared_weights", "FORWARD_MODES", "ForwardMode",
+           "cache_dense_weights", "cached_bytes", "release_dense_caches"]
 
-FORWARD_MODES = ("auto", "structured", "materialized", "premixed", "onednn", "streamed")
+#: A value of ``PHMLinear(forward_mode=...)``, for annotations (the values themselves: :data:`FORWARD_MODES`).
+ForwardMode = Literal["auto", "structured", "materialized", "premixed", "onednn", "streamed"]
+FORWARD_MODES: tuple[ForwardMode, ...] = ("auto", "structured", "materialized", "premixed", "onednn", "streamed")
 #: The forward modes that read the stored ``Sᵢ`` directly, so a layer with low-rank ``Sᵢ`` cannot take them.
 FULL_FACTOR_MODES = ("premixed", "onednn", "streamed")
 RuleSpec = str | Tensor
@@ -175,7 +177,7 @@ class PHMLinear(nn.Module):
         rule: RuleSpec | PHMRule = "learned",
         device=None,
         dtype=None,
-        forward_mode: Literal["auto", "structured", "materialized", "premixed", "onednn", "streamed"] = "auto",
+        forward_mode: ForwardMode = "auto",
         cache_dense: bool = False,
         *,
         rule_init: str | Tensor = "random",

@@ -34,7 +34,7 @@ INTEGRATION_MODULES = {
     "tests/experiments/test_lanes.py",  # lane.sh in bash, with a stand-in interpreter
     "tests/layers/test_native.py",  # builds the C++ kernel
     "tests/train/test_process.py",  # DDP under torchrun
-    "tests/test_typing.py",  # mypy over the package and torch's annotations (~1 min)
+    "tests/test_typing.py",  # mypy over the package, the scripts and torch's annotations (~2 min)
 }
 #: Single tests, in files otherwise fast (node ids without parameters).
 INTEGRATION_TESTS = {

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from hyperplex.adapters.config import PHMAdapterConfig
 from hyperplex.layers.functional import materialize_weight, phm_linear_structured
 from hyperplex.layers.functional import phm_linear_lowrank as phm_lowrank_structured  # one home for the kernel
-from hyperplex.layers.selection import dense_sizes, dense_source, is_dense
+from hyperplex.layers.selection import dense_sizes, dense_source, dense_tensors, is_dense
 
 __all__ = ["PHMDelta", "AdapterWrapper", "PHMAdaptedLinear", "SavedModule", "phm_lowrank_structured",
            "tensors_sha256"]
@@ -136,8 +136,8 @@ class AdapterWrapper(nn.Module):
 
 def dense_signature(layer: nn.Module) -> str:
     """SHA-256 of a dense layer's ``weight`` and ``bias`` (:func:`tensors_sha256`)."""
-    pairs = (("weight", cast(Tensor, layer.weight)), ("bias", cast("Tensor | None", layer.bias)))
-    return tensors_sha256([(name, t) for name, t in pairs if t is not None])
+    weight, bias = dense_tensors(layer)
+    return tensors_sha256([(name, t) for name, t in (("weight", weight), ("bias", bias)) if t is not None])
 
 
 class PHMAdaptedLinear(AdapterWrapper):
@@ -166,11 +166,11 @@ class PHMAdaptedLinear(AdapterWrapper):
     @property
     def weight(self) -> Tensor:
         """The base layer's weight (so code that reads ``layer.weight`` keeps working)."""
-        return cast(Tensor, self.base_layer.weight)
+        return dense_tensors(self.base_layer)[0]
 
     @property
     def bias(self) -> Tensor | None:
-        return cast("Tensor | None", self.base_layer.bias)
+        return dense_tensors(self.base_layer)[1]
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.base_layer(x)

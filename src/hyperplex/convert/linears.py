@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -21,7 +20,14 @@ from torch import Tensor, nn
 from hyperplex.convert.report import ConversionReport, LayerReport
 from hyperplex.layers.lowrank import LowRankLinear, matching_rank
 from hyperplex.layers.phm import PHMLinear, RuleSpec
-from hyperplex.layers.selection import conv1d_class, dense_sizes, dense_source, glob_patterns, name_matches
+from hyperplex.layers.selection import (
+    conv1d_class,
+    dense_sizes,
+    dense_source,
+    dense_tensors,
+    glob_patterns,
+    name_matches,
+)
 
 __all__ = ["convert_linears", "to_dense", "conversion_spec", "apply_spec", "KINDS", "INITS", "CONVERTED_FROM"]
 
@@ -44,7 +50,7 @@ class _Dense:
 
 
 def _dense_view(layer: nn.Module, source: str) -> _Dense:
-    weight, bias = cast(Tensor, layer.weight), cast("Tensor | None", layer.bias)
+    weight, bias = dense_tensors(layer)
     if source == "conv1d":  # Conv1D computes x @ W + b with W: (in, out), i.e. a Linear of weight Wᵀ
         return _Dense(weight.t(), bias, *dense_sizes(layer))
     return _Dense(weight, bias, *dense_sizes(layer))

@@ -20,12 +20,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
-from typing import Protocol
+from typing import Protocol, cast
 
 from torch import Tensor, nn
 
 __all__ = ["conv1d_class", "dense_source", "is_dense", "dense_sizes", "name_matches", "glob_patterns", "LinearLike",
-           "DenseWeighted"]
+           "DenseWeighted", "dense_tensors"]
 
 
 class LinearLike(Protocol):
@@ -76,11 +76,17 @@ def is_dense(module: nn.Module) -> bool:
     return dense_source(module) is not None
 
 
+def dense_tensors(module: nn.Module) -> tuple[Tensor, Tensor | None]:
+    """A dense layer's ``weight`` as stored (``(out, in)`` for ``nn.Linear``, ``(in, out)`` for ``Conv1D``) and its
+    ``bias`` (``None`` where it has none)."""
+    return cast(Tensor, module.weight), cast("Tensor | None", module.bias)
+
+
 def dense_sizes(module: nn.Module) -> tuple[int, int]:
     """``(in_features, out_features)`` of a dense layer (``Conv1D`` stores its weight as ``(in, out)``)."""
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
-    d, k = module.get_parameter("weight").shape
+    d, k = dense_tensors(module)[0].shape
     return d, k
 
 

@@ -1,6 +1,7 @@
 """Training toolkit: the trainer, safetensors checkpoints, optimisers and schedules, plots. Metrics are
 :mod:`hyperplex.metrics`; the verbs that use a trained model without training it are :mod:`hyperplex.inference`."""
 
+from hyperplex.train import process as _process  # noqa: F401  before any process group: see its import notes
 from hyperplex.train.checkpoint import (
     Checkpoint,
     CheckpointError,

@@ -10,6 +10,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+if dist.is_available():
+    # Imported here, before a caller can have made a process group: on first import this module captures the
+    # default group in ten default arguments (``group=group.WORLD``), and a group captured there outlives
+    # destroy_process_group, its gloo threads running into interpreter teardown (see shutdown_distributed).
+    # DDP imports it lazily, which is too late when a user's script made the group before calling train().
+    import torch.distributed.nn  # noqa: F401
+
 __all__ = ["distributed", "is_main_process", "shutdown_distributed", "resolve_device", "check_writable"]
 
 
@@ -19,10 +26,6 @@ def distributed() -> tuple[int, int]:
     if world <= 1:
         return 0, 1
     if not dist.is_initialized():
-        # Imported lazily by DDP after the group exists, torch.distributed.nn would capture the default group
-        # in ten default arguments (``group=group.WORLD``) and keep it alive past destroy_process_group.
-        import torch.distributed.nn  # noqa: F401
-
         backend = "nccl" if torch.cuda.is_available() and os.environ.get("HYPERPLEX_BACKEND") != "gloo" else "gloo"
         dist.init_process_group(backend=backend)
         # The group lives for the process (several runs in one process share it) and is destroyed at exit,

@@ -10,6 +10,7 @@ run killed at any instant and resumed from ``last.safetensors`` ends where an un
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import random
 import signal
@@ -247,6 +248,11 @@ class Trainer:
                 loop.bar.close()
             if metrics:
                 metrics.close()
+            if self.world > 1:
+                # A DDP wrapper sits in reference cycles and its reducer holds the process group: freed now, not
+                # at some later collection, so that a caller who made the group can destroy it on return.
+                del loop, train_model
+                gc.collect()
         if self.rank == 0 and tcfg.plots:
             self._plots()
         self.log.info(f"finished at step {state.step} (epoch {state.step_epoch}): {self._stop_message(state)}; "

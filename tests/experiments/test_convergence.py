@@ -146,6 +146,30 @@ def test_a_style_transfer_section_quotes_the_papers_table_4_gap(tmp_path, capsys
     assert "the paper's Table 4 has no row 'PHM-Tm† n=4'" in err and "PHM-Tm n=8" in err
 
 
+def test_a_gap_between_two_variants_quotes_the_papers_same_pair(tmp_path, capsys):
+    """ROW:BASE:PAPER:PAPER_BASE quotes the paper's PAPER − PAPER_BASE (e.g. learned rule against the fixed
+    Hamilton one), not PAPER − Transformer."""
+    from hyperplex.cli import main
+
+    records, results = _results(tmp_path)
+    text = convergence_section(json.loads(json.dumps(results)), records,
+                               [("phm4", "tm", "PHM-Tm n=4", "Quaternion Tm"), ("phm4", "tm", "PHM-Tm n=4")])
+    pair = [x - y for x, y in zip(PAPER_TABLE2["PHM-Tm n=4"], PAPER_TABLE2["Quaternion Tm"])]
+    to_tm = [x - y for x, y in zip(PAPER_TABLE2["PHM-Tm n=4"], PAPER_TABLE2["Transformer"])]
+    first, second = [line for line in text.splitlines() if line.startswith("| PHM-Tm n=4 − Transformer |")]
+    assert first.endswith(f" {min(pair):+.2f} … {max(pair):+.2f} (mean {math.fsum(pair) / 7:+.2f}) |")
+    assert second.endswith(f" {min(to_tm):+.2f} … {max(to_tm):+.2f} (mean {math.fsum(to_tm) / 7:+.2f}) |")
+    results["plan"] = {"name": "tiny_converged"}
+    (records / "results.json").write_text(json.dumps(results))
+    source = str(records / "results.json")
+    assert main(["report", "convergence", source, "--compare", "phm4:tm:PHM-Tm n=4:Quaternion Tm"]) == 0
+    assert first in capsys.readouterr().out
+    assert main(["report", "convergence", source, "--compare", "phm4:tm:PHM-Tm n=4:LSTM"]) == 1
+    assert "the paper's Table 2 has no row 'LSTM'" in capsys.readouterr().err
+    assert main(["report", "convergence", source, "--compare", "phm4:tm::Quaternion Tm"]) == 1  # a base needs a row
+    assert "expected ROW:BASE, ROW:BASE:PAPER or ROW:BASE:PAPER:PAPER_BASE" in capsys.readouterr().err
+
+
 def test_the_report_verb_prints_and_writes_the_section_and_names_a_bad_row(tmp_path, capsys):
     from hyperplex.cli import main
 

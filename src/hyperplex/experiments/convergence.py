@@ -16,6 +16,7 @@ import csv
 import math
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from hyperplex.experiments.intervals import summarize, t_quantile_975
@@ -235,7 +236,7 @@ _PAPER_HEADS = {2: "the paper's Table 2, same gap over its seven corpora (quoted
                 4: "the paper's Table 4, same gap (quoted, its models and training)"}
 
 
-def _course_table(rows: dict, comparisons: list[tuple[str, str, str]], steps: list[int], metric: str) -> list[str]:
+def _course_table(rows: dict, comparisons: list[tuple[str, ...]], steps: list[int], metric: str) -> list[str]:
     """Validation ``metric`` by each of ``steps`` (best so far, mean over seeds) and the gaps there."""
     head = " | ".join(f"by step {s:,}" for s in steps)
     lines = ["", f"Validation {metric} during training (the best so far at each step, mean over seeds; the "
@@ -248,20 +249,21 @@ def _course_table(rows: dict, comparisons: list[tuple[str, str, str]], steps: li
     for r in rows.values():
         cells = [_mean(at(r, s)) for s in steps]
         lines.append(f"| {r['label']} | " + " | ".join("–" if c is None else f"{c:.2f}" for c in cells) + " |")
-    for name, base, _ in comparisons:
+    for name, base, *_ in comparisons:
         if name in rows and base in rows:
             gaps = [_gap_text(welch_gap(at(rows[name], s), at(rows[base], s))) for s in steps]
             lines.append(f"| {rows[name]['label']} − {rows[base]['label']} | " + " | ".join(gaps) + " |")
     return lines
 
 
-def convergence_section(results: dict, records: Path | None, comparisons: list[tuple[str, str, str]],
+def convergence_section(results: dict, records: Path | None, comparisons: Sequence[tuple[str, ...]],
                         metric: str = "bleu", at_steps: list[int] | None = None, paper_table: int = 2) -> str:
     """Markdown: a table of every trained row at convergence and a table of gaps. ``comparisons`` lists
-    ``(row, baseline row, paper label)``: the paper label names the row of the paper's table ``paper_table``
-    (:data:`PAPER_TABLES`: 2 for translation, 4 for style transfer) whose gap to the paper's Transformer is quoted
-    beside ours (empty for none). ``at_steps``: also a table of each row's best validation value by those steps and
-    the same gaps there (how a gap at a fixed budget changed with training)."""
+    ``(row, baseline row, paper label[, paper baseline])``: the paper label names the row of the paper's table
+    ``paper_table`` (:data:`PAPER_TABLES`: 2 for translation, 4 for style transfer) whose gap to the paper's
+    baseline row (default its Transformer) is quoted beside ours (empty for none). ``at_steps``: also a table of
+    each row's best validation value by those steps and the same gaps there (how a gap at a fixed budget changed
+    with training)."""
     if paper_table not in PAPER_TABLES:
         raise ValueError(f"paper_table: the paper tables quoted are {sorted(PAPER_TABLES)}, got {paper_table!r}")
     every = row_courses(results, records, metric)
@@ -281,17 +283,18 @@ def convergence_section(results: dict, records: Path | None, comparisons: list[t
     if waiting:
         lines += ["", f"No finished model yet: {'; '.join(waiting)}."]
     # The paper's column only where a gap quotes it (the LSTM translator's rows have no row in the paper's tables).
-    quoted = any(paper for _, _, paper in comparisons)
+    comparisons = [(*c, "Transformer")[:4] for c in comparisons]  # the paper's baseline: its Transformer unless named
+    quoted = any(paper for _, _, paper, _ in comparisons)
     paper_head = f" {_PAPER_HEADS[paper_table]} |" if quoted else ""
     lines += ["", f"| gap | ours: difference of mean {metric} [95% Welch interval] |{paper_head}",
               "|---|---:|" + ("---|" if quoted else "")]
     table = PAPER_TABLES[paper_table]
-    for name, base, paper in comparisons:
+    for name, base, paper, paper_base in comparisons:
         if name not in rows or base not in rows:
             continue
         gap = welch_gap(rows[name]["values"], rows[base]["values"])
         line = f"| {rows[name]['label']} − {rows[base]['label']} | {_gap_text(gap)} |"
-        lines.append(line + (f" {_paper_gap(table, paper, 'Transformer') if paper else '–'} |" if quoted else ""))
+        lines.append(line + (f" {_paper_gap(table, paper, paper_base) if paper else '–'} |" if quoted else ""))
     if at_steps:
         lines += _course_table(rows, comparisons, sorted(set(at_steps)), metric)
     return "\n".join(lines) + "\n"
@@ -358,9 +361,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("results", help="a converged plan's results.json (e.g. experiments/records/PLAN/results.json)")
     parser.add_argument("--records", help="its records folder (default: the folder of results.json)")
     parser.add_argument("--metric", default="bleu", help="the validation metric early stopping watched (default bleu)")
-    parser.add_argument("--compare", action="append", default=[], metavar="ROW:BASE[:PAPER]",
+    parser.add_argument("--compare", action="append", default=[], metavar="ROW:BASE[:PAPER[:PAPER_BASE]]",
                         help="a gap to report, ROW minus BASE (row names of the plan); PAPER names the row of the "
-                             "paper's table (--paper-table) whose gap to its Transformer is quoted beside it: Table 2 "
+                             "paper's table (--paper-table) whose gap to PAPER_BASE (default its Transformer) is "
+                             "quoted beside it: Table 2 "
                              f"({', '.join(k for k in _paper_rows(PAPER_TABLE2) if k != 'Transformer')}); Table 4 "
                              f"({', '.join(k for k in _paper_rows(PAPER_TABLE4) if k != 'Transformer')})")
     parser.add_argument("--paper-table", type=int, choices=sorted(PAPER_TABLES), default=2,
@@ -377,21 +381,24 @@ def add_arguments(parser) -> None:
                         help="the rows the figure draws (default: every row with a finished model)")
 
 
-def _comparisons(specs: list[str], rows: set[str], paper_table: int = 2) -> list[tuple[str, str, str]]:
+def _comparisons(specs: list[str], rows: set[str], paper_table: int = 2) -> list[tuple[str, str, str, str]]:
     out = []
     known = _paper_rows(PAPER_TABLES[paper_table])
     for spec in specs:
         parts = spec.split(":")
-        if len(parts) not in (2, 3) or not all(parts[:2]):
-            raise ValueError(f"--compare {spec!r}: expected ROW:BASE or ROW:BASE:PAPER")
-        row, base, paper = (*parts, "")[:3]
+        if len(parts) not in (2, 3, 4) or not all(parts[:2]) or (len(parts) == 4 and not all(parts[2:])):
+            raise ValueError(f"--compare {spec!r}: expected ROW:BASE, ROW:BASE:PAPER or ROW:BASE:PAPER:PAPER_BASE")
+        row, base = parts[:2]
+        paper = parts[2] if len(parts) > 2 else ""
+        paper_base = parts[3] if len(parts) > 3 else "Transformer"
         for name in (row, base):
             if name not in rows:
                 raise ValueError(f"--compare {spec!r}: no row {name!r} in the plan (rows: {', '.join(sorted(rows))})")
-        if paper and paper not in known:
-            raise ValueError(f"--compare {spec!r}: the paper's Table {paper_table} has no row {paper!r} "
-                             f"(its rows: {', '.join(known)}; --paper-table chooses the table)")
-        out.append((row, base, paper))
+        for name in (paper, paper_base) if paper else ():
+            if name not in known:
+                raise ValueError(f"--compare {spec!r}: the paper's Table {paper_table} has no row {name!r} "
+                                 f"(its rows: {', '.join(known)}; --paper-table chooses the table)")
+        out.append((row, base, paper, paper_base))
     return out
 
 

@@ -48,6 +48,9 @@ PAPER_TABLE4 = {
     "PHM-Tm n=16": [10.76],
 }
 
+#: The paper's row a quoted gap is measured from unless a comparison names another.
+PAPER_BASELINE = "Transformer"
+
 #: The paper tables that ``--paper-table`` can quote, by number.
 PAPER_TABLES = {2: PAPER_TABLE2, 4: PAPER_TABLE4}
 
@@ -283,7 +286,7 @@ def convergence_section(results: dict, records: Path | None, comparisons: Sequen
     if waiting:
         lines += ["", f"No finished model yet: {'; '.join(waiting)}."]
     # The paper's column only where a gap quotes it (the LSTM translator's rows have no row in the paper's tables).
-    comparisons = [(*c, "Transformer")[:4] for c in comparisons]  # the paper's baseline: its Transformer unless named
+    comparisons = [(*c, PAPER_BASELINE)[:4] for c in comparisons]
     quoted = any(paper for _, _, paper, _ in comparisons)
     paper_head = f" {_PAPER_HEADS[paper_table]} |" if quoted else ""
     lines += ["", f"| gap | ours: difference of mean {metric} [95% Welch interval] |{paper_head}",
@@ -390,7 +393,7 @@ def _comparisons(specs: list[str], rows: set[str], paper_table: int = 2) -> list
             raise ValueError(f"--compare {spec!r}: expected ROW:BASE, ROW:BASE:PAPER or ROW:BASE:PAPER:PAPER_BASE")
         row, base = parts[:2]
         paper = parts[2] if len(parts) > 2 else ""
-        paper_base = parts[3] if len(parts) > 3 else "Transformer"
+        paper_base = parts[3] if len(parts) > 3 else PAPER_BASELINE
         for name in (row, base):
             if name not in rows:
                 raise ValueError(f"--compare {spec!r}: no row {name!r} in the plan (rows: {', '.join(sorted(rows))})")

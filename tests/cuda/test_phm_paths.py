@@ -50,7 +50,7 @@ def test_training_paths_outputs_and_gradients(device, precision, check, mode, n,
 @pytest.mark.parametrize("rows", [1, 64, 300])
 def test_inference_paths_outputs(device, precision, check, mode, n, rule, rows):
     """Inference (no gradient): the same paths, the cached ``H`` and ``auto`` (which on CUDA takes the fused Triton
-    kernel at ≤ 64 rows in float32, and PyTorch's paths under autocast or beyond 64 rows)."""
+    kernel only for half-precision factors, so here, in float32 and under autocast, PyTorch's paths)."""
     layer = _layer(n, rule, seed=100 + n, forward_mode="materialized" if mode == "cached" else mode,
                    cache_dense=mode == "cached").eval().to(device)
     x = torch.randn(rows, D, generator=torch.Generator().manual_seed(rows + n)).to(device)
@@ -62,24 +62,31 @@ def test_inference_paths_outputs(device, precision, check, mode, n, rule, rows):
     check.assert_within({"output": check.relative_error(got, _reference(layer, x))}, precision)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("n", NS)
-def test_auto_takes_the_triton_kernel_on_cuda_at_few_rows(cuda_device, check, monkeypatch, n, dtype):
-    """On CUDA in inference at ≤ 64 rows ``auto`` hands the call to the fused kernel (when Triton is installed), in
-    the factors' dtype, and the result matches float64; with a gradient to record it does not."""
+def test_auto_takes_the_triton_kernel_on_cuda_in_half_precision_at_few_rows(cuda_device, check, monkeypatch, n,
+                                                                             dtype):
+    """On CUDA in inference with ``rows·n`` ≤ 64 and half-precision factors ``auto`` hands the call to the fused
+    kernel (when Triton is installed), and the result matches float64; float32, more rows, or a gradient to record
+    keep it on PyTorch's paths, with the same result."""
     pytest.importorskip("triton")
     calls = []
     real = triton_phm.triton_phm_linear
     monkeypatch.setattr(triton_phm, "triton_phm_linear", lambda *a, **k: calls.append(1) or real(*a, **k))
     layer = _layer(n, "learned", seed=n).to(cuda_device, dtype)
-    x = torch.randn(3, D, device=cuda_device, dtype=dtype)
+    precision = "fp32" if dtype == torch.float32 else "bf16"
+    rows = triton_phm.TRITON_MAX_ROWS_N // n
+    x = torch.randn(rows, D, device=cuda_device, dtype=dtype)
     with torch.no_grad():
         got = layer(x)
-    assert calls == [1] and got.dtype == dtype
-    check.assert_within({"output": check.relative_error(got, _reference(layer, x))},
-                        "bf16" if dtype != torch.float32 else "fp32")
+        assert calls == ([] if dtype == torch.float32 else [1]) and got.dtype == dtype
+        check.assert_within({"output": check.relative_error(got, _reference(layer, x))}, precision)
+        more = torch.randn(rows + 1, D, device=cuda_device, dtype=dtype)
+        taken = len(calls)
+        check.assert_within({"output": check.relative_error(layer(more), _reference(layer, more))}, precision)
+        assert len(calls) == taken
     layer(x)  # with weight gradients: the differentiable paths, not the kernel
-    assert calls == [1]
+    assert len(calls) == taken
 
 
 @pytest.mark.parametrize("n", NS)

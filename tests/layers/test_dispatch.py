@@ -120,14 +120,29 @@ def test_cpu_inference_kernels_only_for_float32_without_input_gradient_or_low_ra
         assert _path(16, 4096, 4096, 4) == "structured"
 
 
-def test_cuda_follows_the_general_rule_and_never_the_cpu_kernels():
+def test_cuda_trains_through_a_formed_h_and_infers_structured_up_to_its_row_limit():
     cuda = torch.device("cuda")  # choose_path reads only the device's type: no GPU needed
-    for rows in (1, 16, 64, 4096):
-        for train in (False, True):
-            got = _path(rows, 4096, 4096, 4, device=cuda, weight_grad=train)
-            assert got in ("structured", "premixed", "materialized")
-            with torch.backends.mkldnn.flags(enabled=False):  # the CPU rule without its CPU-only kernels
-                assert got == _path(rows, 4096, 4096, 4, weight_grad=train)
+    limit = DEFAULT_PATH_SETTINGS.cuda_structured_rows_uncached
+    for rows in (1, 16, 64, 1024, 4096):
+        assert _path(rows, 4096, 4096, 4, device=cuda, weight_grad=True) == "materialized"
+        assert _path(rows, 1024, 1024, 16, device=cuda, weight_grad=True) == "materialized"
+        with torch.backends.mkldnn.flags(enabled=False):  # the CPU rule without its CPU-only kernels
+            cpu = _path(rows, 4096, 4096, 4)
+        want = "structured" if cpu == "materialized" and rows <= limit else cpu
+        assert _path(rows, 4096, 4096, 4, device=cuda) == want
+        # with the cache, the general rule as on the CPU (a kept H is read, never formed)
+        with torch.backends.mkldnn.flags(enabled=False):
+            assert (_path(rows, 4096, 4096, 4, device=cuda, cache_dense=True)
+                    == _path(rows, 4096, 4096, 4, cache_dense=True))
+    assert _path(1024, 4096, 4096, 16, device=cuda) == "structured"  # the CPU rule forms H here
+    assert _path(limit + 1, 4096, 4096, 16, device=cuda) == "materialized"
+    assert _path(1024, 384, 1536, 4, device=cuda) == "structured"
+    # the CUDA settings move the choice
+    eager = dataclasses.replace(DEFAULT_PATH_SETTINGS, cuda_structured_rows_training=64,
+                                cuda_structured_rows_uncached=0)
+    assert _path(64, 4096, 4096, 4, device=cuda, weight_grad=True, settings=eager) == "structured"
+    assert _path(65, 4096, 4096, 4, device=cuda, weight_grad=True, settings=eager) == "materialized"
+    assert _path(1024, 4096, 4096, 16, device=cuda, settings=eager) == "materialized"
 
 
 def test_low_rank_factors_never_take_the_paths_that_read_full_factors(monkeypatch):

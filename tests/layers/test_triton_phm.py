@@ -166,14 +166,19 @@ def test_bad_input_is_refused_by_name():
     assert "different devices" in triton_reason(x, rule.to("meta"), weight, bias)
 
 
-def test_auto_takes_it_only_for_cuda_inference(monkeypatch):
+def test_auto_takes_it_only_for_cuda_inference_in_half_precision_at_few_rows(monkeypatch):
     """``takes_triton`` is the one decision: never a CPU input (even under the interpreter), never with a gradient
-    to record, never beyond TRITON_MAX_ROWS rows, never outside ``auto``, never after the kernel failed here."""
-    layer = PHMLinear(32, 32, 4).to(DEVICE)
-    one = torch.randn(1, 32, device=DEVICE)
+    to record, never float32, never past ``rows·n`` = TRITON_MAX_ROWS_N, never outside ``auto``, never after the
+    kernel failed here."""
+    layer = PHMLinear(32, 32, 4).to(DEVICE, torch.bfloat16)
+    most = triton_phm.TRITON_MAX_ROWS_N // 4
+    one = torch.randn(1, 32, device=DEVICE, dtype=torch.bfloat16)
     with torch.no_grad():
         assert takes_triton(one, layer) == (DEVICE == "cuda")
-        assert not takes_triton(torch.randn(triton_phm.TRITON_MAX_ROWS + 1, 32, device=DEVICE), layer)
+        assert takes_triton(torch.randn(most, 32, device=DEVICE, dtype=torch.bfloat16), layer) == (DEVICE == "cuda")
+        assert not takes_triton(torch.randn(most + 1, 32, device=DEVICE, dtype=torch.bfloat16), layer)
+        assert not takes_triton(one.float(), layer.float())  # float32 stays on PyTorch's paths
+        layer.to(torch.bfloat16)
         layer.forward_mode = "structured"
         assert not takes_triton(one, layer)
         layer.forward_mode = "auto"
@@ -193,7 +198,7 @@ def test_one_kernel_reduction_gives_the_two_kernel_bits(n, d, k, rows, programs,
     gen = torch.Generator().manual_seed(n * 131 + d + k + rows)
     x, rule, weight, bias = _inputs(n, d, k, rows, dtype, True, gen)
     p = plan(rows, n, k // n, d // n, dtype, programs)
-    two = triton_phm_linear(x, rule, weight, bias, programs=programs)
+    two = triton_phm_linear(x, rule, weight, bias, programs=programs, reduction="two-kernel")
     repeats = 50 if DEVICE == "cuda" else 2
     for _ in range(repeats):
         out = torch.full((rows, k), float("nan"), dtype=dtype, device=DEVICE)
@@ -245,7 +250,7 @@ def test_one_kernel_reduction_at_the_benchmarked_size(n, rows):
     benchmark times, where many programs of a tile arrive at nearly the same moment."""
     gen = torch.Generator().manual_seed(n * 100 + rows)
     x, rule, weight, bias = _inputs(n, 4096, 4096, rows, torch.bfloat16, True, gen)
-    two = triton_phm_linear(x, rule, weight, bias)
+    two = triton_phm_linear(x, rule, weight, bias, reduction="two-kernel")
     for _ in range(20):
         assert torch.equal(triton_phm_linear(x, rule, weight, bias, reduction="one-kernel"), two)
     assert not any(c.any() for c in triton_phm._COUNTERS.values())

@@ -14,8 +14,8 @@ The thresholds are the fields of :class:`PathSettings`; ``PHMLinear.path_setting
 the class for every layer, or on one layer, e.g. ``dataclasses.replace(PHMLinear.path_settings,
 onednn_min_weight=0)``). :func:`choose_path` applies them; :func:`takes_blocked` and
 :func:`structured_weight_first` choose between two forms of one path. The measurements behind each number are in
-docs/performance.md (sections named below) and were taken on this project's CPU with ``benchmarks/``; the code
-keeps only why each rule exists.
+docs/performance.md (sections named below) and were taken with ``benchmarks/`` on this project's CPU, the ``cuda_*``
+ones on a GPU (``benchmarks/gpu/check.sh``); the code keeps only why each rule exists.
 """
 
 from __future__ import annotations
@@ -100,6 +100,16 @@ class PathSettings:
     #: ... and the weight has fewer elements than this; on larger layers it was level or slower.
     blocked_max_weight: int = 2 ** 20
 
+    # -- CUDA (docs/performance.md, "On a GPU"; eager float32 on an H200, where a layer's call at these sizes is
+    # bound by its kernel launches rather than by its bytes) --
+    #: Training on CUDA: structured while ``rows`` is at most this. Forming ``H`` (fewer, larger kernels) was as fast
+    #: or faster at every measured point from 1 to 1,024 rows, so by default never.
+    cuda_structured_rows_training: int = 0
+    #: Inference on CUDA without the cache: structured while ``rows`` is at most this; ``H`` formed for the call was
+    #: slower at three of four measured 1,024-row points (1.2–2.8× the structured path's time; 7% faster at 4096²,
+    #: n = 16), and no point beyond was measured.
+    cuda_structured_rows_uncached: int = 1024
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
@@ -166,7 +176,7 @@ def choose_path(rows: int, in_features: int, out_features: int, n: int, *, dtype
         if factor_rank is not None and path == "premixed":
             path = "structured"  # low-rank Sᵢ: the structured product never forms them; pre-mixing needs them whole
         if device.type == "cuda":
-            path = _cuda_path(path, rows, in_features, out_features, n, dtype, inference, input_grad)
+            path = _cuda_path(path, rows, inference, cacheable, settings)
         elif (device.type == "cpu" and inference and not cacheable and not input_grad and factor_rank is None
               and _cpu_float32_eager(dtype, rule_dtype or dtype)):
             path = _cpu_inference_path(path, rows, in_features, out_features, n, settings)
@@ -195,9 +205,14 @@ def _general_path(rows: int, d: int, k: int, n: int, inference: bool, cacheable:
     return "structured" if structured else "materialized"
 
 
-def _cuda_path(path: str, rows: int, d: int, k: int, n: int, dtype: torch.dtype, inference: bool,
-               input_grad: bool) -> str:
-    """CUDA: the general rule's choice (the CPU kernels never apply). A CUDA-only kernel's test goes here."""
+def _cuda_path(path: str, rows: int, inference: bool, cacheable: bool, settings: PathSettings) -> str:
+    """CUDA: the general rule's choice between structured (or pre-mixed) and materialized, moved by the CUDA
+    settings; the CPU kernels never apply. The fused Triton kernel is decided before this
+    (:func:`hyperplex.layers.triton_phm.takes_triton`)."""
+    if not inference:
+        return "structured" if rows <= settings.cuda_structured_rows_training else "materialized"
+    if not cacheable and path == "materialized" and rows <= settings.cuda_structured_rows_uncached:
+        return "structured"
     return path
 
 

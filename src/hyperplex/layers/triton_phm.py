@@ -1,4 +1,4 @@
-"""A fused Triton kernel for the PHM product at few rows on a GPU (decoding: 1–64 rows). Forward only.
+"""A fused Triton kernel for the PHM product at few rows on a GPU (decoding: ``rows·n`` ≤ 64). Forward only.
 
 ``y = x Hᵀ + b`` with ``H = Σᵢ Aᵢ ⊗ Sᵢ`` (layout of :mod:`hyperplex.layers.functional`: ``rule[i] = Aᵢ``
 ``(n, n)``, ``weight[i] = Sᵢ`` ``(k/n, d/n)``, ``H[a·k/n + q, c·d/n + j] = Σᵢ rule[i, a, c] Sᵢ[q, j]``), without
@@ -13,9 +13,9 @@ share of the reduction (a group of terms ``i`` and a chunk of ``j``), and for ea
 
 With one share the program adds the bias and writes ``y`` in the input's dtype; with several, each writes its
 float32 partial ``Y`` and the partials are summed in split order, the bias added and the sum cast, by one of
-two ``reduction`` modes: ``"two-kernel"`` (the default; a second small kernel does it) or ``"one-kernel"`` (the last
-program of each output tile to arrive does it, counted by an atomic per tile, which saves the second launch at
-one row). Both sum in the same order, so they give the same bits and neither depends on the order the programs
+two ``reduction`` modes: ``"one-kernel"`` (the default: the last program of each output tile to arrive does it,
+counted by an atomic per tile, which saves a launch) or ``"two-kernel"`` (a second small kernel does it; on an
+H200 it was as fast or slower at every measured size). Both sum in the same order, so they give the same bits and neither depends on the order the programs
 run in.
 The shares exist to give the GPU enough programs at one row (a 4096² layer at ``n = 16`` has only 256 output
 columns per block row); :func:`plan` picks them.
@@ -44,14 +44,18 @@ from torch import Tensor
 
 from hyperplex.layers.functional import recording_operations
 
-__all__ = ["ENV_VAR", "REDUCTIONS", "TRITON_DTYPES", "TRITON_MAX_ROWS", "Plan", "give_up", "interpreting",
+__all__ = ["ENV_VAR", "REDUCTIONS", "TRITON_AUTO_DTYPES", "TRITON_DTYPES", "TRITON_MAX_ROWS_N", "Plan", "give_up", "interpreting",
            "kernel_failed", "plan", "takes_triton", "triton_available", "triton_phm_linear", "triton_reason"]
 
-#: ``auto`` takes the kernel for at most this many rows (tokens × batch); beyond, the product is compute-bound and
-#: the existing paths (cuBLAS on a formed ``H``) are the better tools.
-TRITON_MAX_ROWS = 64
+#: ``auto`` takes the kernel while ``rows·n`` (the stacked block rows of each product: rows are tokens × batch) is at
+#: most this. Measured on an H200 in bf16 (docs/performance.md, "On a GPU"): it beat the structured path at every
+#: ``n`` at one row and at 8 rows up to ``n = 8``, and lost at 8 rows with ``n = 16`` and at 64 rows for every ``n``.
+TRITON_MAX_ROWS_N = 64
 #: Input dtypes the kernel takes (input and factors in the same dtype).
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: The dtypes ``auto`` hands to the kernel: the half-precision ones, whose products run on the tensor cores. In
+#: float32 the products are exact FMA, and the kernel beat PyTorch's best path at none of eight measured points.
+TRITON_AUTO_DTYPES = (torch.bfloat16, torch.float16)
 #: ``HYPERPLEX_TRITON=0`` keeps ``auto`` off the kernel (``triton_phm_linear`` still runs when called).
 ENV_VAR = "HYPERPLEX_TRITON"
 #: The largest ``n`` the kernel takes: the mixing tile is ``(rows·n)²`` with at least one row of ``n`` blocks.
@@ -283,14 +287,14 @@ def triton_reason(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None =
 
 
 def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None, *,
-                      out: Tensor | None = None, programs: int | None = None, reduction: str = "two-kernel",
+                      out: Tensor | None = None, programs: int | None = None, reduction: str = "one-kernel",
                       _workspace: Tensor | None = None) -> Tensor:
     """``x Hᵀ + b`` through the fused kernel. ``x`` ``(..., d)``, ``rule`` ``(n, n, n)``, ``weight`` ``(n, k/n, d/n)``,
     ``bias`` ``(k,)`` or ``None`` → ``(..., k)`` in ``x``'s dtype. Forward only.
 
     ``out``: a contiguous ``(rows, k)`` tensor (``rows`` = ``x.numel() / d``) of ``x``'s dtype and device to write
     into (returned, reshaped). ``programs``: the number of programs to aim at (default: four per multiprocessor).
-    Any row count runs; :func:`takes_triton` keeps ``auto`` to at most :data:`TRITON_MAX_ROWS`. ``reduction``: one
+    Any row count runs; :func:`takes_triton` keeps ``auto`` to ``rows·n`` ≤ :data:`TRITON_MAX_ROWS_N`. ``reduction``: one
     of :data:`REDUCTIONS`, how partial sums are finished where the reduction is shared out (the same result).
     Raises :class:`ValueError` naming what stops it (no Triton, a gradient to record, a CPU tensor, a dtype).
     """
@@ -366,16 +370,18 @@ def give_up(error: BaseException) -> None:
 
 def takes_triton(x: Tensor, layer) -> bool:
     """Whether ``layer`` (a :class:`~hyperplex.layers.PHMLinear`) in ``forward_mode="auto"`` hands input ``x`` to
-    the fused kernel: a CUDA input of at most :data:`TRITON_MAX_ROWS` rows in the factors' dtype (float32,
-    bfloat16, float16), ``n > 1``, no gradient to record, not under autocast (the factors would be cast on every
-    call, which costs more than the kernel saves), nothing recording operations, Triton importable and
-    ``HYPERPLEX_TRITON`` not ``0``, and the kernel has not failed in this process (:func:`give_up`). The one place
-    this decision is made."""
+    the fused kernel: a CUDA input with ``rows·n`` ≤ :data:`TRITON_MAX_ROWS_N` in the factors' dtype, that dtype one
+    of :data:`TRITON_AUTO_DTYPES` (bfloat16, float16), ``n > 1``, no gradient to record, not under autocast (the
+    factors would be cast on every call, which costs more than the kernel saves), nothing recording operations,
+    Triton importable and ``HYPERPLEX_TRITON`` not ``0``, and the kernel has not failed in this process
+    (:func:`give_up`). The one place this decision is made."""
     if x.device.type != "cuda" or layer.forward_mode != "auto" or layer.n == 1 or _FAILED is not None:
         return False
     if os.environ.get(ENV_VAR, "1").lower() in ("0", "false", "no", "off"):
         return False
     rows = x.numel() // layer.in_features
-    if not 1 <= rows <= TRITON_MAX_ROWS or torch.is_autocast_enabled("cuda"):
+    if not 1 <= rows * layer.n <= TRITON_MAX_ROWS_N or torch.is_autocast_enabled("cuda"):
+        return False
+    if x.dtype not in TRITON_AUTO_DTYPES:
         return False
     return triton_reason(x, layer.phm_rule, layer.phm_weight, layer.bias) is None

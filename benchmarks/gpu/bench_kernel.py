@@ -12,7 +12,11 @@ every ``n`` in ``--ns`` and ``rows`` in ``--rows``, three ways of computing ``x 
 layers (each stack's weights at least ``--cold-factor`` × the card's L2, so every layer is read from device memory,
 as in a model): ``dense`` (``F.linear`` on a ``k × d`` weight: cuBLAS), ``structured``
 (:func:`~hyperplex.layers.functional.phm_linear_structured`: PyTorch's products), ``fused`` (the Triton kernel) and
-``fused-1k`` (the same kernel finishing a shared-out reduction itself, ``reduction="one-kernel"``: one launch).
+``fused-1k`` (the same kernel finishing a shared-out reduction itself, ``reduction="one-kernel"``: one launch, the
+layer's default). Beside them, for the next version's choices: ``fused-1k/p1`` and ``fused-1k/p2`` (the one-kernel
+reduction aiming at one and two programs per multiprocessor instead of four: fewer shares of the reduction, more
+bytes per program) and ``copy`` (a device-to-device copy of each layer's factors: one kernel moving the bytes the
+fused kernel must read, the floor a one-launch kernel can reach at that size).
 Each layer gets its own input (the inputs rotate with the layers). A time is the median over ``--reps`` runs of the
 whole stack after ``--warmup`` runs, divided by the stack's depth; with ``--graph`` (default on CUDA) the stack is
 captured once as a CUDA graph and its replays are timed with CUDA events, so that Python's launch cost, which
@@ -149,6 +153,19 @@ def bench_point(n: int, rows: int, args, ceiling: dict) -> list[dict]:
         return stack
 
     reductions = {"fused": "two-kernel", "fused-1k": "one-kernel"}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 4
+    fewer = {"fused-1k/p1": sms, "fused-1k/p2": 2 * sms}  # programs to aim at (the default: 4 per SM)
+    copies = [torch.empty_like(f) for f in factors]
+
+    def copy():
+        for f, c in zip(factors, copies):
+            c.copy_(f)
+
+    def fused_programs(programs: int):
+        def stack():
+            for r, s, x, o in zip(rules, factors, xs, outs):
+                triton_phm.triton_phm_linear(x, r, s, out=o, programs=programs)
+        return stack
 
     results = []
     with torch.inference_mode():
@@ -160,19 +177,24 @@ def bench_point(n: int, rows: int, args, ceiling: dict) -> list[dict]:
         errors = {"dense": relative_error(F.linear(xs[0], dense_w[0]), dense_want),
                   "structured": relative_error(phm_linear_structured(xs[0], rules[0], factors[0]), phm_want),
                   **{name: relative_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0], reduction=how),
-                                          phm_want) for name, how in reductions.items()}}
+                                          phm_want) for name, how in reductions.items()},
+                  **{name: relative_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0], programs=count),
+                                          phm_want) for name, count in fewer.items()},
+                  "copy": 0.0 if torch.equal(copies[0].copy_(factors[0]), factors[0]) else math.inf}
         del x64, dense_want, phm_want
         variants = (("dense", dense, dense_depth), ("structured", structured, phm_depth),
-                    *((name, fused(how), phm_depth) for name, how in reductions.items()))
+                    *((name, fused(how), phm_depth) for name, how in reductions.items()),
+                    *((name, fused_programs(count), phm_depth) for name, count in fewer.items()),
+                    ("copy", copy, phm_depth))
         times = {name: timed(fn, device, args) / depth for name, fn, depth in variants}
     for name, _, depth in variants:
         weight_bytes = k * d * size // (1 if name == "dense" else n)
-        moved = weight_bytes + rows * (d + k) * size
+        moved = weight_bytes + (0 if name == "copy" else rows * (d + k) * size)  # a copy reads its factors only
         gbps = moved / times[name] / 1e6
         results.append({"n": n, "rows": rows, "d": d, "k": k, "dtype": args.dtype, "variant": name, "layers": depth,
                         "ms_per_layer": times[name], "x_dense": times[name] / times["dense"], "GBps": gbps,
                         "copy_fraction": gbps / ceiling["copy_GBps"], "error": errors[name],
-                        "target": TARGETS.get(n) if name.startswith("fused") and rows == 1 and d == k == 4096
+                        "target": TARGETS.get(n) if name in reductions and rows == 1 and d == k == 4096
                         else None})
     return results
 
@@ -245,7 +267,8 @@ def main(argv=None) -> int:
     for n in args.ns:
         for r in args.rows:
             rows.extend(bench_point(n, r, args, ceiling))
-            print(f"  n={n} rows={r}: " + ", ".join(f"{x['variant']} {x['ms_per_layer']:.4f} ms" for x in rows[-4:]),
+            print(f"  n={n} rows={r}: " + ", ".join(f"{x['variant']} {x['ms_per_layer']:.4f} ms"
+                                                   for x in rows if (x["n"], x["rows"]) == (n, r)),
                   flush=True)
             write_json(complete=False)
     print(table(rows, ceiling))

@@ -32,7 +32,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def compile_fused(dtype: str, n: int, rows: int, d: int, k: int, arch: int, programs: int, bias: bool = True,
-                  reduction: str = "two-kernel"):
+                  reduction: str = "one-kernel"):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -89,8 +89,8 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
     p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["bf16", "fp32"])
     p.add_argument("--programs", type=int, default=4 * 132, help="programs aimed at (default 4 × 132 SMs)")
-    p.add_argument("--reduction", choices=triton_phm.REDUCTIONS, default="two-kernel",
-                   help="how shared-out partial sums are finished (default two-kernel)")
+    p.add_argument("--reduction", choices=triton_phm.REDUCTIONS, default="one-kernel",
+                   help="how shared-out partial sums are finished (default one-kernel)")
     p.add_argument("--ptx", help="write the PTX of the first configuration here")
     args = p.parse_args(argv)
     if not triton_phm.triton_available():

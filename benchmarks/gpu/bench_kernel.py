@@ -15,7 +15,8 @@ as in a model): ``dense`` (``F.linear`` on a ``k × d`` weight: cuBLAS), ``struc
 ``fused-1k`` (the same kernel finishing a shared-out reduction itself, ``reduction="one-kernel"``: one launch, the
 layer's default). Beside them, for the next version's choices: ``fused-1k/p1`` and ``fused-1k/p2`` (the one-kernel
 reduction aiming at one and two programs per multiprocessor instead of four: fewer shares of the reduction, more
-bytes per program) and ``copy`` (a device-to-device copy of each layer's factors: one kernel moving the bytes the
+bytes per program), ``fused-1k/unrolled`` (its last program's loop over the partials unrolled at compile time,
+so their loads are issued together rather than one L2 round trip after another) and ``copy`` (a device-to-device copy of each layer's factors: one kernel moving the bytes the
 fused kernel must read, the floor a one-launch kernel can reach at that size).
 Each layer gets its own input (the inputs rotate with the layers). A time is the median over ``--reps`` runs of the
 whole stack after ``--warmup`` runs, divided by the stack's depth; with ``--graph`` (default on CUDA) the stack is
@@ -161,10 +162,10 @@ def bench_point(n: int, rows: int, args, ceiling: dict) -> list[dict]:
         for f, c in zip(factors, copies):
             c.copy_(f)
 
-    def fused_programs(programs: int):
+    def fused_programs(programs: int | None, unroll: bool = False):
         def stack():
             for r, s, x, o in zip(rules, factors, xs, outs):
-                triton_phm.triton_phm_linear(x, r, s, out=o, programs=programs)
+                triton_phm.triton_phm_linear(x, r, s, out=o, programs=programs, _unroll_tail=unroll)
         return stack
 
     results = []
@@ -180,11 +181,14 @@ def bench_point(n: int, rows: int, args, ceiling: dict) -> list[dict]:
                                           phm_want) for name, how in reductions.items()},
                   **{name: relative_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0], programs=count),
                                           phm_want) for name, count in fewer.items()},
+                  "fused-1k/unrolled": relative_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0],
+                                                                                   _unroll_tail=True), phm_want),
                   "copy": 0.0 if torch.equal(copies[0].copy_(factors[0]), factors[0]) else math.inf}
         del x64, dense_want, phm_want
         variants = (("dense", dense, dense_depth), ("structured", structured, phm_depth),
                     *((name, fused(how), phm_depth) for name, how in reductions.items()),
                     *((name, fused_programs(count), phm_depth) for name, count in fewer.items()),
+                    ("fused-1k/unrolled", fused_programs(None, unroll=True), phm_depth),
                     ("copy", copy, phm_depth))
         times = {name: timed(fn, device, args) / depth for name, fn, depth in variants}
     for name, _, depth in variants:

@@ -147,9 +147,10 @@ if [ $QUICK = 1 ]; then
     ADAPT=(--quick --sizes 384x1536 --variants 4:full --rows 1 --repeats 2)
 else
     # worst cases 340 s for the speed steps, 180 s for the tests. On an H200 they took kernel 14 s (before its
-    # copy and programs variants), bench_phm 25, bench_transformer 63, adapters 21, tests 133; bench_compress ran
-    # past 70 s (a fresh process per model and memory sample), hence its share
-    B_TEST=180; B_KERNEL=45; B_PHM=40; B_TRANS=90; B_COMP=130; B_ADAPT=35
+    # copy, programs and unrolled-tail variants, which add about as much again and their compilations), bench_phm
+    # 25, bench_transformer 63, adapters 21, tests 133; bench_compress ran past 70 s (a fresh process per model and
+    # memory sample), hence its share
+    B_TEST=180; B_KERNEL=60; B_PHM=35; B_TRANS=85; B_COMP=130; B_ADAPT=30
     # the slowest (model conversions, a training run) last, so that a timeout costs the fewest results
     TESTS=(tests/layers/test_triton_phm.py tests/cuda/test_phm_paths.py tests/cuda/test_train_cuda.py
            tests/cuda/test_models_cuda.py --durations=10)

@@ -32,7 +32,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def compile_fused(dtype: str, n: int, rows: int, d: int, k: int, arch: int, programs: int, bias: bool = True,
-                  reduction: str = "one-kernel"):
+                  reduction: str = "one-kernel", unroll_tail: bool = False):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -48,6 +48,8 @@ def compile_fused(dtype: str, n: int, rows: int, d: int, k: int, arch: int, prog
     constexprs = {"N": n, "BLOCK_ROWS": p.block_rows, "BLOCK_M": p.block_m, "BLOCK_Q": p.block_q,
                   "BLOCK_J": p.block_j, "SPLIT": split, "ONE_KERNEL": split and reduction == "one-kernel",
                   "HAS_BIAS": bias, "FP32": dtype == "fp32", "UPCAST": False, "EVEN_J": d_n % p.block_j == 0}
+    unrolled = constexprs["ONE_KERNEL"] and unroll_tail
+    constexprs.update(UNROLL_TAIL=unrolled, SPLITS=p.splits if unrolled else 1)
     signature = {**{name: f"*{t}" for name, t in pointers.items()}, **{name: "i32" for name in ints},
                  **dict.fromkeys(constexprs, "constexpr")}
     # what a launch passes: torch's allocations are 16-byte aligned; sizes divisible by 16 are marked so (ints of
@@ -91,13 +93,15 @@ def main(argv=None) -> int:
     p.add_argument("--programs", type=int, default=4 * 132, help="programs aimed at (default 4 × 132 SMs)")
     p.add_argument("--reduction", choices=triton_phm.REDUCTIONS, default="one-kernel",
                    help="how shared-out partial sums are finished (default one-kernel)")
+    p.add_argument("--unroll-tail", action="store_true",
+                   help="the one-kernel reduction's tail unrolled at compile time (bench_kernel's fused-1k/unrolled)")
     p.add_argument("--ptx", help="write the PTX of the first configuration here")
     args = p.parse_args(argv)
     if not triton_phm.triton_available():
         p.error("Triton is not installed (pip install 'hyperplex[triton]')")
     for i, (dtype, n, rows) in enumerate((t, n, r) for t in args.dtypes for n in args.ns for r in args.rows):
         plan, kernel = compile_fused(dtype, n, rows, args.d, args.k, args.arch, args.programs,
-                                     reduction=args.reduction)
+                                     reduction=args.reduction, unroll_tail=args.unroll_tail)
         if i == 0 and args.ptx:
             Path(args.ptx).write_text(kernel.asm["ptx"])
         print(f"{dtype} n={n:<2} rows={rows:<2} grid={plan.grid} warps={plan.num_warps} tile={plan.block_m}x"

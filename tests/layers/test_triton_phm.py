@@ -204,6 +204,9 @@ def test_one_kernel_reduction_gives_the_two_kernel_bits(n, d, k, rows, programs,
         out = torch.full((rows, k), float("nan"), dtype=dtype, device=DEVICE)
         one = triton_phm_linear(x, rule, weight, bias, programs=programs, reduction="one-kernel", out=out)
         assert torch.equal(one, two), "the one-kernel reduction differs from the two-kernel one"
+        out = torch.full((rows, k), float("nan"), dtype=dtype, device=DEVICE)
+        unrolled = triton_phm_linear(x, rule, weight, bias, programs=programs, out=out, _unroll_tail=True)
+        assert torch.equal(unrolled, two), "the unrolled tail differs from the two-kernel reduction"
     if p.splits > 1:
         assert triton_phm._COUNTERS, "the one-kernel reduction ran without arrival counters"
     assert not any(c.any() for c in triton_phm._COUNTERS.values()), "an arrival counter was left armed"
@@ -253,5 +256,6 @@ def test_one_kernel_reduction_at_the_benchmarked_size(n, rows):
     two = triton_phm_linear(x, rule, weight, bias, reduction="two-kernel")
     for _ in range(20):
         assert torch.equal(triton_phm_linear(x, rule, weight, bias, reduction="one-kernel"), two)
+        assert torch.equal(triton_phm_linear(x, rule, weight, bias, _unroll_tail=True), two)
     assert not any(c.any() for c in triton_phm._COUNTERS.values())
     assert _relative_error(two, _reference(x, rule, weight, bias)) < TOLERANCE[torch.bfloat16]

@@ -159,7 +159,8 @@ def _kernels():
     def phm_fused(x_ptr, w_ptr, rule_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rows, k_n, d_n, stride_x, i_per,
                   j_chunk, j_chunks, splits, N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_Q: tl.constexpr, BLOCK_J: tl.constexpr, SPLIT: tl.constexpr, ONE_KERNEL: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, FP32: tl.constexpr, UPCAST: tl.constexpr, EVEN_J: tl.constexpr):
+                  HAS_BIAS: tl.constexpr, FP32: tl.constexpr, UPCAST: tl.constexpr, EVEN_J: tl.constexpr,
+                  UNROLL_TAIL: tl.constexpr, SPLITS: tl.constexpr):
         pid_q, pid_b, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         i0 = (pid_s // j_chunks) * i_per
         j0 = (pid_s % j_chunks) * j_chunk
@@ -213,9 +214,14 @@ def _kernels():
                 arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
                 if arrived == splits - 1:
                     acc_y = tl.zeros((BLOCK_M, BLOCK_Q), dtype=tl.float32)
-                    for s in range(0, splits):
-                        acc_y += tl.load(ws_ptr + (s * rows + b[:, None]) * (N * k_n) + columns, mask=ok, other=0.0,
-                                         cache_modifier=".cg")
+                    if UNROLL_TAIL:  # SPLITS == splits, known when compiling: the loads can all be issued at once
+                        for s in tl.static_range(SPLITS):
+                            acc_y += tl.load(ws_ptr + (s * rows + b[:, None]) * (N * k_n) + columns, mask=ok,
+                                             other=0.0, cache_modifier=".cg")
+                    else:
+                        for s in range(0, splits):
+                            acc_y += tl.load(ws_ptr + (s * rows + b[:, None]) * (N * k_n) + columns, mask=ok,
+                                             other=0.0, cache_modifier=".cg")
                     if HAS_BIAS:
                         acc_y += tl.load(bias_ptr + columns, mask=ok, other=0.0).to(tl.float32)
                     tl.store(out_ptr + b[:, None] * (N * k_n) + columns, acc_y.to(out_ptr.dtype.element_ty), mask=ok)
@@ -288,7 +294,7 @@ def triton_reason(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None =
 
 def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None, *,
                       out: Tensor | None = None, programs: int | None = None, reduction: str = "one-kernel",
-                      _workspace: Tensor | None = None) -> Tensor:
+                      _workspace: Tensor | None = None, _unroll_tail: bool = False) -> Tensor:
     """``x Hᵀ + b`` through the fused kernel. ``x`` ``(..., d)``, ``rule`` ``(n, n, n)``, ``weight`` ``(n, k/n, d/n)``,
     ``bias`` ``(k,)`` or ``None`` → ``(..., k)`` in ``x``'s dtype. Forward only.
 
@@ -297,6 +303,9 @@ def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | No
     Any row count runs; :func:`takes_triton` keeps ``auto`` to ``rows·n`` ≤ :data:`TRITON_MAX_ROWS_N`. ``reduction``: one
     of :data:`REDUCTIONS`, how partial sums are finished where the reduction is shared out (the same result).
     Raises :class:`ValueError` naming what stops it (no Triton, a gradient to record, a CPU tensor, a dtype).
+    ``_unroll_tail`` (for ``benchmarks/gpu/bench_kernel.py``): the one-kernel reduction's last program reads the
+    partials in a loop unrolled at compile time (one compilation per number of splits; the same sums in the same
+    order, so the same bits), to be measured against the runtime loop before it becomes the default.
     """
     reason = triton_reason(x, rule, weight, bias)
     if reason is not None:
@@ -340,7 +349,8 @@ def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | No
                   p.j_chunk, p.j_chunks, p.splits, N=n, BLOCK_ROWS=p.block_rows, BLOCK_M=p.block_m, BLOCK_Q=p.block_q,
                   BLOCK_J=p.block_j, SPLIT=split, ONE_KERNEL=one_kernel, HAS_BIAS=bias is not None,
                   FP32=x.dtype == torch.float32, UPCAST=interpreting() and x.dtype != torch.float32,
-                  EVEN_J=d_n % p.block_j == 0, num_warps=p.num_warps)
+                  EVEN_J=d_n % p.block_j == 0, UNROLL_TAIL=one_kernel and _unroll_tail,
+                  SPLITS=p.splits if one_kernel and _unroll_tail else 1, num_warps=p.num_warps)
     if split and not one_kernel:
         block = 1024
         reduce[(-(-rows * k // block),)](workspace, bias_arg, out, rows * k, k, p.splits,

@@ -65,6 +65,32 @@ def test_transformer_translator_forward_and_backward(device, precision, check, v
     assert all(errors[k] <= bounds[k] for k in errors), f"{precision}: {errors} against {bounds}"
 
 
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_decoding_on_cuda_shares_h_and_finds_the_cpus_hypotheses(cuda_device, beam_size):
+    """On CUDA ``decode`` forms each PHM layer's H once for the search by default (``share_weights``); the
+    hypotheses are those of the per-step paths on CUDA and of the float32 CPU model."""
+    from hyperplex.layers import PHMLinear
+    from hyperplex.models.search import decode
+
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=32, num_heads=2, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                               max_positions=64, **VARIANTS["phm4"])
+    model = TransformerTranslator(config, 12, 12).eval()
+    test = copy.deepcopy(model).to(cuda_device)
+    seen = []
+    last = [m for m in test.modules() if isinstance(m, PHMLinear)][-1]
+    last.register_forward_pre_hook(lambda module, args: seen.append(module._shared_weight is not None))
+    src, lengths, _ = _batch("cpu")
+    want = decode(model, src, lengths, beam_size=beam_size, max_output_length=8)
+    shared = decode(test, src.to(cuda_device), lengths.to(cuda_device), beam_size=beam_size, max_output_length=8)
+    assert seen and all(seen)
+    per_step = decode(test, src.to(cuda_device), lengths.to(cuda_device), beam_size=beam_size, max_output_length=8,
+                      share_weights=False)
+    for w, s, p in zip(want, shared, per_step):
+        assert w[0].tokens == s[0].tokens == p[0].tokens
+        assert s[0].score == pytest.approx(w[0].score, abs=1e-4)
+
+
 def _converted_outputs(model, features, device, precision, check, output):
     reference, test = copy.deepcopy(model).double().cpu().eval(), copy.deepcopy(model).to(device).eval()
     with torch.no_grad():

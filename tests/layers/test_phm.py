@@ -731,3 +731,20 @@ def test_materialize_weight_into_a_buffer_checks_what_it_is_given():
             materialize_weight(rule, weight, out=torch.empty(8, 12))
         with pytest.raises(ValueError, match="contiguous 12x8"):
             materialize_weight(rule, weight, out=torch.empty(8, 12).T)
+
+
+def test_shared_weights_always_forms_h_for_auto_layers_only():
+    """``always=True`` (decoding on a GPU) forms H where the rows alone would keep a per-call path, for layers in
+    ``auto``; a layer held to a path by its ``forward_mode`` keeps it; all are restored on exit."""
+    from hyperplex.layers import shared_weights
+
+    auto = PHMLinear(1024, 1024, 4).eval()
+    held = PHMLinear(64, 64, 4, forward_mode="structured").eval()
+    with torch.no_grad():
+        assert auto.choose_mode(32) in ("structured", "onednn")
+        with shared_weights([auto, held], 32, always=True):
+            torch.testing.assert_close(auto._shared_weight, auto.dense_weight())
+            assert held._shared_weight is None
+            x = torch.randn(2, 1024)
+            torch.testing.assert_close(auto(x), x @ auto.dense_weight().T + auto.bias)
+    assert auto._shared_weight is None and held._shared_weight is None

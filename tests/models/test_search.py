@@ -339,3 +339,46 @@ def test_never_generated_ids():
 
     assert never_generated(TableModel(TABLE)) == [PAD, BOS]
     assert max_positions(TableModel(TABLE)) is None and max_positions(_transformer(7)) == 7
+
+
+def _phm_transformer():
+    from hyperplex.nn.linear import LinearSpec
+    from hyperplex.models.transformer import TransformerConfig, TransformerTranslator
+
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=16, num_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1, dropout=0.0,
+                               linear=LinearSpec(kind="phm", n=4))
+    return TransformerTranslator(config, 10, 9).eval()
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_decode_with_shared_weights_gives_the_per_step_hypotheses(beam_size):
+    """Each PHM layer's H formed once for the search (the CUDA default) decodes what the per-step paths decode."""
+    model = _phm_transformer()
+    src, lengths = _batch()
+    per_step = decode(model, src, lengths, beam_size=beam_size, max_output_length=7, share_weights=False)
+    shared = decode(model, src, lengths, beam_size=beam_size, max_output_length=7, share_weights=True)
+    for a, b in zip(per_step, shared):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
+def test_decode_shares_weights_on_cuda_only_by_default(monkeypatch):
+    """The default asks the model's device: H is shared on CUDA (launch-bound steps) and not on the CPU (where
+    the per-step paths read 1/n of the weights); the formed H are dropped after the search."""
+    from hyperplex.layers import PHMLinear
+    from hyperplex.models import search
+
+    model = _phm_transformer()
+    layers = [m for m in model.modules() if isinstance(m, PHMLinear)]
+    seen = []
+    hook = layers[-1].register_forward_pre_hook(lambda module, args: seen.append(module._shared_weight is not None))
+    src, lengths = _batch()
+    decode(model, src, lengths, max_output_length=3)
+    assert seen and not any(seen)
+    monkeypatch.setattr(search, "_on_cuda", lambda model: True)
+    seen.clear()
+    decode(model, src, lengths, max_output_length=3)
+    assert seen and all(seen)
+    hook.remove()
+    assert all(m._shared_weight is None for m in layers)

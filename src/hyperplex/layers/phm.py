@@ -462,7 +462,8 @@ class PHMLinear(nn.Module):
 
 
 @contextmanager
-def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int) -> Iterator[None]:
+def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int, *,
+                   always: bool = False) -> Iterator[None]:
     """Form each PHM layer's ``H`` once for a run of calls with the same weights.
 
     A recurrence calls the same layer at every time step with a few rows each time (an LSTM's
@@ -479,6 +480,11 @@ def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int) -
     ``cache_dense`` the ``H`` lives only as long as the context. Results equal the per-call paths up to
     rounding. Do not change the parameters inside the context (an optimizer step): ``H`` would
     be stale. Contexts nest; the outer ``H`` is restored on exit.
+
+    ``always=True`` forms ``H`` for every such layer in ``forward_mode="auto"`` whatever ``rows`` says: for a run of calls each of which costs
+    its kernel launches more than its arithmetic (decoding on a GPU, eagerly: one ``F.linear`` a call is the
+    fewest launches; :func:`hyperplex.models.search.decode` does this on CUDA). The ``H`` of every layer is then
+    held for the context, as much memory as the dense model's weights.
     """
     roots = [modules] if isinstance(modules, nn.Module) else [m for m in modules if m is not None]
     layers = [m for root in roots for m in root.modules() if isinstance(m, PHMLinear) and m.n > 1]
@@ -488,6 +494,8 @@ def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int) -
             if m._shared_weight is not None:
                 continue
             mode = m.choose_mode(rows)
+            if always and m.forward_mode == "auto" and mode not in ("materialized", "cached"):
+                mode = "cached" if m.cache_dense and not m._needs_weight_grad() else "materialized"
             if mode in ("materialized", "cached"):
                 m._shared_weight = m._weight_for(mode)
         yield

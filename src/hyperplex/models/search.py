@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from hyperplex.layers import shared_weights
+
 __all__ = ["Hypothesis", "length_penalty", "reorder_state", "never_generated", "max_positions", "greedy_search",
            "beam_search", "decode", "replace_unk", "load_unk_dictionary"]
 
@@ -254,13 +256,38 @@ def beam_search(model, src: Tensor, src_lengths: Tensor, beam_size: int = 5, bea
 
 @torch.no_grad()
 def decode(model, src: Tensor, src_lengths: Tensor, beam_size: int = 1, beam_alpha: float = 0.6,
-           max_output_length: int = 100, n_best: int = 1, attention: bool = True) -> list[list[Hypothesis]]:
+           max_output_length: int = 100, n_best: int = 1, attention: bool = True,
+           share_weights: bool | None = None) -> list[list[Hypothesis]]:
     """Greedy search for ``beam_size == 1`` (and ``n_best == 1``), beam search otherwise — which is where
-    the arguments are checked. ``attention=False``: no attention rows kept (faster; no ``replace_unk``)."""
+    the arguments are checked. ``attention=False``: no attention rows kept (faster; no ``replace_unk``).
+
+    ``share_weights``: whether each PHM layer's ``H`` is formed once for the whole search
+    (:func:`hyperplex.layers.shared_weights` with ``always=True``) instead of each step taking the layer's
+    per-call path. ``None`` (the default): on CUDA, where an eager decoding step is bound by its kernel launches
+    and one ``F.linear`` a layer is the fewest (docs/performance.md, "On a GPU"), and not on the CPU, where a
+    step reads the weights and the paths that read ``1/n`` of them are faster. The same results to rounding; on
+    CUDA the formed ``H`` are held during the search (the dense model's weight memory)."""
+    if share_weights is None:
+        share_weights = _on_cuda(model)
+    if not share_weights:
+        return _search(model, src, src_lengths, beam_size, beam_alpha, max_output_length, n_best, attention)
+    rows = src.shape[0] * max(beam_size, n_best) * max_output_length  # at most, over the search's steps
+    with shared_weights(model, rows, always=True):
+        return _search(model, src, src_lengths, beam_size, beam_alpha, max_output_length, n_best, attention)
+
+
+def _search(model, src: Tensor, src_lengths: Tensor, beam_size: int, beam_alpha: float, max_output_length: int,
+            n_best: int, attention: bool) -> list[list[Hypothesis]]:
     if beam_size == 1 and n_best == 1:
         return greedy_search(model, src, src_lengths, max_output_length, attention=attention)
     return beam_search(model, src, src_lengths, beam_size, beam_alpha, max_output_length, n_best,
                        attention=attention)
+
+
+def _on_cuda(model) -> bool:
+    """Whether ``model``'s first parameter is on a CUDA device (a model without parameters: no)."""
+    parameter = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return parameter is not None and parameter.device.type == "cuda"
 
 
 # ---------------------------------------------------------------------------- <unk> replacement

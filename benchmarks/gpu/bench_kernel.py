@@ -16,8 +16,9 @@ as in a model): ``dense`` (``F.linear`` on a ``k × d`` weight: cuBLAS), ``struc
 layer's default). Beside them, for the next version's choices: ``fused-1k/p1`` and ``fused-1k/p2`` (the one-kernel
 reduction aiming at one and two programs per multiprocessor instead of four: fewer shares of the reduction, more
 bytes per program), ``fused-1k/unrolled`` (its last program's loop over the partials unrolled at compile time,
-so their loads are issued together rather than one L2 round trip after another) and ``copy`` (a device-to-device copy of each layer's factors: one kernel moving the bytes the
-fused kernel must read, the floor a one-launch kernel can reach at that size).
+so their loads are issued together rather than one L2 round trip after another) and ``copy`` (a device-to-device
+copy of each layer's factors: one kernel moving the bytes the fused kernel must read, the floor a one-launch
+kernel can reach at that size).
 Each layer gets its own input (the inputs rotate with the layers). A time is the median over ``--reps`` runs of the
 whole stack after ``--warmup`` runs, divided by the stack's depth; with ``--graph`` (default on CUDA) the stack is
 captured once as a CUDA graph and its replays are timed with CUDA events, so that Python's launch cost, which

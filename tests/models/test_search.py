@@ -342,8 +342,8 @@ def test_never_generated_ids():
 
 
 def _phm_transformer():
-    from hyperplex.nn.linear import LinearSpec
     from hyperplex.models.transformer import TransformerConfig, TransformerTranslator
+    from hyperplex.nn.linear import LinearSpec
 
     torch.manual_seed(0)
     config = TransformerConfig(d_model=16, num_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1, dropout=0.0,

@@ -481,10 +481,10 @@ def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int, *
     rounding. Do not change the parameters inside the context (an optimizer step): ``H`` would
     be stale. Contexts nest; the outer ``H`` is restored on exit.
 
-    ``always=True`` forms ``H`` for every such layer in ``forward_mode="auto"`` whatever ``rows`` says: for a run of calls each of which costs
-    its kernel launches more than its arithmetic (decoding on a GPU, eagerly: one ``F.linear`` a call is the
-    fewest launches; :func:`hyperplex.models.search.decode` does this on CUDA). The ``H`` of every layer is then
-    held for the context, as much memory as the dense model's weights.
+    ``always=True`` forms ``H`` for every such layer in ``forward_mode="auto"`` whatever ``rows`` says: for a run
+    of calls each of which costs its kernel launches more than its arithmetic (decoding on a GPU, eagerly: one
+    ``F.linear`` a call is the fewest launches; :func:`hyperplex.models.search.decode` does this on CUDA). The
+    ``H`` of every layer is then held for the context, as much memory as the dense model's weights.
     """
     roots = [modules] if isinstance(modules, nn.Module) else [m for m in modules if m is not None]
     layers = [m for root in roots for m in root.modules() if isinstance(m, PHMLinear) and m.n > 1]

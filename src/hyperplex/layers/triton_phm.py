@@ -15,8 +15,8 @@ With one share the program adds the bias and writes ``y`` in the input's dtype; 
 float32 partial ``Y`` and the partials are summed in split order, the bias added and the sum cast, by one of
 two ``reduction`` modes: ``"one-kernel"`` (the default: the last program of each output tile to arrive does it,
 counted by an atomic per tile, which saves a launch) or ``"two-kernel"`` (a second small kernel does it; on an
-H200 it was as fast or slower at every measured size). Both sum in the same order, so they give the same bits and neither depends on the order the programs
-run in.
+H200 it was as fast or slower at every measured size). Both sum in the same order, so they give the same bits
+and neither depends on the order the programs run in.
 The shares exist to give the GPU enough programs at one row (a 4096² layer at ``n = 16`` has only 256 output
 columns per block row); :func:`plan` picks them.
 
@@ -44,8 +44,9 @@ from torch import Tensor
 
 from hyperplex.layers.functional import recording_operations
 
-__all__ = ["ENV_VAR", "REDUCTIONS", "TRITON_AUTO_DTYPES", "TRITON_DTYPES", "TRITON_MAX_ROWS_N", "Plan", "give_up", "interpreting",
-           "kernel_failed", "plan", "takes_triton", "triton_available", "triton_phm_linear", "triton_reason"]
+__all__ = ["ENV_VAR", "REDUCTIONS", "TRITON_AUTO_DTYPES", "TRITON_DTYPES", "TRITON_MAX_ROWS_N", "Plan", "give_up",
+           "interpreting", "kernel_failed", "plan", "takes_triton", "triton_available", "triton_phm_linear",
+           "triton_reason"]
 
 #: ``auto`` takes the kernel while ``rows·n`` (the stacked block rows of each product: rows are tokens × batch) is at
 #: most this. Measured on an H200 in bf16 (docs/performance.md, "On a GPU"): it beat the structured path at every
@@ -300,8 +301,9 @@ def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | No
 
     ``out``: a contiguous ``(rows, k)`` tensor (``rows`` = ``x.numel() / d``) of ``x``'s dtype and device to write
     into (returned, reshaped). ``programs``: the number of programs to aim at (default: four per multiprocessor).
-    Any row count runs; :func:`takes_triton` keeps ``auto`` to ``rows·n`` ≤ :data:`TRITON_MAX_ROWS_N`. ``reduction``: one
-    of :data:`REDUCTIONS`, how partial sums are finished where the reduction is shared out (the same result).
+    Any row count runs; :func:`takes_triton` keeps ``auto`` to ``rows·n`` ≤ :data:`TRITON_MAX_ROWS_N`.
+    ``reduction``: one of :data:`REDUCTIONS`, how partial sums are finished where the reduction is shared out (the
+    same result).
     Raises :class:`ValueError` naming what stops it (no Triton, a gradient to record, a CPU tensor, a dtype).
     ``_unroll_tail`` (for ``benchmarks/gpu/bench_kernel.py``): the one-kernel reduction's last program reads the
     partials in a loop unrolled at compile time (one compilation per number of splits; the same sums in the same

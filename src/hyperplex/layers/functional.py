@@ -106,7 +106,7 @@ def materialize_weight(rule: Tensor, weight: Tensor, permutation: tuple[Tensor, 
         blocks = weight[index.reshape(-1)] * sign.reshape(-1, 1, 1).to(weight.dtype)  # (n·n, k/n, d/n)
         blocks = blocks.view(n, n, k_n, d_n)
     else:
-        mix = rule.permute(1, 2, 0).reshape(n * n, n)  # [(a, c), i]
+        mix = rule.reshape(n, n * n).t()  # [(a, c), i], a transposed view: the product reads it, no copy launched
         blocks = (mix.to(weight.dtype) @ weight.reshape(n, k_n * d_n)).view(n, n, k_n, d_n)  # (a, c, q, j)
     return blocks.permute(0, 2, 1, 3).reshape(n * k_n, n * d_n)  # (a, q, c, j) → (k, d)
 

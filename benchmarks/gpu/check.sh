@@ -2,7 +2,7 @@
 # One device call: versions, the fused-kernel benchmark, the GPU speed grid and the CUDA correctness tier; with
 # --converge, convergence training of a plan's models beside the tests.
 #
-#   bash benchmarks/gpu/check.sh [--device cuda|cpu] [--quick]
+#   bash benchmarks/gpu/check.sh [--device cuda|cpu] [--quick] [--skip STEP,...]
 #                                [--converge PLAN --models "ROW:SEED ..." [--deadline-s 540]]
 #
 # Run from the repository root. Each step has its own time budget (`timeout`) and one failing step does not stop
@@ -10,8 +10,10 @@
 # summary table is printed last. The speed steps run first, alone on the card; then the tests, and with --converge
 # experiments/gpu/converge.sh trains the models beside them until --deadline-s seconds after the start (less a
 # margin to pack its records); converge.sh keeps the Triton kernel off (HYPERPLEX_TRITON=0) unless told otherwise.
-# The budgets add up to 520 s (under 9 minutes). `--device cpu --quick` with TRITON_INTERPRET=1 is the dry run on a
-# machine without a GPU. See benchmarks/gpu/README.md.
+# The budgets add up to 520 s (under 9 minutes). `--skip` leaves out steps whose code has not changed since their
+# last GPU record (kernel, bench_phm, bench_transformer, bench_compress, bench_adapters, tests), which gives their
+# time to --converge. `--device cpu --quick` with TRITON_INTERPRET=1 is the dry run on a machine without a GPU. See
+# benchmarks/gpu/README.md.
 set -u
 
 DEVICE=cuda
@@ -19,6 +21,7 @@ QUICK=0
 CONVERGE=""
 MODELS=""
 DEADLINE=540
+SKIP=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --device) DEVICE="${2:-}"; shift 2 ;;
@@ -27,9 +30,10 @@ while [ $# -gt 0 ]; do
         --converge) CONVERGE="${2:-}"; shift 2 ;;
         --models) MODELS="${2:-}"; shift 2 ;;
         --deadline-s) DEADLINE="${2:-}"; shift 2 ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
-        *) echo "check.sh: unknown option '$1' (expected --device cuda|cpu, --quick, --converge PLAN --models" \
-                "'ROW:SEED ...', --deadline-s S)" >&2; exit 2 ;;
+        --skip) SKIP="${2:-}"; shift 2 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        *) echo "check.sh: unknown option '$1' (expected --device cuda|cpu, --quick, --skip STEP,..., --converge" \
+                "PLAN --models 'ROW:SEED ...', --deadline-s S)" >&2; exit 2 ;;
     esac
 done
 case "$DEVICE" in cuda|cpu) ;; *) echo "check.sh: --device must be cuda or cpu, got '$DEVICE'" >&2; exit 2 ;; esac
@@ -43,6 +47,13 @@ if [ -n "$CONVERGE$MODELS" ]; then
     [ -d .gpu/data ] || { echo "check.sh: --converge reads its data from .gpu/data (copy the plan's data" \
                                "folders there and carry .gpu); there is no such folder" >&2; exit 2; }
 fi
+for name in ${SKIP//,/ }; do
+    case "$name" in
+        kernel|bench_phm|bench_transformer|bench_compress|bench_adapters|tests) ;;
+        *) echo "check.sh: --skip: unknown step '$name' (expected kernel, bench_phm, bench_transformer," \
+                "bench_compress, bench_adapters, tests, comma-separated)" >&2; exit 2 ;;
+    esac
+done
 case "$DEADLINE" in
     ''|*[!0-9]*) echo "check.sh: --deadline-s must be a whole number of seconds, got '$DEADLINE'" >&2; exit 2 ;;
 esac
@@ -118,6 +129,11 @@ echo "MiniLM: ${MINILM:-absent (its tests skip, bench_compress is not run)}" | t
 step() {
     local name=$1 budget=$2 log=$3; shift 3
     local t0=$SECONDS rc status
+    if [[ ",$SKIP," == *",$name,"* ]]; then
+        echo; echo "== $name: skipped (--skip)"
+        STEPS+=("| $name | skipped (--skip) | 0 s | - | |")
+        return 0
+    fi
     echo; echo "== $name (budget ${budget}s): $*"
     timeout --kill-after=10 "$budget" "$@" >"$OUT/$log" 2>&1
     rc=$?

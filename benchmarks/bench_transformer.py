@@ -28,6 +28,8 @@ Measured, on random token batches (speed does not depend on the data):
   a set's size (Multi30k's validation split: 1,014 sentences of 14.5 source and 15.3 target BPE tokens on average
   with the plans' joint 8k BPE, so ``--set-sentences 1014 --src-len 15 --decode-len 16``); ``× set`` is the
   Transformer's time over the model's (above 1 is faster).
+- ``--formation``: how a training step forms the PHM layers' ``H`` (default ``auto``, the trainer's; ``per-layer``
+  and ``together`` compare the two forms on any device).
 - ``--compile``: each model's training step also through ``torch.compile`` (``training.compile`` of the
   trainer), timed in the same rounds as the eager steps; a second table gives its time per 100 steps and its ratio
   to the same model's eager step (below 1: compilation pays). The compilation itself happens in the untimed
@@ -54,6 +56,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hyperplex.layers import shared_weights, training_step_weights
 from hyperplex.models.params import parameter_breakdown
 from hyperplex.models.search import decode
 from hyperplex.models.transformer import TransformerConfig, TransformerTranslator
@@ -124,14 +127,28 @@ def train_step(model, args, device, compiled: bool = False):
 
     def step() -> None:
         model.train()
-        with autocast(args, device):
-            logits = forward(src, lengths, tgt[:, :-1])
-            loss = F.cross_entropy(logits.float().flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD,
-                                   label_smoothing=0.1)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        with contextlib.ExitStack() as weights:  # as the trainer: H formed under autocast, held through backward
+            with autocast(args, device):
+                if not compiled:
+                    weights.enter_context(step_weights(model, args.formation))
+                logits = forward(src, lengths, tgt[:, :-1])
+                loss = F.cross_entropy(logits.float().flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD,
+                                       label_smoothing=0.1)
+            loss.backward()
         optimizer.step()
     return step
+
+
+def step_weights(model, formation: str) -> contextlib.AbstractContextManager:
+    """How a training step's PHM layers form ``H``: ``auto``, what the trainer does
+    (:func:`hyperplex.layers.training_step_weights`: batched per group of same-shaped layers on CUDA, each layer its
+    own path on the CPU); ``per-layer``; ``together`` (batched on any device, to compare on the CPU)."""
+    if formation == "auto":
+        return training_step_weights(model)
+    if formation == "together":
+        return shared_weights(model, 0, always=True, together=True)
+    return contextlib.nullcontext()
 
 
 def decoder(model, args, device):
@@ -191,6 +208,9 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, help="interleaved rounds; medians are taken over them")
     p.add_argument("--quaternion-attention", choices=["hamilton", "dot"], default="hamilton")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for training and decoding")
+    p.add_argument("--formation", choices=["auto", "per-layer", "together"], default="auto",
+                   help="how a training step forms the PHM layers' H: auto (the trainer's: batched per group of "
+                        "same-shaped layers on CUDA, per layer on the CPU), per-layer, or together (batched anywhere)")
     p.add_argument("--compile", action="store_true",
                    help="also time each model's training step through torch.compile (a second table)")
     harness.add_arguments(p)
@@ -253,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
     info = harness.machine(device)
     print(f"# bench_transformer: d_model={args.d_model} heads={args.heads} d_ff={args.d_ff} layers={args.layers}+"
           f"{args.layers} vocab={args.vocab} batch={args.batch} len={args.src_len}/{args.tgt_len} device={device}"
-          f"{' bf16' if args.bf16 else ''} repeats={args.repeats}")
+          f"{' bf16' if args.bf16 else ''} repeats={args.repeats} formation={args.formation}")
     print(f"# {harness.header(info)}")
     print(f"# decoding: {args.sentences} sentences × {args.decode_len} steps one at a time, beam {args.beam}, "
           f"α {args.alpha:g} (KV cache)"

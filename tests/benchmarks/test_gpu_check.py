@@ -35,8 +35,8 @@ def test_skipped_steps_are_reported_and_not_run(tmp_path):
 
     steps = ["kernel", "bench_phm", "bench_transformer", "bench_compress", "bench_adapters", "tests"]
     out = tmp_path / "out"
-    result = subprocess.run(["bash", "benchmarks/gpu/check.sh", "--device", "cpu", "--quick", "--skip", ",".join(steps)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300,
+    command = ["bash", "benchmarks/gpu/check.sh", "--device", "cpu", "--quick", "--skip", ",".join(steps)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env={"PATH": "/usr/bin:/bin", "OUT": str(out), "PYTHON": sys.executable})
     assert result.returncode == 0, result.stderr
     summary = (out / "summary.md").read_text()

@@ -8,6 +8,7 @@ from hyperplex.algebra import cayley_dickson_rule
 from hyperplex.layers.dispatch import DEFAULT_PATH_SETTINGS, structured_weight_first, takes_blocked
 from hyperplex.layers.functional import (
     materialize_weight,
+    materialize_weights,
     onednn_available,
     onednn_padded_rows,
     phm_linear,
@@ -25,6 +26,29 @@ def test_materialize_equals_kron_sum(n):
     rule, weight = torch.randn(n, n, n, dtype=torch.float64), torch.randn(n, 3, 5, dtype=torch.float64)
     H = sum(torch.kron(rule[i], weight[i]) for i in range(n))
     torch.testing.assert_close(materialize_weight(rule, weight), H)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_materialize_weights_batches_the_per_layer_form_with_its_gradients(n):
+    gen = torch.Generator().manual_seed(n)
+    rules = torch.randn(3, n, n, n, dtype=torch.float64, generator=gen, requires_grad=True)
+    weights = torch.randn(3, n, 2, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    formed = materialize_weights(rules, weights)
+    assert formed.shape == (3, 2 * n, 5 * n)
+    want = torch.stack([materialize_weight(rules[i], weights[i]) for i in range(3)])
+    torch.testing.assert_close(formed, want)
+    g = torch.randn(formed.shape, dtype=torch.float64, generator=gen)
+    got = torch.autograd.grad((formed * g).sum(), (rules, weights))
+    expected = torch.autograd.grad((want * g).sum(), (rules, weights))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+
+
+def test_materialize_weights_refuses_mismatched_shapes_by_name():
+    with pytest.raises(ValueError, match=r"rules must be \(2, 4, 4, 4\) for weights \(2, 4, 3, 3\), got \(2, 2, "):
+        materialize_weights(torch.ones(2, 2, 2, 2), torch.ones(2, 4, 3, 3))
+    with pytest.raises(ValueError, match=r"expected rules \(L, n, n, n\) and weights \(L, n, k/n, d/n\)"):
+        materialize_weights(torch.ones(3, 4, 4, 4), torch.ones(2, 4, 3, 3))
 
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16])

@@ -1,5 +1,6 @@
 """PHMLinear: equivalences (n=1 ≡ nn.Linear, all paths ≡ Σ kron), gradients, init, errors, conversion."""
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -748,3 +749,80 @@ def test_shared_weights_always_forms_h_for_auto_layers_only():
             x = torch.randn(2, 1024)
             torch.testing.assert_close(auto(x), x @ auto.dense_weight().T + auto.bias)
     assert auto._shared_weight is None and held._shared_weight is None
+
+
+def _stack_of_layers():
+    """Six learned-rule layers in two shapes (a shared rule between two of them), a fixed-rule layer and a low-rank
+    one (formed on their own), float64."""
+    from hyperplex.layers import PHMRule
+
+    torch.manual_seed(0)
+    shared = PHMRule(4, dtype=torch.float64)
+    layers = nn.ModuleList([PHMLinear(16, 16, 4, dtype=torch.float64) for _ in range(3)]
+                           + [PHMLinear(16, 32, 4, dtype=torch.float64) for _ in range(2)]
+                           + [PHMLinear(16, 16, 4, rule=shared, dtype=torch.float64),
+                              PHMLinear(16, 16, 4, rule=shared, dtype=torch.float64),
+                              PHMLinear(16, 16, 4, rule="quaternion", dtype=torch.float64),
+                              PHMLinear(16, 16, 4, factor_rank=2, dtype=torch.float64)])
+    return layers
+
+
+def _run(layers, x, skip=()):
+    return sum(layer(x).square().sum() for i, layer in enumerate(layers) if i not in skip)
+
+
+@pytest.mark.parametrize("skip", [(), (1, 5)], ids=["all_called", "two_not_called"])
+def test_shared_weights_together_gives_the_per_layer_gradients(skip):
+    """Same-shaped layers form H in one batched product per group; the outputs and every parameter's gradient are
+    the per-layer paths', and a layer the step did not call keeps the None gradient it had (layer 5 shares its rule
+    with layer 6, which is called, so the shared rule's gradient stays)."""
+    from hyperplex.layers import shared_weights
+
+    x = torch.randn(3, 16, dtype=torch.float64)
+    layers = _stack_of_layers()
+    want_loss = _run(layers, x, skip)
+    want_loss.backward()
+    want = {name: None if p.grad is None else p.grad.clone() for name, p in layers.named_parameters()}
+    layers.zero_grad(set_to_none=True)
+    with shared_weights(layers, 0, always=True, together=True):
+        assert all(m._shared_weight is not None for m in layers)
+        loss = _run(layers, x, skip)
+        loss.backward()
+    assert all(m._shared_weight is None for m in layers)
+    torch.testing.assert_close(loss, want_loss)
+    for name, p in layers.named_parameters():
+        if want[name] is None:
+            assert p.grad is None, f"{name} got a gradient though its layer was not called"
+        else:
+            torch.testing.assert_close(p.grad, want[name], msg=name)
+
+
+def test_shared_weights_together_forms_same_shaped_layers_in_one_product(monkeypatch):
+    from hyperplex.layers import functional, phm, shared_weights
+
+    calls = []
+    real = functional.materialize_weights
+    monkeypatch.setattr(phm, "materialize_weights", lambda r, w: calls.append(tuple(w.shape)) or real(r, w))
+    layers = _stack_of_layers()
+    with shared_weights(layers, 0, always=True, together=True):
+        pass
+    # the five 16×16 learned-rule layers (two with the shared rule) in one product, the two 16×32 in another; the
+    # fixed-rule and low-rank layers formed alone
+    assert sorted(calls) == [(2, 4, 8, 4), (5, 4, 4, 4)]
+
+
+def test_training_step_weights_batches_on_cuda_only(monkeypatch):
+    """On the CPU each layer keeps its own path; on CUDA (the model's device) same-shaped layers form together."""
+    from hyperplex.layers import phm, training_step_weights
+
+    layers = _stack_of_layers()
+    with training_step_weights(layers):
+        assert all(m._shared_weight is None for m in layers)
+    seen = []
+    monkeypatch.setattr(phm, "shared_weights",
+                        lambda model, rows, **kw: seen.append(kw) or contextlib.nullcontext())
+    on_cuda = type("P", (), {"device": torch.device("cuda")})()  # reports CUDA; no GPU needed to ask the question
+    monkeypatch.setattr(nn.ModuleList, "parameters", lambda self, recurse=True: iter([on_cuda]))
+    with training_step_weights(layers):
+        pass
+    assert seen == [{"always": True, "together": True}]

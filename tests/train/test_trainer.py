@@ -245,6 +245,33 @@ def test_accumulation_equals_large_batch(tmp_path):
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6)
 
 
+def test_a_step_forming_h_together_trains_what_each_layer_forming_its_own_trains(tmp_path, monkeypatch):
+    """The trainer's CUDA form of a step (each group of same-shaped PHM layers forms H in one batched product,
+    held through the backward pass; layers.training_step_weights), forced here on the CPU, gives the per-layer
+    run's losses and weights, with gradient accumulation."""
+    import hyperplex.train.trainer as trainer_module
+    from hyperplex.layers import shared_weights
+
+    config = without_dropout(write_tiny_config(tmp_path, batch_size=16, max_steps=4, validation_every=4,
+                                               accum_steps=2, shuffle=False, bucket=False))
+    train(str(config), model_dir=str(tmp_path / "own"))
+    formed = []
+
+    def together(model):
+        formed.append(1)
+        return shared_weights(model, 0, always=True, together=True)
+
+    monkeypatch.setattr(trainer_module, "training_step_weights", together)
+    train(str(config), model_dir=str(tmp_path / "together"))
+    assert len(formed) == 8  # 4 steps × 2 accumulated batches
+    own = train_losses(tmp_path / "own")
+    assert own and train_losses(tmp_path / "together") == pytest.approx(own, rel=1e-5)
+    a = load_model_weights(tmp_path / "own" / "last.safetensors")
+    b = load_model_weights(tmp_path / "together" / "last.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6)
+
+
 def test_refuses_to_overwrite_a_trained_model(tmp_path):
     config = write_tiny_config(tmp_path, max_steps=2, validation_every=2)
     train(str(config), model_dir=str(tmp_path / "m"))

@@ -9,6 +9,7 @@ Compacter's PHM layer).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ from hyperplex.layers.dispatch import (
 from hyperplex.layers.functional import (
     formation_buffer,
     materialize_weight,
+    materialize_weights,
     phm_linear_blocked,
     phm_linear_lowrank,
     phm_linear_onednn,
@@ -40,8 +42,8 @@ from hyperplex.layers.functional import (
 from hyperplex.layers.rule import PHMRule, rule_table
 from hyperplex.layers.selection import LinearLike
 
-__all__ = ["PHMLinear", "PHMRule", "phm_parameter_count", "shared_weights", "FORWARD_MODES", "ForwardMode",
-           "cache_dense_weights", "cached_bytes", "release_dense_caches"]
+__all__ = ["PHMLinear", "PHMRule", "phm_parameter_count", "shared_weights", "training_step_weights", "FORWARD_MODES",
+           "ForwardMode", "cache_dense_weights", "cached_bytes", "release_dense_caches"]
 
 #: A value of ``PHMLinear(forward_mode=...)``, for annotations (the values themselves: :data:`FORWARD_MODES`).
 ForwardMode = Literal["auto", "structured", "materialized", "premixed", "onednn", "streamed"]
@@ -399,6 +401,7 @@ class PHMLinear(nn.Module):
         if self.n == 1:  # exactly nn.Linear
             return F.linear(input, self.factors().view(self.out_features, self.in_features), self.bias)
         if self._shared_weight is not None:  # inside shared_weights(): H formed once for many calls
+            self.__dict__["_shared_used"] = True  # read by shared_weights(together=True); no Module.__setattr__
             return F.linear(input, self._shared_weight, self.bias)
         if self.factor_rank is None and triton_phm.takes_triton(input, self):  # fused few-row kernel
             try:
@@ -463,7 +466,7 @@ class PHMLinear(nn.Module):
 
 @contextmanager
 def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int, *,
-                   always: bool = False) -> Iterator[None]:
+                   always: bool = False, together: bool = False) -> Iterator[None]:
     """Form each PHM layer's ``H`` once for a run of calls with the same weights.
 
     A recurrence calls the same layer at every time step with a few rows each time (an LSTM's
@@ -485,23 +488,71 @@ def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int, *
     of calls each of which costs its kernel launches more than its arithmetic (decoding on a GPU, eagerly: one
     ``F.linear`` a call is the fewest launches; :func:`hyperplex.models.search.decode` does this on CUDA). The
     ``H`` of every layer is then held for the context, as much memory as the dense model's weights.
+
+    ``together=True`` forms the ``H`` of the layers that share a shape (``n``, ``k``, ``d``, dtypes, device; full
+    factors and a learned rule) in one batched product (:func:`~hyperplex.layers.functional.materialize_weights`),
+    so a model's many layers cost a few formation kernels instead of a few per layer, and their backward likewise:
+    what the trainer does for each training step on a GPU, where a step is bound by its launches. Run the backward
+    pass inside the context: the batched formation gives every layer of a group a gradient, zero for a layer the
+    forward pass did not call, and on exit the parameters of such layers get back the ``None`` gradient they had
+    on entry (an optimizer then skips them, as it would have).
     """
     roots = [modules] if isinstance(modules, nn.Module) else [m for m in modules if m is not None]
     layers = [m for root in roots for m in root.modules() if isinstance(m, PHMLinear) and m.n > 1]
     saved = [m._shared_weight for m in layers]
+    grouped: list[PHMLinear] = []
+    unset: set[int] = set()
     try:
+        batch: dict[tuple, list[PHMLinear]] = {}
         for m in layers:
             if m._shared_weight is not None:
                 continue
-            mode = m.choose_mode(rows)
-            if always and m.forward_mode == "auto" and mode not in ("materialized", "cached"):
+            if always and m.forward_mode == "auto":  # H whatever the rows: the kept one where there is one
                 mode = "cached" if m.cache_dense and not m._needs_weight_grad() else "materialized"
-            if mode in ("materialized", "cached"):
+            else:
+                mode = m.choose_mode(rows)
+            if together and mode == "materialized" and m.factor_rank is None and m._permutation() is None:
+                rule, weight = m.phm_rule, m.phm_weight
+                key = (tuple(weight.shape), weight.dtype, rule.dtype, weight.device)
+                batch.setdefault(key, []).append(m)
+            elif mode in ("materialized", "cached"):
                 m._shared_weight = m._weight_for(mode)
+        unset = {id(p) for group in batch.values() for m in group for p in (m.phm_rule, m.phm_weight)
+                 if p.grad is None}
+        for group in batch.values():
+            if len(group) == 1:
+                group[0]._shared_weight = group[0].dense_weight()
+                continue
+            formed = materialize_weights(torch.stack([m.phm_rule for m in group]),
+                                         torch.stack([m.phm_weight for m in group]))
+            for m, weight in zip(group, formed.unbind(0)):
+                m._shared_weight = weight
+                m.__dict__["_shared_used"] = False
+            grouped.extend(group)
         yield
     finally:
         for m, weight in zip(layers, saved):
             m._shared_weight = weight
+        if grouped:
+            used = {id(p) for m in grouped if m.__dict__.get("_shared_used") for p in (m.phm_rule, m.phm_weight)}
+            for m in grouped:
+                if not m.__dict__.pop("_shared_used", False):
+                    for p in (m.phm_rule, m.phm_weight):
+                        if id(p) in unset and id(p) not in used:
+                            p.grad = None
+
+
+def training_step_weights(model: nn.Module) -> contextlib.AbstractContextManager:
+    """The context a training step runs its forward and backward passes in: on CUDA,
+    :func:`shared_weights` with ``always`` and ``together`` (each group of same-shaped PHM layers forms its ``H``
+    in one batched product for the step, the fewest kernel launches; on a GPU a model's step is bound by them, and
+    CUDA training forms ``H`` at every row count anyway: ``PathSettings.cuda_structured_rows_training``); on the
+    CPU, and while ``torch.compile`` traces (it fuses the formation itself), nothing: each layer takes its own path.
+    The optimizer step goes after the context."""
+    parameter = next(iter(model.parameters()), None)
+    if parameter is None or parameter.device.type != "cuda" or torch.compiler.is_compiling():
+        return contextlib.nullcontext()
+    return shared_weights(model, 0, always=True, together=True)
 
 
 def _phm_layers(model: nn.Module) -> list[PHMLinear]:

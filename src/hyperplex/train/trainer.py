@@ -29,6 +29,7 @@ from torch import nn
 from hyperplex.config import dump_yaml
 from hyperplex.config.experiment import ExperimentConfig, experiment_dict
 from hyperplex.fileio import atomic_write_text
+from hyperplex.layers import training_step_weights
 from hyperplex.train.checkpoint import (
     LAST,
     CheckpointError,
@@ -419,8 +420,13 @@ class Trainer:
             sync: contextlib.AbstractContextManager = contextlib.nullcontext()
             if self.world > 1 and j < len(group) - 1:
                 sync = cast(nn.parallel.DistributedDataParallel, train_model).no_sync()
-            with sync:
+            with sync, contextlib.ExitStack() as step_weights:
                 with self._autocast():
+                    if self.world == 1 and not tcfg.compile:
+                        # on one GPU each group of same-shaped PHM layers forms its H in one batched product, under
+                        # the step's autocast as a layer would, and held through the backward pass
+                        # (layers.training_step_weights); under DDP and torch.compile each layer forms its own
+                        step_weights.enter_context(training_step_weights(model))
                     loss_sum = self.task.loss(train_model, shard).float()
                 # DDP averages gradients over processes; scale so the result is the
                 # gradient of (total loss / total tokens) of the global batch.

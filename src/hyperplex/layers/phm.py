@@ -525,14 +525,14 @@ def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int, *
                 continue
             formed = materialize_weights(torch.stack([m.phm_rule for m in group]),
                                          torch.stack([m.phm_weight for m in group]))
-            for m, weight in zip(group, formed.unbind(0)):
-                m._shared_weight = weight
+            for m, one in zip(group, formed.unbind(0)):
+                m._shared_weight = one
                 m.__dict__["_shared_used"] = False
             grouped.extend(group)
         yield
     finally:
-        for m, weight in zip(layers, saved):
-            m._shared_weight = weight
+        for m, kept in zip(layers, saved):
+            m._shared_weight = kept
         if grouped:
             used = {id(p) for m in grouped if m.__dict__.get("_shared_used") for p in (m.phm_rule, m.phm_weight)}
             for m in grouped:

@@ -797,6 +797,26 @@ def test_shared_weights_together_gives_the_per_layer_gradients(skip):
             torch.testing.assert_close(p.grad, want[name], msg=name)
 
 
+def test_shared_weights_together_keeps_a_gradient_that_a_layer_outside_the_groups_gave():
+    """An uncalled grouped layer's rule, shared with a low-rank layer (formed alone) that was called, keeps the
+    gradient the low-rank layer gave it; the uncalled layer's own factors go back to None."""
+    from hyperplex.layers import PHMRule, shared_weights
+
+    torch.manual_seed(1)
+    shared = PHMRule(4, dtype=torch.float64)
+    layers = nn.ModuleList([PHMLinear(16, 16, 4, dtype=torch.float64),  # its own rule: in the group, called
+                            PHMLinear(16, 16, 4, rule=shared, dtype=torch.float64),  # in the group, not called
+                            PHMLinear(16, 16, 4, rule=shared, factor_rank=2, dtype=torch.float64)])
+    x = torch.randn(3, 16, dtype=torch.float64)
+    _run(layers, x, skip=(1,)).backward()
+    want = shared.phm_rule.grad.clone()
+    layers.zero_grad(set_to_none=True)
+    with shared_weights(layers, 0, always=True, together=True):
+        _run(layers, x, skip=(1,)).backward()
+    torch.testing.assert_close(shared.phm_rule.grad, want)
+    assert layers[1].phm_weight.grad is None and layers[0].phm_weight.grad is not None
+
+
 def test_shared_weights_together_forms_same_shaped_layers_in_one_product(monkeypatch):
     from hyperplex.layers import functional, phm, shared_weights
 

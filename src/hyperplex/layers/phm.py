@@ -533,12 +533,16 @@ def shared_weights(modules: nn.Module | Iterable[nn.Module | None], rows: int, *
     finally:
         for m, kept in zip(layers, saved):
             m._shared_weight = kept
-        if grouped:
-            used = {id(p) for m in grouped if m.__dict__.get("_shared_used") for p in (m.phm_rule, m.phm_weight)}
+        if grouped:  # a parameter whose every owner is a grouped layer the context did not call: back to None
+            idle = {id(m) for m in grouped if not m.__dict__.pop("_shared_used", False)}
+            owners: dict[int, list[int]] = {}
+            for m in layers:
+                for p in (m.phm_rule, *m._factor_tensors()):
+                    owners.setdefault(id(p), []).append(id(m))
             for m in grouped:
-                if not m.__dict__.pop("_shared_used", False):
+                if id(m) in idle:
                     for p in (m.phm_rule, m.phm_weight):
-                        if id(p) in unset and id(p) not in used:
+                        if id(p) in unset and all(owner in idle for owner in owners[id(p)]):
                             p.grad = None
 
 

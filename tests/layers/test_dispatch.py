@@ -145,6 +145,26 @@ def test_cuda_trains_through_a_formed_h_and_infers_structured_up_to_its_row_limi
     assert _path(1024, 4096, 4096, 16, device=cuda, settings=eager) == "materialized"
 
 
+class _RowsThatRefuseComparison:
+    """A row count that raises when compared or multiplied: what a symbolic size under ``torch.compile`` with
+    dynamic shapes would turn into a guard (and a recompilation whenever a batch crossed the compared limit)."""
+
+    def _refuse(self, *args):
+        raise AssertionError("the row count was compared")
+
+    __le__ = __lt__ = __ge__ = __gt__ = __mul__ = __rmul__ = _refuse
+
+
+def test_cuda_training_decides_without_comparing_the_row_count():
+    cuda = torch.device("cuda")
+    for n, d, k in ((4, 4096, 4096), (16, 1024, 1024), (2, 384, 1536)):
+        assert _path(_RowsThatRefuseComparison(), d, k, n, device=cuda, weight_grad=True) == "materialized"
+        assert _path(_RowsThatRefuseComparison(), d, k, n, device=cuda, weight_grad=True, factor_rank=2) \
+            == "materialized"
+    with pytest.raises(AssertionError, match="compared"):  # the probe does catch a comparison
+        _path(_RowsThatRefuseComparison(), 4096, 4096, 4, device=cuda)
+
+
 def test_low_rank_factors_never_take_the_paths_that_read_full_factors(monkeypatch):
     monkeypatch.setattr(native, "native_kernels_enabled", lambda: True)
     for rows in (1, 2, 16, 100, 200, 4096):

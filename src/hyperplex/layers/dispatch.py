@@ -171,12 +171,17 @@ def choose_path(rows: int, in_features: int, out_features: int, n: int, *, dtype
     inference = not weight_grad and not torch.compiler.is_compiling()
     cacheable = inference and cache_dense
     path = forward_mode
+    if path == "auto" and device.type == "cuda" and not inference:
+        # decided before the general rule: under torch.compile with dynamic shapes each comparison of the row
+        # count becomes a guard, and the general rule's, overruled here anyway, would recompile the step whenever a
+        # batch crossed one of its limits
+        return _cuda_training_path(rows, settings)
     if path == "auto":
         path = _general_path(rows, in_features, out_features, n, inference, cacheable, settings)
         if factor_rank is not None and path == "premixed":
             path = "structured"  # low-rank Sᵢ: the structured product never forms them; pre-mixing needs them whole
         if device.type == "cuda":
-            path = _cuda_path(path, rows, inference, cacheable, settings)
+            path = _cuda_path(path, rows, cacheable, settings)
         elif (device.type == "cpu" and inference and not cacheable and not input_grad and factor_rank is None
               and _cpu_float32_eager(dtype, rule_dtype or dtype)):
             path = _cpu_inference_path(path, rows, in_features, out_features, n, settings)
@@ -205,15 +210,21 @@ def _general_path(rows: int, d: int, k: int, n: int, inference: bool, cacheable:
     return "structured" if structured else "materialized"
 
 
-def _cuda_path(path: str, rows: int, inference: bool, cacheable: bool, settings: PathSettings) -> str:
-    """CUDA: the general rule's choice between structured (or pre-mixed) and materialized, moved by the CUDA
-    settings; the CPU kernels never apply. The fused Triton kernel is decided before this
-    (:func:`hyperplex.layers.triton_phm.takes_triton`)."""
-    if not inference:
-        return "structured" if rows <= settings.cuda_structured_rows_training else "materialized"
+def _cuda_path(path: str, rows: int, cacheable: bool, settings: PathSettings) -> str:
+    """CUDA inference: the general rule's choice between structured (or pre-mixed) and materialized, moved by the
+    CUDA settings (training: :func:`_cuda_training_path`); the CPU kernels never apply. The fused Triton kernel is
+    decided before this (:func:`hyperplex.layers.triton_phm.takes_triton`)."""
     if not cacheable and path == "materialized" and rows <= settings.cuda_structured_rows_uncached:
         return "structured"
     return path
+
+
+def _cuda_training_path(rows: int, settings: PathSettings) -> str:
+    """CUDA training: ``H`` formed for the step, structured only up to ``cuda_structured_rows_training`` rows; with
+    the default 0 the row count is not compared at all."""
+    if settings.cuda_structured_rows_training and rows <= settings.cuda_structured_rows_training:
+        return "structured"
+    return "materialized"
 
 
 def _cpu_float32_eager(dtype: torch.dtype, rule_dtype: torch.dtype) -> bool:

@@ -391,9 +391,10 @@ def takes_triton(x: Tensor, layer) -> bool:
         return False
     if os.environ.get(ENV_VAR, "1").lower() in ("0", "false", "no", "off"):
         return False
-    rows = x.numel() // layer.in_features
-    if not 1 <= rows * layer.n <= TRITON_MAX_ROWS_N or torch.is_autocast_enabled("cuda"):
+    # the conditions without a size first: under torch.compile a comparison of the row count becomes a guard
+    if torch.is_autocast_enabled("cuda") or x.dtype not in TRITON_AUTO_DTYPES or recording_operations():
         return False
-    if x.dtype not in TRITON_AUTO_DTYPES:
+    rows = x.numel() // layer.in_features
+    if not 1 <= rows * layer.n <= TRITON_MAX_ROWS_N:
         return False
     return triton_reason(x, layer.phm_rule, layer.phm_weight, layer.bias) is None

@@ -32,6 +32,28 @@ def test_build_optimizer_types_and_hyperparameters(name, cls):
         assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9
 
 
+@pytest.mark.parametrize("name", ["adam", "adamw", "sgd"])
+def test_a_fused_optimizer_makes_the_default_ones_updates(name):
+    """``fused=True`` (what the trainer asks for on CUDA; torch also runs it on the CPU) is torch's fused
+    implementation, and five updates with weight decay and momentum land where the default ones do, to rounding."""
+    torch.manual_seed(0)
+    start = [torch.randn(7, 5), torch.randn(5)]
+    grads = [[torch.randn_like(p) for p in start] for _ in range(5)]
+    finals = {}
+    for fused in (False, True):
+        params = [p.clone().requires_grad_() for p in start]
+        opt = build_optimizer(params, name, lr=0.01, weight_decay=0.1, momentum=0.9, fused=fused)
+        assert opt.defaults["fused"] is (True if fused else None)
+        for step in grads:
+            for p, g in zip(params, step):
+                p.grad = g.clone()
+            opt.step()
+        finals[fused] = [p.detach() for p in params]
+    for a, b in zip(finals[False], finals[True]):
+        assert not torch.equal(a, start[0] if a.dim() == 2 else start[1])  # the updates moved the weights
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
+
+
 def test_build_optimizer_errors():
     with pytest.raises(ValueError, match="valid: adam, adamw, sgd"):
         build_optimizer(params(), "rmsprop", lr=1.0)

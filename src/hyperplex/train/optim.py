@@ -28,7 +28,8 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 
 
 def build_optimizer(parameters: Iterable, name: str, lr: float, betas: Sequence[float] = (0.9, 0.98),
-                    eps: float = 1e-9, weight_decay: float = 0.0, momentum: float = 0.0) -> torch.optim.Optimizer:
+                    eps: float = 1e-9, weight_decay: float = 0.0, momentum: float = 0.0,
+                    fused: bool = False) -> torch.optim.Optimizer:
     """Build a torch optimizer by name.
 
     Args:
@@ -40,6 +41,9 @@ def build_optimizer(parameters: Iterable, name: str, lr: float, betas: Sequence[
             (Vaswani et al. 2017 §5.3).
         weight_decay: ≥ 0.
         momentum: SGD momentum, ≥ 0 (the thesis uses plain SGD, momentum 0).
+        fused: torch's fused implementation (one kernel for the whole update instead of one or a few per
+            operation and group of tensors); the same update to rounding. The trainer asks for it on CUDA, where a
+            step of a small model is bound by its kernel launches.
 
     Raises:
         ValueError: unknown name (listing the valid ones), empty parameter list, or a bad value.
@@ -57,13 +61,13 @@ def build_optimizer(parameters: Iterable, name: str, lr: float, betas: Sequence[
     if momentum < 0:
         raise ValueError(f"momentum must be >= 0, got {momentum!r}")
     if key == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, fused=fused or None)
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
     if eps <= 0:
         raise ValueError(f"eps must be > 0, got {eps!r}")
     cls = torch.optim.Adam if key == "adam" else torch.optim.AdamW
-    return cls(params, lr=lr, betas=(betas[0], betas[1]), eps=eps, weight_decay=weight_decay)
+    return cls(params, lr=lr, betas=(betas[0], betas[1]), eps=eps, weight_decay=weight_decay, fused=fused or None)
 
 
 def apply_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:

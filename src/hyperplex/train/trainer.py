@@ -213,8 +213,11 @@ class Trainer:
         tcfg = self.tcfg
         model = self._initial_model(fresh=not self.resume).to(self.device)
         self.model = model
+        # fused on CUDA: a small model's step there is bound by kernel launches, and the default (foreach) update
+        # launches several kernels per operation; the CPU keeps torch's default, which the CPU lanes' models used
         optimizer = build_optimizer(model.parameters(), tcfg.optimizer, tcfg.lr, betas=tuple(tcfg.betas),
-                                    eps=tcfg.eps, weight_decay=tcfg.weight_decay, momentum=tcfg.momentum)
+                                    eps=tcfg.eps, weight_decay=tcfg.weight_decay, momentum=tcfg.momentum,
+                                    fused=self.device.type == "cuda")
         schedule = self._schedule()
         manager = CheckpointManager(self.model_dir, keep_best=tcfg.keep_best, metric_mode=self.mode,
                                     metric_name=self.metric) \
@@ -233,7 +236,9 @@ class Trainer:
             train_model = nn.parallel.DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         if tcfg.compile:  # after the DDP wrapper, as PyTorch's DDP guide does; checkpoints keep `model`'s names
-            train_model = cast(nn.Module, torch.compile(train_model))
+            # dynamic: batches of a token budget differ in rows and lengths, so one graph for every shape instead of
+            # a first graph for the first shape and a second, dynamic one as soon as the next batch differs
+            train_model = cast(nn.Module, torch.compile(train_model, dynamic=True))
         scaler = torch.amp.GradScaler("cuda") if tcfg.precision == "fp16" else None
         metrics = MetricsWriter(self.model_dir, state.step if self.resume else None) if self.rank == 0 else None
         loop = _Loop(model, train_model, optimizer, schedule, scaler, manager, metrics,
@@ -264,8 +269,9 @@ class Trainer:
         """``last``'s parameters, optimiser state and every RNG into this run; its trainer state returned.
         Changed budget keys are logged and written into the folder's ``config.yaml``."""
         log = self.log
-        # on the CPU: the weights and moments are copied onto the parameters' device below, while Adam's step
-        # counters stay where they are read, and on CUDA they would cost a host sync per parameter per step
+        # on the CPU: the weights and moments are copied onto the parameters' device below, and torch puts Adam's step
+        # counters where its implementation reads them: the fused one (the trainer's on CUDA) on the parameters'
+        # device, the default one on the CPU (on CUDA they would cost a host sync per parameter per step)
         ckpt = load_checkpoint(self.model_dir / LAST, map_location="cpu")
         notes = self._resume_notes(ckpt.extra.get("written_by"))
         try:

@@ -3,7 +3,7 @@
 #
 #   bash experiments/gpu/converge.sh --plan experiments/multi30k_converged.yaml \
 #        --models "small_transformer:1 small_phm4:1 small_lowrank4:1" [--budget-s 480] \
-#        [--data .gpu/data] [--device cuda] [--work .gpu_work] [--cpus N]
+#        [--data .gpu/data] [--device cuda] [--work .gpu_work] [--cpus N] [--compile on|off]
 #
 # Small models leave most of a GPU idle, so each model is its own `hyperplex experiment` process
 # (--rows ROW --seeds SEED --resume --evaluate-each --records ...), all started at once, sharing --cpus cores
@@ -23,10 +23,14 @@
 # keeps it between calls while it stays warm, so a second call with the same --models, made at once, resumes the
 # unfinished models and does not train the finished ones again (their records are packed again).
 # The data travels with the call: copy the plan's data folders into .gpu/data/ (git-ignored) and carry .gpu.
+# --compile (default: on with --device cuda, off on the CPU) trains through torch.compile (training.compile, a key
+# of how a model runs, not of what it computes): a base-shape step in eager mode is bound by its kernel launches.
+# A model whose compilation fails (the trainer stops before its first update, with one line that says so) is
+# started again at once without it, in the time left; its record's config says which way it trained.
 # Dry run on the CPU:  bash experiments/gpu/converge.sh --device cpu --budget-s 60 --models "small_phm4:1" ...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-plan=""; models=""; budget=480; data=".gpu/data"; device="cuda"; work=".gpu_work"; cpus=$(nproc)
+plan=""; models=""; budget=480; data=".gpu/data"; device="cuda"; work=".gpu_work"; cpus=$(nproc); compile=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --plan) plan=$2; shift 2 ;;
@@ -36,7 +40,8 @@ while [[ $# -gt 0 ]]; do
         --device) device=$2; shift 2 ;;
         --work) work=$2; shift 2 ;;
         --cpus) cpus=$2; shift 2 ;;
-        -h|--help) sed -n 2,26p "$0"; exit 0 ;;
+        --compile) compile=$2; shift 2 ;;
+        -h|--help) sed -n 2,30p "$0"; exit 0 ;;
         *) echo "converge.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -44,6 +49,8 @@ done
 [[ -n $models ]] || { echo "converge.sh: --models 'ROW:SEED ...' is required" >&2; exit 2; }
 [[ $budget =~ ^[0-9]+$ && $budget -ge 30 ]] || { echo "converge.sh: --budget-s must be a whole number of seconds ≥ 30, got '$budget'" >&2; exit 2; }
 [[ $cpus =~ ^[0-9]+$ && $cpus -ge 1 ]] || { echo "converge.sh: --cpus must be a whole number ≥ 1, got '$cpus'" >&2; exit 2; }
+[[ -z $compile ]] && compile=$([[ $device == cuda ]] && echo on || echo off)
+[[ $compile == on || $compile == off ]] || { echo "converge.sh: --compile must be on or off, got '$compile'" >&2; exit 2; }
 [[ -d $data ]] || { echo "converge.sh: --data: no folder '$data' (copy the plan's data folders there and carry it)" >&2; exit 2; }
 python=${HYPERPLEX_PYTHON:-python3}
 out=${OUT:-/tmp/hyperplex-converge-out}
@@ -94,13 +101,31 @@ threads=$(( cpus / $(wc -w <<< "$models") )); (( threads < 1 )) && threads=1
 # compiling on the machine (its own check is benchmarks/gpu/check.sh).
 export HYPERPLEX_TRITON="${HYPERPLEX_TRITON:-0}"
 start=$(date +%s)
+# one model until the budget's end: with --compile on, once more without it if its compilation failed
+train_model() {
+    local row=$1 seed=$2 log="$work/logs/$1-seed$2.log" mode=$compile rc left
+    while :; do
+        left=$(( budget - ($(date +%s) - start) ))
+        (( left >= 30 )) || return 124
+        timeout --foreground -s TERM -k 60 "$left" "$python" -m hyperplex experiment "$plan" --rows "$row" \
+            --seeds "$seed" --resume --evaluate-each --no-report --records "$work/records/$plan_name" \
+            --out "$work/runs/$plan_name" --override=--training.device="$device" \
+            --override=--training.num_threads="$threads" \
+            --override=--training.compile="$([[ $mode == on ]] && echo true || echo false)" >> "$log" 2>&1
+        rc=$?
+        if (( rc != 0 )) && [[ $mode == on ]] && grep -q "training.compile: torch.compile failed" "$log"; then
+            echo "converge.sh: $row:$seed: torch.compile failed (see its log); training it without compilation"
+            echo "converge.sh: torch.compile failed; starting again without it" >> "$log"
+            mode=off
+            continue
+        fi
+        return "$rc"
+    done
+}
+echo "converge.sh: training through torch.compile: $compile"
 pids=()
 for m in $models; do
-    row=${m%%:*}; seed=${m##*:}
-    timeout --foreground -s TERM -k 60 "$budget" "$python" -m hyperplex experiment "$plan" --rows "$row" --seeds "$seed" \
-        --resume --evaluate-each --no-report --records "$work/records/$plan_name" --out "$work/runs/$plan_name" \
-        --override=--training.device="$device" --override=--training.num_threads="$threads" \
-        >> "$work/logs/$row-seed$seed.log" 2>&1 &
+    train_model "${m%%:*}" "${m##*:}" &
     pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid"; done

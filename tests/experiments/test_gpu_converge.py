@@ -96,12 +96,13 @@ def test_collect_brings_back_no_resumable_state_over_the_return_limit(tmp_path, 
     assert "converge.sh command, made again before the machine is given back, resumes them" in summary
 
 
-def _converge(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def _converge(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
-    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HYPERPLEX_PYTHON": sys.executable}
+    environment = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HYPERPLEX_PYTHON": sys.executable,
+                   **(env or {})}
     return subprocess.run(["bash", str(CONVERGE), "--data", str(data), "--work", str(tmp_path / "work"),
-                           "--device", "cpu", *args], capture_output=True, text=True, env=env, timeout=120)
+                           "--device", "cpu", *args], capture_output=True, text=True, env=environment, timeout=120)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -111,6 +112,7 @@ def _converge(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     (("--plan", PLAN, "--models", "small_phm4:1", "--budget-s", "10"), "--budget-s must be a whole number"),
     (("--plan", PLAN, "--models", "small_phm4:1", "--frobnicate"), "unknown option '--frobnicate'"),
     (("--plan", PLAN, "--models", "small_phm4:1", "--cpus", "0"), "--cpus must be a whole number ≥ 1, got '0'"),
+    (("--plan", PLAN, "--models", "small_phm4:1", "--compile", "yes"), "--compile must be on or off, got 'yes'"),
 ])
 def test_converge_refuses_bad_arguments_before_training(tmp_path, args, message):
     result = _converge(tmp_path, *args)
@@ -142,3 +144,27 @@ def test_converge_does_not_train_again_a_model_finished_in_an_earlier_call_but_r
     assert "small_phm16:7\tfinished\t500\t21.50\t0" in (tmp_path / "out" / "converge-summary.txt").read_text()
     with tarfile.open(tmp_path / "out" / "records-multi30k_converged.tar.gz") as tar:
         assert "multi30k_converged/small_phm16/seed7/record.json" in tar.getnames()
+
+
+def test_a_model_whose_compilation_fails_trains_again_without_it(tmp_path):
+    """``--compile on`` on a machine where torch.compile cannot work (here the CPU backend's C++ compiler is made to
+    fail): the trainer stops before its first update, converge.sh starts the model again eagerly within the budget,
+    and the finished record's config says it trained without compilation."""
+    import yaml
+    from conftest import write_tiny_config
+
+    config = write_tiny_config(tmp_path, max_steps=6, validation_every=3)
+    plan = tmp_path / "tinyplan.yaml"
+    plan.write_text(yaml.safe_dump({"name": "tinyplan", "title": "tiny", "seeds": [1], "budget": [],
+                                    "metrics": ["bleu"], "rows": [{"name": "phm", "label": "PHM",
+                                                                   "config": str(config)}]}))
+    result = _converge(tmp_path, "--plan", str(plan), "--models", "phm:1", "--compile", "on", "--budget-s", "200",
+                       env={"CXX": "/bin/false"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "training through torch.compile: on" in result.stdout
+    assert "phm:1: torch.compile failed (see its log); training it without compilation" in result.stdout
+    log = (tmp_path / "work" / "logs" / "phm-seed1.log").read_text()
+    assert "training.compile: torch.compile failed at step 1" in log
+    assert "phm:1\tfinished\t6\t" in (tmp_path / "out" / "converge-summary.txt").read_text()
+    record = tmp_path / "work" / "records" / "tinyplan" / "phm" / "seed1"
+    assert yaml.safe_load((record / "config.yaml").read_text())["training"]["compile"] is False

@@ -27,6 +27,8 @@
 # of how a model runs, not of what it computes): a base-shape step in eager mode is bound by its kernel launches.
 # A model whose compilation fails (the trainer stops before its first update, with one line that says so) is
 # started again at once without it, in the time left; its record's config says which way it trained.
+# Each model writes its resumable last checkpoint only when it stops (its end, or the budget's SIGTERM), not at every
+# validation (training.last_at_validation=false): a base-shape state is ~600 MB, written ~once an epoch otherwise.
 # Dry run on the CPU:  bash experiments/gpu/converge.sh --device cpu --budget-s 60 --models "small_phm4:1" ...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -110,7 +112,7 @@ train_model() {
         timeout --foreground -s TERM -k 60 "$left" "$python" -m hyperplex experiment "$plan" --rows "$row" \
             --seeds "$seed" --resume --evaluate-each --no-report --records "$work/records/$plan_name" \
             --out "$work/runs/$plan_name" --override=--training.device="$device" \
-            --override=--training.num_threads="$threads" \
+            --override=--training.num_threads="$threads" --override=--training.last_at_validation=false \
             --override=--training.compile="$([[ $mode == on ]] && echo true || echo false)" >> "$log" 2>&1
         rc=$?
         if (( rc != 0 )) && [[ $mode == on ]] && grep -q "training.compile: torch.compile failed" "$log"; then

@@ -71,6 +71,50 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     assert train_losses(killed) == train_losses(straight)
 
 
+def test_last_at_validation_false_writes_last_only_when_the_run_stops(tmp_path, monkeypatch):
+    """``training.last_at_validation=false`` (converge.sh's GPU calls, whose base-shape state is ~600 MB): no
+    ``last`` at the validations of steps 4 and 8, one at the end (finished, so a later --resume knows), and one at a
+    SIGTERM; the run stopped by the signal resumes and ends with the uninterrupted run's weights, bitwise."""
+    from hyperplex.train.checkpoint import CheckpointManager
+    from hyperplex.train.trainer import Trainer
+
+    config = write_tiny_config(tmp_path, max_steps=12, validation_every=4, last_at_validation=False)
+    written: list[tuple[str, int, bool]] = []
+    original = CheckpointManager.save_last
+
+    def spy(self, model_state, optimizer_state=None, extra=None, rng=True):
+        written.append((Path(self.last_path).parent.name, extra["trainer"]["step"], extra["trainer"]["finished"]))
+        return original(self, model_state, optimizer_state, extra, rng)
+
+    monkeypatch.setattr(CheckpointManager, "save_last", spy)
+    train(str(config), model_dir=str(tmp_path / "straight"))
+    assert written == [("straight", 12, True)]
+    best = sorted(p.name for p in (tmp_path / "straight").glob("best-*.safetensors"))
+    assert best, "the best checkpoint is still written at the validation that finds it"
+
+    step = Trainer._step
+
+    def interrupt_at_six(self, loop, group, num_batches, state, throughput):
+        done = step(self, loop, group, num_batches, state, throughput)
+        if state.step == 6 and not self.resume:
+            loop.interrupts.signal_number = signal.SIGTERM  # as the handler records a SIGTERM
+        return done
+
+    monkeypatch.setattr(Trainer, "_step", interrupt_at_six)
+    written.clear()
+    from hyperplex.train.interrupts import TrainingInterrupted
+
+    with pytest.raises(TrainingInterrupted):
+        train(str(config), model_dir=str(tmp_path / "stopped"))
+    assert written == [("stopped", 6, False)]
+    train(str(config), model_dir=str(tmp_path / "stopped"), resume=True)
+    assert written[-1] == ("stopped", 12, True)
+    a = load_model_weights(tmp_path / "straight" / "last.safetensors")
+    b = load_model_weights(tmp_path / "stopped" / "last.safetensors")
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
 def test_ddp_two_processes_match_one_process(tmp_path):
     config = without_dropout(write_tiny_config(tmp_path, max_steps=8, validation_every=8, batch_size=16))
     one = tmp_path / "one"

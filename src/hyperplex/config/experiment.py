@@ -134,7 +134,12 @@ class TrainingConfig:
     validation_every: int = field(default=0, metadata={"help": "validate (and checkpoint) every N optimiser steps; "
                                                        "0 = at the end of every epoch"})
     checkpoint_every: int = field(default=0, metadata={"help": "also save last.safetensors every N steps between "
-                                                       "validations; 0 = only at validations"})
+                                                       "validations; 0 = only at validations (last_at_validation)"})
+    last_at_validation: bool = field(default=True, metadata={
+        "help": "write last.safetensors (weights, optimiser state, RNG: what --resume reads) at every validation; "
+                "false: only when the run ends or is stopped by SIGINT/SIGTERM (and every checkpoint_every steps), for "
+                "runs with a large state that are stopped by a signal, as converge.sh's GPU calls are: a crash then "
+                "loses the steps since the last write"})
     early_stopping_metric: str = field(default="", metadata={
         "help": "validation metric that picks the best checkpoint and drives early stopping: loss, ppl, bleu, chrf, "
                 "accuracy, map, mrr; empty = the task's default (bleu, accuracy or map)"})
@@ -300,8 +305,9 @@ def experiment_dict(cfg: ExperimentConfig) -> dict:
 RESUMABLE_KEYS = frozenset({
     "name", "model_dir",
     "training.max_steps", "training.max_epochs", "training.patience", "training.validation_every",
-    "training.checkpoint_every", "training.log_every", "training.keep_best", "training.num_threads",
-    "training.device", "training.compile", "training.progress_bar", "training.plots", "testing.batch_size",
+    "training.checkpoint_every", "training.last_at_validation", "training.log_every", "training.keep_best",
+    "training.num_threads", "training.device", "training.compile", "training.progress_bar", "training.plots",
+    "testing.batch_size",
 })
 
 

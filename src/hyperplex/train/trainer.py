@@ -625,7 +625,8 @@ class Trainer:
         self.log.info(f"validation at step {state.step} (epoch {state.step_epoch}): {shown}")
         metrics.write(state.step, state.step_epoch, "dev", values)
         extra = self._extra(state)
-        manager.save_last(model_state(model), optimizer.state_dict(), extra)
+        if self.tcfg.last_at_validation or state.finished:  # a finished run's last says so to a later --resume
+            manager.save_last(model_state(model), optimizer.state_dict(), extra)
         manager.save_if_best(value, state.step, model_state(model), None, extra)
 
     def _plots(self) -> None:

@@ -3,13 +3,14 @@
 # --converge, convergence training of a plan's models beside the tests.
 #
 #   bash benchmarks/gpu/check.sh [--device cuda|cpu] [--quick] [--skip STEP,...]
-#                                [--converge PLAN --models "ROW:SEED ..." [--deadline-s 540]]
+#                                [--converge PLAN --models "ROW:SEED ..." [--deadline-s 540] [--parallel N]]
 #
 # Run from the repository root. Each step has its own time budget (`timeout`) and one failing step does not stop
 # the rest; every result goes under $OUT (a temporary folder when $OUT is unset), at most 8 files, flat; the
 # summary table is printed last. The speed steps run first, alone on the card; then the tests, and with --converge
 # experiments/gpu/converge.sh trains the models beside them until --deadline-s seconds after the start (less a
-# margin to pack its records); converge.sh keeps the Triton kernel off (HYPERPLEX_TRITON=0) unless told otherwise.
+# margin to pack its records), --parallel N of them at a time (default: all at once; the next one named starts when
+# one ends); converge.sh keeps the Triton kernel off (HYPERPLEX_TRITON=0) unless told otherwise.
 # The budgets add up to 520 s (under 9 minutes). `--skip` leaves out steps whose code has not changed since their
 # last GPU record (kernel, bench_phm, bench_transformer, bench_compress, bench_adapters, tests), which gives their
 # time to --converge. `--device cpu --quick` with TRITON_INTERPRET=1 is the dry run on a machine without a GPU. See
@@ -22,6 +23,7 @@ CONVERGE=""
 MODELS=""
 DEADLINE=540
 SKIP=""
+PARALLEL=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --device) DEVICE="${2:-}"; shift 2 ;;
@@ -31,9 +33,10 @@ while [ $# -gt 0 ]; do
         --models) MODELS="${2:-}"; shift 2 ;;
         --deadline-s) DEADLINE="${2:-}"; shift 2 ;;
         --skip) SKIP="${2:-}"; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        --parallel) PARALLEL="${2:-}"; shift 2 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "check.sh: unknown option '$1' (expected --device cuda|cpu, --quick, --skip STEP,..., --converge" \
-                "PLAN --models 'ROW:SEED ...', --deadline-s S)" >&2; exit 2 ;;
+                "PLAN --models 'ROW:SEED ...', --deadline-s S, --parallel N)" >&2; exit 2 ;;
     esac
 done
 case "$DEVICE" in cuda|cpu) ;; *) echo "check.sh: --device must be cuda or cpu, got '$DEVICE'" >&2; exit 2 ;; esac
@@ -54,6 +57,10 @@ for name in ${SKIP//,/ }; do
                 "bench_compress, bench_adapters, tests, comma-separated)" >&2; exit 2 ;;
     esac
 done
+case "$PARALLEL" in
+    ''|[1-9]|[1-9][0-9]) ;;
+    *) echo "check.sh: --parallel must be a whole number ≥ 1, got '$PARALLEL'" >&2; exit 2 ;;
+esac
 case "$DEADLINE" in
     ''|*[!0-9]*) echo "check.sh: --deadline-s must be a whole number of seconds, got '$DEADLINE'" >&2; exit 2 ;;
 esac
@@ -205,6 +212,7 @@ if [ -n "$CONVERGE" ]; then
         C_START=$SECONDS
         OUT="$OUT" HYPERPLEX_PYTHON="$PY" bash experiments/gpu/converge.sh --plan "$CONVERGE" \
             --models "$MODELS" --budget-s "$C_BUDGET" --data .gpu/data --device "$DEVICE" \
+            ${PARALLEL:+--parallel "$PARALLEL"} \
             --cpus $(( $(nproc) > 4 ? $(nproc) - 2 : 1 )) >"$OUT/converge.log" 2>&1 &  # the tests take 2 threads
         CONVERGE_PID=$!
     else

@@ -75,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         elif (run / "last.safetensors").is_file():
             status = "unfinished"
             unfinished.append(run)
-        else:
+        elif run.is_dir():
             status = "failed"
+        else:  # converge.sh --parallel did not reach it within the budget
+            status = "not started"
         step, best = _best_bleu((record if status == "finished" else run) / "metrics.csv")
         seconds = _seconds(record if status == "finished" else run)
         lines.append(f"{row}:{seed}\t{status}\t{step}\t{'-' if best is None else f'{best:.2f}'}\t{seconds:.0f}")

@@ -3,11 +3,12 @@
 #
 #   bash experiments/gpu/converge.sh --plan experiments/multi30k_converged.yaml \
 #        --models "small_transformer:1 small_phm4:1 small_lowrank4:1" [--budget-s 480] \
-#        [--data .gpu/data] [--device cuda] [--work .gpu_work] [--cpus N] [--compile on|off]
+#        [--data .gpu/data] [--device cuda] [--work .gpu_work] [--cpus N] [--compile on|off] [--parallel N]
 #
 # Small models leave most of a GPU idle, so each model is its own `hyperplex experiment` process
-# (--rows ROW --seeds SEED --resume --evaluate-each --records ...), all started at once, sharing --cpus cores
-# (default: all) as torch threads. Each gets `timeout -s TERM` at the budget: the trainer saves a resumable
+# (--rows ROW --seeds SEED --resume --evaluate-each --records ...), --parallel of them at a time (default: all at
+# once) in the order named, the next one starting as soon as one ends, sharing --cpus cores (default: all) as torch
+# threads. Each gets `timeout -s TERM` at the budget: the trainer saves a resumable
 # last checkpoint on SIGTERM, so a model that does not finish in time is checkpointed, not lost. At the end, under $OUT (at most 5 files):
 #   converge-summary.txt   one line per model: finished / unfinished / failed, steps, best validation BLEU,
 #                          wall seconds; the device, driver and torch version in its header
@@ -32,7 +33,7 @@
 # Dry run on the CPU:  bash experiments/gpu/converge.sh --device cpu --budget-s 60 --models "small_phm4:1" ...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-plan=""; models=""; budget=480; data=".gpu/data"; device="cuda"; work=".gpu_work"; cpus=$(nproc); compile=
+plan=""; models=""; budget=480; data=".gpu/data"; device="cuda"; work=".gpu_work"; cpus=$(nproc); compile=""; parallel=""
 while [[ $# -gt 0 ]]; do
     case $1 in
         --plan) plan=$2; shift 2 ;;
@@ -43,7 +44,8 @@ while [[ $# -gt 0 ]]; do
         --work) work=$2; shift 2 ;;
         --cpus) cpus=$2; shift 2 ;;
         --compile) compile=$2; shift 2 ;;
-        -h|--help) sed -n 2,30p "$0"; exit 0 ;;
+        --parallel) parallel=$2; shift 2 ;;
+        -h|--help) sed -n 2,33p "$0"; exit 0 ;;
         *) echo "converge.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -51,6 +53,7 @@ done
 [[ -n $models ]] || { echo "converge.sh: --models 'ROW:SEED ...' is required" >&2; exit 2; }
 [[ $budget =~ ^[0-9]+$ && $budget -ge 30 ]] || { echo "converge.sh: --budget-s must be a whole number of seconds ≥ 30, got '$budget'" >&2; exit 2; }
 [[ $cpus =~ ^[0-9]+$ && $cpus -ge 1 ]] || { echo "converge.sh: --cpus must be a whole number ≥ 1, got '$cpus'" >&2; exit 2; }
+[[ -z $parallel || $parallel =~ ^[1-9][0-9]*$ ]] || { echo "converge.sh: --parallel must be a whole number ≥ 1, got '$parallel'" >&2; exit 2; }
 [[ -z $compile ]] && compile=$([[ $device == cuda ]] && echo on || echo off)
 [[ $compile == on || $compile == off ]] || { echo "converge.sh: --compile must be on or off, got '$compile'" >&2; exit 2; }
 [[ -d $data ]] || { echo "converge.sh: --data: no folder '$data' (copy the plan's data folders there and carry it)" >&2; exit 2; }
@@ -96,7 +99,9 @@ if [[ -f .gpu_resume/resume-$plan_name.tar.gz ]]; then
     mkdir -p "$work/runs/$plan_name" && tar -xzf ".gpu_resume/resume-$plan_name.tar.gz" -C "$work/runs/$plan_name"
     echo "converge.sh: resuming the models in .gpu_resume/resume-$plan_name.tar.gz"
 fi
-threads=$(( cpus / $(wc -w <<< "$models") )); (( threads < 1 )) && threads=1
+count=$(wc -w <<< "$models")
+[[ -z $parallel ]] || (( parallel > count )) && parallel=$count
+threads=$(( cpus / parallel )); (( threads < 1 )) && threads=1
 # --foreground: timeout signals the trainer alone, once; without it a second SIGTERM, to timeout's process group,
 # can reach the trainer while it saves and make it stop at once without its checkpoint. HYPERPLEX_TRITON=0 unless
 # set: validation decoding then takes PyTorch's paths, so a model's run does not depend on the Triton kernel
@@ -124,12 +129,20 @@ train_model() {
         return "$rc"
     done
 }
-echo "converge.sh: training through torch.compile: $compile"
-pids=()
+echo "converge.sh: training through torch.compile: $compile; $parallel model(s) at a time, $threads thread(s) each"
+running=0
 for m in $models; do
+    if (( running == parallel )); then
+        wait -n; running=$(( running - 1 ))  # a slot is free as soon as any model ends
+    fi
+    if (( budget - ($(date +%s) - start) < 30 )); then
+        echo "converge.sh: $m not started: under 30 s of the budget left"
+        continue
+    fi
+    echo "converge.sh: $m started after $(( $(date +%s) - start )) s"
     train_model "${m%%:*}" "${m##*:}" &
-    pids+=($!)
+    running=$(( running + 1 ))
 done
-for pid in "${pids[@]}"; do wait "$pid"; done
+wait
 echo "converge.sh: all processes ended after $(( $(date +%s) - start )) s"
 collect

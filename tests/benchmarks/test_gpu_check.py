@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (("--deadline-s", "soon"), "--deadline-s must be a whole number of seconds, got 'soon'"),
     (("--frobnicate",), "unknown option '--frobnicate'"),
     (("--skip", "kernel,benchmarks"), "--skip: unknown step 'benchmarks'"),
+    (("--parallel", "0"), "--parallel must be a whole number ≥ 1, got '0'"),
 ])
 def test_check_refuses_bad_options_before_running_a_step(tmp_path, args, message):
     result = subprocess.run(["bash", "benchmarks/gpu/check.sh", *args], cwd=ROOT, capture_output=True, text=True,

@@ -7,6 +7,7 @@ trains, what it reports and what it brings back within the call's limits.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERGE = ROOT / "experiments" / "gpu" / "converge.sh"
@@ -34,7 +36,7 @@ def _metrics(folder: Path, rows: list[tuple[int, str, str, float]]) -> None:
 
 def _work(tmp_path: Path, state_bytes: int = 1000) -> Path:
     """A --work folder after a call: small_phm4:1 finished, small_phm8:1 stopped with a checkpoint, small_phm2:1
-    failed before its first checkpoint."""
+    failed before its first checkpoint (small_phm16:1, never started, has no folder)."""
     work = tmp_path / "work"
     record = work / "records" / "plan" / "small_phm4" / "seed1"
     record.mkdir(parents=True)
@@ -60,7 +62,7 @@ def _run_collect(work: Path, out: Path, monkeypatch, limit: int | None = None) -
     if limit is not None:
         monkeypatch.setattr(collect, "RETURN_LIMIT", limit)
     assert collect.main(["--plan-name", "plan", "--work", str(work), "--out", str(out), "--device", "cpu",
-                         "small_phm4:1", "small_phm8:1", "small_phm2:1"]) == 0
+                         "small_phm4:1", "small_phm8:1", "small_phm2:1", "small_phm16:1"]) == 0
     return (out / "converge-summary.txt").read_text()
 
 
@@ -69,9 +71,9 @@ def test_collect_reports_each_model_and_packs_the_records_and_a_small_resumable_
     summary = _run_collect(work, out, monkeypatch)
     lines = summary.splitlines()
     assert lines[0].startswith("# device cpu; driver -; torch ")
-    assert lines[2:5] == ["small_phm4:1\tfinished\t750\t31.25\t120", "small_phm8:1\tunfinished\t300\t12.50\t0",
-                          "small_phm2:1\tfailed\t0\t-\t0"]
-    assert "resume-plan.tar.gz holds 1 unfinished model(s)" in lines[5]
+    assert lines[2:6] == ["small_phm4:1\tfinished\t750\t31.25\t120", "small_phm8:1\tunfinished\t300\t12.50\t0",
+                          "small_phm2:1\tfailed\t0\t-\t0", "small_phm16:1\tnot started\t0\t-\t0"]
+    assert "resume-plan.tar.gz holds 1 unfinished model(s)" in lines[6]
     with tarfile.open(out / "records-plan.tar.gz") as tar:
         assert "plan/small_phm4/seed1/record.json" in tar.getnames()
     with tarfile.open(out / "resume-plan.tar.gz") as tar:
@@ -113,6 +115,7 @@ def _converge(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> 
     (("--plan", PLAN, "--models", "small_phm4:1", "--frobnicate"), "unknown option '--frobnicate'"),
     (("--plan", PLAN, "--models", "small_phm4:1", "--cpus", "0"), "--cpus must be a whole number ≥ 1, got '0'"),
     (("--plan", PLAN, "--models", "small_phm4:1", "--compile", "yes"), "--compile must be on or off, got 'yes'"),
+    (("--plan", PLAN, "--models", "small_phm4:1", "--parallel", "0"), "--parallel must be a whole number ≥ 1"),
 ])
 def test_converge_refuses_bad_arguments_before_training(tmp_path, args, message):
     result = _converge(tmp_path, *args)
@@ -146,18 +149,23 @@ def test_converge_does_not_train_again_a_model_finished_in_an_earlier_call_but_r
         assert "multi30k_converged/small_phm16/seed7/record.json" in tar.getnames()
 
 
-def test_a_model_whose_compilation_fails_trains_again_without_it(tmp_path):
-    """``--compile on`` on a machine where torch.compile cannot work (here the CPU backend's C++ compiler is made to
-    fail): the trainer stops before its first update, converge.sh starts the model again eagerly within the budget,
-    and the finished record's config says it trained without compilation."""
-    import yaml
+def _tiny_plan(tmp_path: Path) -> Path:
+    """A plan of one row, a seconds-long PHM Transformer on generated data (6 steps), seeds 1 and 2."""
     from conftest import write_tiny_config
 
     config = write_tiny_config(tmp_path, max_steps=6, validation_every=3)
     plan = tmp_path / "tinyplan.yaml"
-    plan.write_text(yaml.safe_dump({"name": "tinyplan", "title": "tiny", "seeds": [1], "budget": [],
+    plan.write_text(yaml.safe_dump({"name": "tinyplan", "title": "tiny", "seeds": [1, 2], "budget": [],
                                     "metrics": ["bleu"], "rows": [{"name": "phm", "label": "PHM",
                                                                    "config": str(config)}]}))
+    return plan
+
+
+def test_a_model_whose_compilation_fails_trains_again_without_it(tmp_path):
+    """``--compile on`` on a machine where torch.compile cannot work (here the CPU backend's C++ compiler is made to
+    fail): the trainer stops before its first update, converge.sh starts the model again eagerly within the budget,
+    and the finished record's config says it trained without compilation."""
+    plan = _tiny_plan(tmp_path)
     result = _converge(tmp_path, "--plan", str(plan), "--models", "phm:1", "--compile", "on", "--budget-s", "200",
                        env={"CXX": "/bin/false"})
     assert result.returncode == 0, result.stdout + result.stderr
@@ -168,3 +176,23 @@ def test_a_model_whose_compilation_fails_trains_again_without_it(tmp_path):
     assert "phm:1\tfinished\t6\t" in (tmp_path / "out" / "converge-summary.txt").read_text()
     record = tmp_path / "work" / "records" / "tinyplan" / "phm" / "seed1"
     assert yaml.safe_load((record / "config.yaml").read_text())["training"]["compile"] is False
+
+
+def test_parallel_starts_the_next_model_when_one_ends(tmp_path):
+    """``--parallel 1`` with two models: the second starts only after the first has ended, both finish, and each
+    trains with all the call's threads (and the run settings converge.sh adds)."""
+    plan = _tiny_plan(tmp_path)
+    result = _converge(tmp_path, "--plan", str(plan), "--models", "phm:1 phm:2", "--parallel", "1", "--cpus", "2",
+                       "--budget-s", "200")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 model(s) at a time, 2 thread(s) each" in result.stdout
+    out = result.stdout
+    assert out.index("phm:1 started after") < out.index("phm:2 started after")
+    records = tmp_path / "work" / "records" / "tinyplan" / "phm"
+    first = json.loads((records / "seed1" / "experiment.json").read_text())["segments"][-1]
+    second = json.loads((records / "seed2" / "experiment.json").read_text())["segments"][0]
+    assert second["start"] >= first["start"] + first["seconds"]  # seed 2 began after seed 1's training ended
+    assert first["command"].endswith("--override=--training.num_threads=2 --override=--training.last_at_validation"
+                                     "=false --override=--training.compile=false")
+    summary = (tmp_path / "out" / "converge-summary.txt").read_text()
+    assert "phm:1\tfinished\t6\t" in summary and "phm:2\tfinished\t6\t" in summary

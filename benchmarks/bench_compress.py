@@ -13,7 +13,7 @@ Usage (from the repository root; needs ``pip install "hyperplex[pretrained]"``):
 
 Models (``--variants``; the dense teacher is always the first row):
 
-- ``phmN`` / ``lowrankN``: :func:`hyperplex.convert.convert_linears` with that kind and ``n`` on the layers
+- ``phmN`` / ``lowrankN``: :func:`hyperplex.compress` (``PHMConfig`` / ``LowRankConfig``) with that ``n`` on the layers
   matching ``--include`` (low-rank at the rank matching PHM ``n``'s parameters), written with
   :func:`~hyperplex.convert.save_converted` and loaded with :func:`~hyperplex.convert.load_converted`;
 - ``int8``: the teacher through :func:`hyperplex.int8` (PyTorch's dynamic int8 quantisation),
@@ -139,7 +139,8 @@ def prepare(args, root: str) -> dict[str, dict]:
     """Write every variant's folder under ``root``; returns ``{name: {"folder", "loader", "cache"}}``."""
     import torch
 
-    from hyperplex.convert import convert_linears, save_converted
+    from hyperplex import LowRankConfig, PHMConfig, compress
+    from hyperplex.convert import save_converted
     from hyperplex.int8 import quantize, save_quantized
     from hyperplex.pretrained import load_sentence_transformer, resolve_model_path
 
@@ -162,8 +163,9 @@ def prepare(args, root: str) -> dict[str, dict]:
                                "file_bytes": weight_file_bytes(folder), "selected_params": None}
                 continue
             if kind != "none":
-                report = convert_linears(model, kind, n, include=args.include or None, min_features=args.min_features,
-                                         init="random")
+                config = (PHMConfig if kind == "phm" else LowRankConfig)(
+                    n=n, targets=args.include or None, min_features=args.min_features, init="random")
+                report = compress(model, config)
                 selected = report.converted_params_after
                 specs["dense"]["selected_params"] = report.converted_params_before
             folder = os.path.join(root, name.replace(":cache", "").replace("+", "_"))

@@ -46,7 +46,7 @@ def main() -> None:
     import onnxruntime
     from sentence_transformers import SentenceTransformer
 
-    from hyperplex.convert import convert_linears
+    from hyperplex import LowRankConfig, PHMConfig, compress
     from hyperplex.convert.onnx import export_onnx
     from hyperplex.int8 import model_bytes, quantize
 
@@ -57,7 +57,7 @@ def main() -> None:
     models = {"teacher": SentenceTransformer(path, device="cpu")}
     for kind in ("phm", "lowrank"):
         model = SentenceTransformer(path, device="cpu")
-        convert_linears(model, kind, n=4, include="*encoder.layer*")
+        compress(model, (PHMConfig if kind == "phm" else LowRankConfig)(n=4, targets=["*encoder.layer*"]))
         models[f"{kind} n=4"] = model.eval()
     print(f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, threads {args.threads}, "
           f"{len(sentences)} sentences")

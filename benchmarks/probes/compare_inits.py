@@ -14,7 +14,7 @@ calibration sentences (what ``init: activation`` is fitted to in ``configs/minil
 next 256 are held out for the per-layer error; the 1,014 val captions score the whole model.
 
 Per row: the layers matching ``*encoder.layer*`` (36 of them) are converted with
-:func:`hyperplex.convert.convert_linears` (``refine_steps`` 200 for ``activation``, ``als_sweeps``
+:func:`hyperplex.compress` (``refine_steps`` 200 for ``activation``, ``als_sweeps``
 ``--als-sweeps`` for ``whitened_als``); *layer error* is the mean over layers of the relative output error
 ``‖(W − H) Xᵀ‖_F / ‖W Xᵀ‖_F`` on the held-out captions' inputs to that layer in the dense teacher;
 *cosine* is the mean cosine between the converted model's and the teacher's normalised sentence embeddings
@@ -38,7 +38,7 @@ import harness  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from hyperplex.convert import convert_linears  # noqa: E402
+from hyperplex import LowRankConfig, PHMConfig, compress  # noqa: E402
 from hyperplex.convert.activation import capture_inputs, relative_output_error  # noqa: E402
 from hyperplex.data.readers import read_lines  # noqa: E402
 from hyperplex.models.pretrained_student import embed, tokenize  # noqa: E402
@@ -108,9 +108,11 @@ def main(argv: list[str] | None = None) -> int:
             for init in args.inits:
                 student = copy.deepcopy(teacher)
                 start = time.perf_counter()
-                report = convert_linears(student, kind, n, include=INCLUDE, init=init,
-                                         calibrate=runner(student, calibration, args.unpadded),
-                                         als_sweeps=args.als_sweeps, ridge=args.ridge)
+                if kind == "phm":
+                    config = PHMConfig(n=n, targets=INCLUDE, init=init, als_sweeps=args.als_sweeps, ridge=args.ridge)
+                else:  # low-rank has no ALS sweeps
+                    config = LowRankConfig(n=n, targets=INCLUDE, init=init, ridge=args.ridge)
+                report = compress(student, config, calibrate=runner(student, calibration, args.unpadded))
                 seconds = time.perf_counter() - start
                 converted = dict(student.named_modules())
                 errors = [relative_output_error(weights[name], converted[name].dense_weight(), held_factors[name])

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import csv
 import platform
+import re
+import statistics
 import tarfile
 from pathlib import Path
 
@@ -28,6 +30,29 @@ def _best_bleu(metrics: Path) -> tuple[int, float | None]:
             if row["split"] == "dev" and row["name"] == "bleu":
                 best = max(best or float("-inf"), float(row["value"]))
     return step, best
+
+
+_WINDOW = re.compile(r"step \d+ epoch \d+: loss \S+ lr \S+ (\d+) \S+/s$")
+
+
+def _steady_rate(log: Path) -> int | None:
+    """Median training speed (the unit of the log: target tokens/s for translation) over the log windows of the
+    latest segment of ``log`` (a ``train.log``) in which nothing but training ran: the window after a start, a
+    resume or a validation also holds that work (the compilation, the decoding) and is left out."""
+    if not log.is_file():
+        return None
+    rates: list[int] = []
+    clean = False
+    for line in log.read_text(errors="replace").splitlines():
+        if "resumed from " in line or ": task " in line:  # a segment's first lines: its rates start anew
+            rates, clean = [], False
+        elif "validation at step" in line:
+            clean = False
+        elif match := _WINDOW.search(line):
+            if clean:
+                rates.append(int(match.group(1)))
+            clean = True
+    return int(statistics.median(rates)) if rates else None
 
 
 def _seconds(run: Path) -> float:
@@ -66,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="+", help="ROW:SEED")
     args = parser.parse_args(argv)
     runs, records = args.work / "runs" / args.plan_name, args.work / "records" / args.plan_name
-    lines, unfinished = [_header(args.device), "model\tstatus\tsteps\tbest_val_bleu\tseconds"], []
+    lines = [_header(args.device), "model\tstatus\tsteps\tbest_val_bleu\tseconds\tsteady_per_s"]
+    unfinished = []
     for model in args.models:
         row, seed = model.split(":")
         run, record = runs / row / f"seed{seed}", records / row / f"seed{seed}"
@@ -81,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
             status = "not started"
         step, best = _best_bleu((record if status == "finished" else run) / "metrics.csv")
         seconds = _seconds(record if status == "finished" else run)
-        lines.append(f"{row}:{seed}\t{status}\t{step}\t{'-' if best is None else f'{best:.2f}'}\t{seconds:.0f}")
+        rate = _steady_rate((record if status == "finished" else run) / "train.log")
+        lines.append(f"{row}:{seed}\t{status}\t{step}\t{'-' if best is None else f'{best:.2f}'}\t{seconds:.0f}"
+                     f"\t{'-' if rate is None else rate}")
     args.out.mkdir(parents=True, exist_ok=True)
     if records.is_dir():
         _pack(args.out / f"records-{args.plan_name}.tar.gz", args.work / "records", [records])

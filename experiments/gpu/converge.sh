@@ -10,8 +10,9 @@
 # once) in the order named, the next one starting as soon as one ends, sharing --cpus cores (default: all) as torch
 # threads. Each gets `timeout -s TERM` at the budget: the trainer saves a resumable
 # last checkpoint on SIGTERM, so a model that does not finish in time is checkpointed, not lost. At the end, under $OUT (at most 5 files):
-#   converge-summary.txt   one line per model: finished / unfinished / failed, steps, best validation BLEU,
-#                          wall seconds; the device, driver and torch version in its header
+#   converge-summary.txt   one line per model: finished / unfinished / failed / not started, steps, best
+#                          validation BLEU, wall seconds, steady speed (median tokens/s of the latest segment's
+#                          log windows that hold only training); the device, driver and torch in its header
 #   records-PLAN.tar.gz    the records of every finished model (experiments/records/PLAN/ROW/seedK:
 #                          config, logs, metrics, beam-5 evaluation; no checkpoint), to unpack into the repo
 #   logs.tar.gz            every process's output

@@ -44,12 +44,28 @@ def _work(tmp_path: Path, state_bytes: int = 1000) -> Path:
     (record / "experiment.json").write_text('{"segments": [{"seconds": 100.5}, {"seconds": 20}]}')
     _metrics(record, [(250, "dev", "bleu", 20.0), (500, "dev", "bleu", 31.25), (750, "dev", "bleu", 30.0),
                       (750, "train", "loss", 2.0)])
+    # the steady speed: the windows after the start and after a validation hold other work and are left out
+    (record / "train.log").write_text("\n".join([
+        "2026-12-01 10:00:00 INFO plan: task translation, model transformer, 1,000 parameters, device cuda",
+        "2026-12-01 10:00:09 INFO step 50 epoch 1: loss 5.0000 lr 1.000e-04 100 tokens/s",
+        "2026-12-01 10:00:10 INFO step 100 epoch 1: loss 4.0000 lr 1.000e-04 300 tokens/s",
+        "2026-12-01 10:00:11 INFO validation at step 100 (epoch 1): bleu 1.0000",
+        "2026-12-01 10:00:14 INFO step 150 epoch 1: loss 3.9000 lr 1.000e-04 50 tokens/s",
+        "2026-12-01 10:00:15 INFO step 200 epoch 2: loss 3.8000 lr 1.000e-04 500 tokens/s",
+        "2026-12-01 10:00:16 INFO step 250 epoch 2: loss 3.7000 lr 1.000e-04 400 tokens/s"]) + "\n")
     run = work / "runs" / "plan" / "small_phm8" / "seed1"
     run.mkdir(parents=True)
     (run / "last.safetensors").write_bytes(b"\0" * state_bytes)
     (run / "config.yaml").write_text("model: {}\n")
     (run / "src.model").write_text("tokenizer")
     (run / "best.safetensors").write_bytes(b"\0" * 10)  # not part of what resumes a run
+    (run / "train.log").write_text("\n".join([  # only the latest segment's windows count
+        "step 50 epoch 1: loss 4.0000 lr 1.000e-04 900 tokens/s",
+        "step 100 epoch 1: loss 4.0000 lr 1.000e-04 900 tokens/s",
+        "step 150 epoch 1: loss 4.0000 lr 1.000e-04 900 tokens/s",
+        "resumed from last.safetensors at step 150, epoch 1, batch 3",
+        "step 200 epoch 1: loss 3.9000 lr 1.000e-04 10 tokens/s",
+        "step 250 epoch 1: loss 3.8000 lr 1.000e-04 70 tokens/s"]) + "\n")
     _metrics(run, [(250, "dev", "bleu", 12.5), (300, "train", "loss", 3.0)])
     (work / "runs" / "plan" / "small_phm2" / "seed1").mkdir(parents=True)
     (work / "logs").mkdir()
@@ -71,8 +87,10 @@ def test_collect_reports_each_model_and_packs_the_records_and_a_small_resumable_
     summary = _run_collect(work, out, monkeypatch)
     lines = summary.splitlines()
     assert lines[0].startswith("# device cpu; driver -; torch ")
-    assert lines[2:6] == ["small_phm4:1\tfinished\t750\t31.25\t120", "small_phm8:1\tunfinished\t300\t12.50\t0",
-                          "small_phm2:1\tfailed\t0\t-\t0", "small_phm16:1\tnot started\t0\t-\t0"]
+    assert lines[1] == "model\tstatus\tsteps\tbest_val_bleu\tseconds\tsteady_per_s"
+    assert lines[2:6] == ["small_phm4:1\tfinished\t750\t31.25\t120\t400",
+                          "small_phm8:1\tunfinished\t300\t12.50\t0\t70",
+                          "small_phm2:1\tfailed\t0\t-\t0\t-", "small_phm16:1\tnot started\t0\t-\t0\t-"]
     assert "resume-plan.tar.gz holds 1 unfinished model(s)" in lines[6]
     with tarfile.open(out / "records-plan.tar.gz") as tar:
         assert "plan/small_phm4/seed1/record.json" in tar.getnames()
@@ -144,7 +162,7 @@ def test_converge_does_not_train_again_a_model_finished_in_an_earlier_call_but_r
     result = _converge(tmp_path, "--plan", PLAN, "--models", "small_phm16:7")
     assert result.returncode == 0, result.stderr
     assert "small_phm16:7 finished in an earlier call" in result.stdout
-    assert "small_phm16:7\tfinished\t500\t21.50\t0" in (tmp_path / "out" / "converge-summary.txt").read_text()
+    assert "small_phm16:7\tfinished\t500\t21.50\t0\t-" in (tmp_path / "out" / "converge-summary.txt").read_text()
     with tarfile.open(tmp_path / "out" / "records-multi30k_converged.tar.gz") as tar:
         assert "multi30k_converged/small_phm16/seed7/record.json" in tar.getnames()
 

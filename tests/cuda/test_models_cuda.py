@@ -103,11 +103,12 @@ def _converted_outputs(model, features, device, precision, check, output):
 @pytest.mark.parametrize("kind", ["phm", "lowrank"])
 def test_converted_tiny_bert(device, precision, check, bert_folder, kind):
     transformers = pytest.importorskip("transformers")
-    from hyperplex.convert import convert_linears
+    from hyperplex import LowRankConfig, PHMConfig, compress
 
     model = transformers.AutoModel.from_pretrained(os.fspath(bert_folder)).float().eval()
-    report = convert_linears(model, kind, n=4, rank=None if kind == "phm" else 4, include="*encoder.layer*",
-                             init="svd")
+    targets = ["*encoder.layer*"]
+    config = PHMConfig(n=4, targets=targets) if kind == "phm" else LowRankConfig(rank=4, targets=targets)
+    report = compress(model, config)
     assert report.converted
     tokenizer = transformers.AutoTokenizer.from_pretrained(os.fspath(bert_folder))
     features = dict(tokenizer(["the cat sat", "a dog ran on the mat"], padding=True, return_tensors="pt"))

@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             for init in args.inits:
                 student = copy.deepcopy(teacher)
                 start = time.perf_counter()
+                config: PHMConfig | LowRankConfig
                 if kind == "phm":
                     config = PHMConfig(n=n, targets=INCLUDE, init=init, als_sweeps=args.als_sweeps, ridge=args.ridge)
                 else:  # low-rank has no ALS sweeps

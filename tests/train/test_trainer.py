@@ -255,6 +255,39 @@ def test_a_compile_failure_is_one_clear_error_before_any_update(tmp_path, monkey
     assert not (tmp_path / "m" / "last.safetensors").exists()
 
 
+def test_a_compile_failure_after_updates_saves_that_step_and_the_run_goes_on_eagerly(tmp_path, monkeypatch):
+    """A compiled run that fails at step 3 (a recompilation or a generated kernel, here raised by hand as dynamo's
+    own error) after two updates, with ``last_at_validation=false`` so nothing else saved it: the error names the
+    step and the checkpoint of step 2, and ``--resume --training.compile=false`` ends with the weights of an
+    uninterrupted run, bitwise (the compiled passes stand in for eager ones here, so both runs compute alike)."""
+    from torch._dynamo.exc import TorchRuntimeError
+
+    from hyperplex.train.trainer import Trainer, TrainingError
+
+    config = write_tiny_config(tmp_path, max_steps=6, validation_every=6, last_at_validation=False)
+    train(str(config), model_dir=str(tmp_path / "straight"))
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: model)
+    step = Trainer._optimizer_step
+
+    def failing_third(self, group, count, loop, state):
+        if state.step == 2 and self.tcfg.compile:
+            raise TorchRuntimeError("a generated kernel failed")
+        return step(self, group, count, loop, state)
+
+    monkeypatch.setattr(Trainer, "_optimizer_step", failing_third)
+    folder = tmp_path / "failed"
+    with pytest.raises(TrainingError, match=r"torch.compile failed at step 3 \(TorchRuntimeError: a generated kernel "
+                                            r"failed\); saved a resumable checkpoint of step 2 .*--resume "
+                                            r"--training.compile=false"):
+        train(str(config), model_dir=str(folder), overrides=["--training.compile=true"])
+    assert load_checkpoint(folder / "last.safetensors").extra["trainer"]["step"] == 2
+    train(str(config), model_dir=str(folder), overrides=["--training.compile=false"], resume=True)
+    a = load_model_weights(tmp_path / "straight" / "last.safetensors")
+    b = load_model_weights(folder / "last.safetensors")
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
 def test_early_stopping_with_patience(tmp_path):
     # lr tiny → no improvement of exact-match accuracy (stays 0): stop after `patience` validations
     config = write_tiny_config(tmp_path, lr=1e-9, max_steps=100, validation_every=2, patience=2)

@@ -246,7 +246,7 @@ class Trainer:
         try:
             loop.interrupts.install()
             model.train()
-            with self._compile_errors(state):
+            with self._compile_errors(loop, state):
                 last_val = self._run_steps(loop, state)
         finally:
             loop.interrupts.uninstall()
@@ -475,26 +475,33 @@ class Trainer:
         return global_loss if self.world > 1 else sum(values)
 
     @contextlib.contextmanager
-    def _compile_errors(self, state: TrainState):
-        """With ``training.compile``, a failure of torch.compile's backend in a step's forward or backward pass (no
-        C++ compiler on a CPU machine, no Triton for a GPU, an operation it cannot trace; the backward compiles at
-        its first call) ends training with one line that says so and what to do, not a compiler's traceback;
-        nothing of that step has been applied, and validation runs eager, so nothing else compiles."""
+    def _compile_errors(self, loop: _Loop, state: TrainState):
+        """With ``training.compile``, a failure of torch.compile in a step's forward or backward pass (its backend:
+        no C++ compiler on a CPU machine, no Triton for a GPU; or tracing an operation, or a kernel it generated;
+        the backward compiles at its first call) ends training with one line that says so and what to do, not a
+        compiler's traceback. Nothing of that step has been applied (the update comes after both passes), and
+        validation runs eager, so nothing else compiles: after a step that did update, ``last`` is saved at that
+        step boundary, as a SIGTERM would save it, so the run goes on with ``--resume --training.compile=false``."""
         if not self.tcfg.compile:
             yield
             return
-        from torch._dynamo.exc import BackendCompilerFailed
+        from torch._dynamo.exc import TorchDynamoException  # BackendCompilerFailed, InductorError, TritonMissing ...
         from torch._inductor.exc import CppCompileError  # raised bare where a lazy backward compile fails
 
         try:
             yield
-        except (BackendCompilerFailed, CppCompileError) as error:
+        except (TorchDynamoException, CppCompileError) as error:
             cause = getattr(error, "inner_exception", None) or error
             first = (str(cause).strip().splitlines() or [""])[0]
             what = f"{type(cause).__name__}: {first[:300]}" if first else type(cause).__name__
-            raise TrainingError(f"training.compile: torch.compile failed at step {state.step + 1} ({what}); "
-                                f"train without it (--training.compile=false) or see "
-                                f"https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html") from error
+            then = "train without it (--training.compile=false)"
+            if state.step > 0 and loop.manager is not None:
+                loop.manager.save_last(model_state(loop.model), loop.optimizer.state_dict(), self._extra(state))
+                then = (f"saved a resumable checkpoint of step {state.step} ({self.model_dir / LAST}); go on "
+                        f"without it (--resume --training.compile=false)")
+            guide = "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html"
+            raise TrainingError(f"training.compile: torch.compile failed at step {state.step + 1} ({what}); {then} "
+                                f"or see {guide}") from error
 
     def _save_and_stop(self, signal_number: int, model, optimizer, state: TrainState, manager, bar) -> None:
         """After a SIGINT/SIGTERM: write a resumable ``last`` at this step boundary, log it, stop."""

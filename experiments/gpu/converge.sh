@@ -27,8 +27,9 @@
 # The data travels with the call: copy the plan's data folders into .gpu/data/ (git-ignored) and carry .gpu.
 # --compile (default: on with --device cuda, off on the CPU) trains through torch.compile (training.compile, a key
 # of how a model runs, not of what it computes): a base-shape step in eager mode is bound by its kernel launches.
-# A model whose compilation fails (the trainer stops before its first update, with one line that says so) is
-# started again at once without it, in the time left; its record's config says which way it trained.
+# A model whose compilation fails (the trainer stops with one line that says so, having saved the step before if
+# that step had updated) goes on at once without it, from that checkpoint if there is one, in the time left; its
+# log and experiment.json say where it switched, its record's config how it ended.
 # Each model writes its resumable last checkpoint only when it stops (its end, or the budget's SIGTERM), not at every
 # validation (training.last_at_validation=false): a base-shape state is ~600 MB, written ~once an epoch otherwise.
 # Dry run on the CPU:  bash experiments/gpu/converge.sh --device cpu --budget-s 60 --models "small_phm4:1" ...

@@ -47,6 +47,7 @@ INTEGRATION_TESTS = {
     "tests/experiments/test_gpu_converge.py::test_converge_does_not_train_again_a_model_finished_in_an_earlier_call_but_reports_it",
     "tests/experiments/test_gpu_converge.py::test_a_model_whose_compilation_fails_trains_again_without_it",
     "tests/experiments/test_gpu_converge.py::test_parallel_starts_the_next_model_when_one_ends",
+    "tests/experiments/test_gpu_converge.py::test_a_second_call_resumes_a_model_the_first_stopped_at_its_budget",
 }
 #: Folders whose tests are all integration tests, less :data:`FAST_IN_INTEGRATION_FOLDERS`.
 INTEGRATION_FOLDERS = ("tests/benchmarks/",)  # they run the benchmark scripts (worker processes, real models)

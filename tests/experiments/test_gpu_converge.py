@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hyperplex.train.checkpoint import load_checkpoint
+
 ROOT = Path(__file__).resolve().parents[2]
 CONVERGE = ROOT / "experiments" / "gpu" / "converge.sh"
 PLAN = "experiments/multi30k_converged.yaml"
@@ -167,11 +169,12 @@ def test_converge_does_not_train_again_a_model_finished_in_an_earlier_call_but_r
         assert "multi30k_converged/small_phm16/seed7/record.json" in tar.getnames()
 
 
-def _tiny_plan(tmp_path: Path) -> Path:
-    """A plan of one row, a seconds-long PHM Transformer on generated data (6 steps), seeds 1 and 2."""
+def _tiny_plan(tmp_path: Path, **training) -> Path:
+    """A plan of one row, a seconds-long PHM Transformer on generated data (6 steps unless ``training`` says
+    otherwise), seeds 1 and 2."""
     from conftest import write_tiny_config
 
-    config = write_tiny_config(tmp_path, max_steps=6, validation_every=3)
+    config = write_tiny_config(tmp_path, **{"max_steps": 6, "validation_every": 3, **training})
     plan = tmp_path / "tinyplan.yaml"
     plan.write_text(yaml.safe_dump({"name": "tinyplan", "title": "tiny", "seeds": [1, 2], "budget": [],
                                     "metrics": ["bleu"], "rows": [{"name": "phm", "label": "PHM",
@@ -182,7 +185,8 @@ def _tiny_plan(tmp_path: Path) -> Path:
 def test_a_model_whose_compilation_fails_trains_again_without_it(tmp_path):
     """``--compile on`` on a machine where torch.compile cannot work (here the CPU backend's C++ compiler is made to
     fail): the trainer stops before its first update, converge.sh starts the model again eagerly within the budget,
-    and the finished record's config says it trained without compilation."""
+    and the finished record's config says it trained without compilation; a later call does not try compiling a
+    model whose log records that fallback."""
     plan = _tiny_plan(tmp_path)
     result = _converge(tmp_path, "--plan", str(plan), "--models", "phm:1", "--compile", "on", "--budget-s", "200",
                        env={"CXX": "/bin/false"})
@@ -194,6 +198,14 @@ def test_a_model_whose_compilation_fails_trains_again_without_it(tmp_path):
     assert "phm:1\tfinished\t6\t" in (tmp_path / "out" / "converge-summary.txt").read_text()
     record = tmp_path / "work" / "records" / "tinyplan" / "phm" / "seed1"
     assert yaml.safe_load((record / "config.yaml").read_text())["training"]["compile"] is False
+    # a model whose compilation failed in an earlier call into the same --work (its log says so) starts without it
+    (tmp_path / "work" / "logs" / "phm-seed2.log").write_text(
+        "converge.sh: torch.compile failed; starting again without it\n")
+    again = _converge(tmp_path, "--plan", str(plan), "--models", "phm:2", "--compile", "on", "--budget-s", "200",
+                      env={"CXX": "/bin/false"})
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "torch.compile failed" not in again.stdout
+    assert "phm:2\tfinished\t6\t" in (tmp_path / "out" / "converge-summary.txt").read_text()
 
 
 def test_parallel_starts_the_next_model_when_one_ends(tmp_path):
@@ -214,3 +226,21 @@ def test_parallel_starts_the_next_model_when_one_ends(tmp_path):
                                      "=false --override=--training.compile=false")
     summary = (tmp_path / "out" / "converge-summary.txt").read_text()
     assert "phm:1\tfinished\t6\t" in summary and "phm:2\tfinished\t6\t" in summary
+
+
+def test_a_second_call_resumes_a_model_the_first_stopped_at_its_budget(tmp_path):
+    """Call 1 stops a model at its budget (SIGTERM: the trainer saves ``last``, which converge.sh's runs write only
+    then); call 2 into the same --work validates that folder against the plan (the run settings converge.sh adds,
+    such as ``training.last_at_validation=false``, are not a different config) and resumes it."""
+    plan = _tiny_plan(tmp_path, max_steps=10**6, validation_every=50, log_every=50)
+    first = _converge(tmp_path, "--plan", str(plan), "--models", "phm:1", "--budget-s", "30")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "phm:1\tunfinished\t" in (tmp_path / "out" / "converge-summary.txt").read_text()
+    run = tmp_path / "work" / "runs" / "tinyplan" / "phm" / "seed1"
+    stopped = load_checkpoint(run / "last.safetensors").extra["trainer"]["step"]
+    assert stopped > 0
+    second = _converge(tmp_path, "--plan", str(plan), "--models", "phm:1", "--budget-s", "30")
+    assert second.returncode == 0, second.stdout + second.stderr
+    log = (tmp_path / "work" / "logs" / "phm-seed1.log").read_text()
+    assert f"resumed from {run / 'last.safetensors'} at step {stopped}," in (run / "train.log").read_text(), log
+    assert load_checkpoint(run / "last.safetensors").extra["trainer"]["step"] > stopped

@@ -63,9 +63,11 @@ def test_shipped_plans_validate(plan, tmp_path, capsys, request):
 
 def test_how_a_run_executes_is_not_a_different_config():
     saved = {"model_dir": "a", "training": {"num_threads": 1, "device": "cuda", "progress_bar": True, "plots": True,
-                                            "lr": 1e-3, "max_steps": 10}}
+                                            "compile": True, "last_at_validation": False, "lr": 1e-3,
+                                            "max_steps": 10}}
     wanted = {"model_dir": "b", "training": {"num_threads": 2, "device": "cpu", "progress_bar": False, "plots": False,
-                                             "lr": 1e-3, "max_steps": 10}}
+                                             "compile": False, "last_at_validation": True, "lr": 1e-3,
+                                             "max_steps": 10}}
     assert {f"training.{k}" for k in saved["training"] if saved["training"][k] != wanted["training"][k]} \
         == HOW_IT_RUNS_KEYS
     assert config_diff(saved, wanted) == []

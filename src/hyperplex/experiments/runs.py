@@ -45,8 +45,10 @@ def run_overrides(plan: Plan, row: Row, seed: int, extra: list[str]) -> list[str
 
 
 #: Keys that say how a run is executed, never what it computes: a folder trained with other values still holds the
-#: plan's run (a lane resumed with more threads, a model trained on a GPU and reported on a CPU).
-HOW_IT_RUNS_KEYS = frozenset({"training.num_threads", "training.device", "training.progress_bar", "training.plots"})
+#: plan's run (a lane resumed with more threads, a model trained on a GPU through torch.compile and reported on a
+#: CPU, a GPU call's run that wrote its resumable checkpoint only when stopped).
+HOW_IT_RUNS_KEYS = frozenset({"training.num_threads", "training.device", "training.progress_bar", "training.plots",
+                              "training.compile", "training.last_at_validation"})
 
 
 def config_diff(saved: dict, wanted: dict, prefix: str = "") -> list[str]:

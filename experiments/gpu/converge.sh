@@ -110,21 +110,26 @@ threads=$(( cpus / parallel )); (( threads < 1 )) && threads=1
 # compiling on the machine (its own check is benchmarks/gpu/check.sh).
 export HYPERPLEX_TRITON="${HYPERPLEX_TRITON:-0}"
 start=$(date +%s)
-# one model until the budget's end: with --compile on, once more without it if its compilation failed
+# one model until the budget's end: with --compile on, once more without it if its compilation failed (and without
+# it from the start when an earlier call into the same --work saw it fail: the same machine fails the same way)
+fallback="converge.sh: torch.compile failed; starting again without it"
 train_model() {
-    local row=$1 seed=$2 log="$work/logs/$1-seed$2.log" mode=$compile rc left
+    local row=$1 seed=$2 log="$work/logs/$1-seed$2.log" mode=$compile rc left size
+    [[ $mode == on ]] && grep -qF "$fallback" "$log" 2>/dev/null && mode=off
     while :; do
         left=$(( budget - ($(date +%s) - start) ))
         (( left >= 30 )) || return 124
+        size=$(stat -c %s "$log" 2>/dev/null || echo 0)  # what this attempt writes starts after that
         timeout --foreground -s TERM -k 60 "$left" "$python" -m hyperplex experiment "$plan" --rows "$row" \
             --seeds "$seed" --resume --evaluate-each --no-report --records "$work/records/$plan_name" \
             --out "$work/runs/$plan_name" --override=--training.device="$device" \
             --override=--training.num_threads="$threads" --override=--training.last_at_validation=false \
             --override=--training.compile="$([[ $mode == on ]] && echo true || echo false)" >> "$log" 2>&1
         rc=$?
-        if (( rc != 0 )) && [[ $mode == on ]] && grep -q "training.compile: torch.compile failed" "$log"; then
+        if (( rc != 0 )) && [[ $mode == on ]] \
+                && tail -c +$(( size + 1 )) "$log" | grep -q "training.compile: torch.compile failed"; then
             echo "converge.sh: $row:$seed: torch.compile failed (see its log); training it without compilation"
-            echo "converge.sh: torch.compile failed; starting again without it" >> "$log"
+            echo "$fallback" >> "$log"
             mode=off
             continue
         fi

@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         elif (run / "last.safetensors").is_file():
             status = "unfinished"
             unfinished.append(run)
-        elif run.is_dir():
-            status = "failed"
+        elif run.is_dir() or (args.work / "logs" / f"{row}-seed{seed}.log").is_file():
+            status = "failed"  # before its first checkpoint (it may have failed before making its folder)
         else:  # converge.sh --parallel did not reach it within the budget
             status = "not started"
         step, best = _best_bleu((record if status == "finished" else run) / "metrics.csv")

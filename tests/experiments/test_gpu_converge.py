@@ -38,7 +38,8 @@ def _metrics(folder: Path, rows: list[tuple[int, str, str, float]]) -> None:
 
 def _work(tmp_path: Path, state_bytes: int = 1000) -> Path:
     """A --work folder after a call: small_phm4:1 finished, small_phm8:1 stopped with a checkpoint, small_phm2:1
-    failed before its first checkpoint (small_phm16:1, never started, has no folder)."""
+    failed before its first checkpoint, small_phm4:2 failed before making its folder (only its log is there), and
+    small_phm16:1, never started, has neither."""
     work = tmp_path / "work"
     record = work / "records" / "plan" / "small_phm4" / "seed1"
     record.mkdir(parents=True)
@@ -72,6 +73,7 @@ def _work(tmp_path: Path, state_bytes: int = 1000) -> Path:
     (work / "runs" / "plan" / "small_phm2" / "seed1").mkdir(parents=True)
     (work / "logs").mkdir()
     (work / "logs" / "small_phm4-seed1.log").write_text("trained\n")
+    (work / "logs" / "small_phm4-seed2.log").write_text("error: before its folder was made\n")
     return work
 
 
@@ -80,7 +82,7 @@ def _run_collect(work: Path, out: Path, monkeypatch, limit: int | None = None) -
     if limit is not None:
         monkeypatch.setattr(collect, "RETURN_LIMIT", limit)
     assert collect.main(["--plan-name", "plan", "--work", str(work), "--out", str(out), "--device", "cpu",
-                         "small_phm4:1", "small_phm8:1", "small_phm2:1", "small_phm16:1"]) == 0
+                         "small_phm4:1", "small_phm8:1", "small_phm2:1", "small_phm16:1", "small_phm4:2"]) == 0
     return (out / "converge-summary.txt").read_text()
 
 
@@ -90,10 +92,11 @@ def test_collect_reports_each_model_and_packs_the_records_and_a_small_resumable_
     lines = summary.splitlines()
     assert lines[0].startswith("# device cpu; driver -; torch ")
     assert lines[1] == "model\tstatus\tsteps\tbest_val_bleu\tseconds\tsteady_per_s"
-    assert lines[2:6] == ["small_phm4:1\tfinished\t750\t31.25\t120\t400",
+    assert lines[2:7] == ["small_phm4:1\tfinished\t750\t31.25\t120\t400",
                           "small_phm8:1\tunfinished\t300\t12.50\t0\t70",
-                          "small_phm2:1\tfailed\t0\t-\t0\t-", "small_phm16:1\tnot started\t0\t-\t0\t-"]
-    assert "resume-plan.tar.gz holds 1 unfinished model(s)" in lines[6]
+                          "small_phm2:1\tfailed\t0\t-\t0\t-", "small_phm16:1\tnot started\t0\t-\t0\t-",
+                          "small_phm4:2\tfailed\t0\t-\t0\t-"]
+    assert "resume-plan.tar.gz holds 1 unfinished model(s)" in lines[7]
     with tarfile.open(out / "records-plan.tar.gz") as tar:
         assert "plan/small_phm4/seed1/record.json" in tar.getnames()
     with tarfile.open(out / "resume-plan.tar.gz") as tar:
@@ -101,7 +104,7 @@ def test_collect_reports_each_model_and_packs_the_records_and_a_small_resumable_
     assert {"small_phm8/seed1/last.safetensors", "small_phm8/seed1/config.yaml", "small_phm8/seed1/src.model"} <= names
     assert "small_phm8/seed1/best.safetensors" not in names
     with tarfile.open(out / "logs.tar.gz") as tar:
-        assert tar.getnames() == ["logs", "logs/small_phm4-seed1.log"]
+        assert sorted(tar.getnames()) == ["logs", "logs/small_phm4-seed1.log", "logs/small_phm4-seed2.log"]
 
 
 @pytest.mark.parametrize("state_bytes", [3000, 50_000])  # over the limit once packed; more than twice the limit

@@ -105,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             status = "failed"  # before its first checkpoint (it may have failed before making its folder)
         else:  # converge.sh --parallel did not reach it within the budget
             status = "not started"
-        step, best = _best_bleu((record if status == "finished" else run) / "metrics.csv")
-        seconds = _seconds(record if status == "finished" else run)
-        rate = _steady_rate((record if status == "finished" else run) / "train.log")
+        folder = record if status == "finished" else run
+        step, best = _best_bleu(folder / "metrics.csv")
+        seconds = _seconds(folder)
+        rate = _steady_rate(folder / "train.log")
         lines.append(f"{row}:{seed}\t{status}\t{step}\t{'-' if best is None else f'{best:.2f}'}\t{seconds:.0f}"
                      f"\t{'-' if rate is None else rate}")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,9 @@ as in a model): ``dense`` (``F.linear`` on a ``k × d`` weight: cuBLAS), ``struc
 layer's default). Beside them, for the next version's choices: ``fused-1k/p1`` and ``fused-1k/p2`` (the one-kernel
 reduction aiming at one and two programs per multiprocessor instead of four: fewer shares of the reduction, more
 bytes per program), ``fused-1k/unrolled`` (its last program's loop over the partials unrolled at compile time,
-so their loads are issued together rather than one L2 round trip after another) and ``copy`` (a device-to-device
+so their loads are issued together rather than one L2 round trip after another), ``fused-atomic`` (each share adds
+its partial into one float32 sum with atomic adds, ``reduction="atomic"``: the last program reads one tile instead
+of one per share; the same function, its low bits in arrival order) and ``copy`` (a device-to-device
 copy of each layer's factors: one kernel moving the bytes the fused kernel must read, the floor a one-launch
 kernel can reach at that size).
 Each layer gets its own input (the inputs rotate with the layers). A time is the median over ``--reps`` runs of the
@@ -154,7 +156,7 @@ def bench_point(n: int, rows: int, args, ceiling: dict) -> list[dict]:
                 triton_phm.triton_phm_linear(x, r, s, out=o, reduction=reduction)
         return stack
 
-    reductions = {"fused": "two-kernel", "fused-1k": "one-kernel"}
+    reductions = {"fused": "two-kernel", "fused-1k": "one-kernel", "fused-atomic": "atomic"}
     sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 4
     fewer = {"fused-1k/p1": sms, "fused-1k/p2": 2 * sms}  # programs to aim at (the default: 4 per SM)
     copies = [torch.empty_like(f) for f in factors]

@@ -46,10 +46,11 @@ def compile_fused(dtype: str, n: int, rows: int, d: int, k: int, arch: int, prog
     pointers = {"x_ptr": dtype, "w_ptr": dtype, "rule_ptr": dtype, "bias_ptr": dtype, "out_ptr": dtype,
                 "ws_ptr": "fp32" if split else dtype, "count_ptr": "i32" if split else dtype}
     constexprs = {"N": n, "BLOCK_ROWS": p.block_rows, "BLOCK_M": p.block_m, "BLOCK_Q": p.block_q,
-                  "BLOCK_J": p.block_j, "SPLIT": split, "ONE_KERNEL": split and reduction == "one-kernel",
+                  "BLOCK_J": p.block_j, "SPLIT": split, "ONE_KERNEL": split and reduction in ("one-kernel", "atomic"),
                   "HAS_BIAS": bias, "FP32": dtype == "fp32", "UPCAST": False, "EVEN_J": d_n % p.block_j == 0}
-    unrolled = constexprs["ONE_KERNEL"] and unroll_tail
-    constexprs.update(UNROLL_TAIL=unrolled, SPLITS=p.splits if unrolled else 1)
+    atomic = split and reduction == "atomic"
+    unrolled = constexprs["ONE_KERNEL"] and not atomic and unroll_tail
+    constexprs.update(UNROLL_TAIL=unrolled, SPLITS=p.splits if unrolled else 1, ATOMIC=atomic)
     signature = {**{name: f"*{t}" for name, t in pointers.items()}, **{name: "i32" for name in ints},
                  **dict.fromkeys(constexprs, "constexpr")}
     # what a launch passes: torch's allocations are 16-byte aligned; sizes divisible by 16 are marked so (ints of
@@ -77,7 +78,8 @@ def summarise_ptx(ptx: str) -> str:
     loads = sorted(set(re.findall(r"ld\.global(?:\.[a-z0-9]+)*", ptx)))
     mma = sorted(set(re.findall(r"(?:wgmma|mma)\.[a-z0-9._]+", ptx)))
     asynchronous = "cp.async" in ptx
-    atomics = sorted(set(re.findall(r"atom\.[a-z0-9._]+", ptx)))
+    # red: an atomic whose result is unused; the look-behind keeps out e.g. `st.shared.b16`
+    atomics = sorted(set(re.findall(r"(?<![\w.])(?:atom|red)\.[a-z0-9._]+", ptx)))
     return (f"loads {', '.join(loads) or 'none'}; cp.async {'yes' if asynchronous else 'no'}; "
             f"{', '.join(mma) or 'no mma'}" + (f"; {', '.join(atomics)}" if atomics else ""))
 

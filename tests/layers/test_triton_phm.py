@@ -216,33 +216,110 @@ def test_one_kernel_reduction_gives_the_two_kernel_bits(n, d, k, rows, programs,
 def test_an_unknown_reduction_is_refused_by_name():
     gen = torch.Generator().manual_seed(3)
     x, rule, weight, bias = _inputs(4, 32, 32, 2, torch.float32, True, gen)
-    with pytest.raises(ValueError, match="reduction must be one of two-kernel, one-kernel, got 'atomic'"):
-        triton_phm_linear(x, rule, weight, bias, reduction="atomic")
+    with pytest.raises(ValueError, match="reduction must be one of two-kernel, one-kernel, atomic, got 'tree'"):
+        triton_phm_linear(x, rule, weight, bias, reduction="tree")
+
+
+def _close_to(got, want, dtype):
+    """The atomic reduction against the split-order one: float32 sums of the same partials in another order, so
+    within a few float32 ulps before the cast; after a cast to bf16 an element may round to the neighbouring value."""
+    assert torch.isfinite(got).all(), "the kernel left unwritten (NaN-poisoned) or non-finite outputs"
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    else:
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-3)
+
+
+@pytest.mark.parametrize("n,d,k,rows,programs", [(8, 1000, 64, 2, 64), (4, 64, 256, 1, 8), (2, 30, 94, 1, 3),
+                                                  (16, 256, 128, 1, 10_000), (4, 100, 96, 64, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_atomic_reduction_gives_the_same_function_and_leaves_its_buffers_zero(n, d, k, rows, programs, dtype):
+    """Each share adds its partial into the accumulator; the last to arrive reads the sum, writes every output and
+    re-zeroes what it read, so the next call (which shares the accumulator and the counters) starts from zero. On a
+    GPU the call is repeated, so a sum read before every share had added into it would show as a difference."""
+    gen = torch.Generator().manual_seed(n * 17 + d + k + rows)
+    x, rule, weight, bias = _inputs(n, d, k, rows, dtype, True, gen)
+    p = plan(rows, n, k // n, d // n, dtype, programs)
+    two = triton_phm_linear(x, rule, weight, bias, programs=programs, reduction="two-kernel")
+    for _ in range(50 if DEVICE == "cuda" else 2):
+        out = torch.full((rows, k), float("nan"), dtype=dtype, device=DEVICE)
+        _close_to(triton_phm_linear(x, rule, weight, bias, programs=programs, reduction="atomic", out=out), two, dtype)
+    if p.splits > 1:
+        assert triton_phm._ACCUMULATORS, "the atomic reduction ran without an accumulator"
+    assert not any(a.any() for a in triton_phm._ACCUMULATORS.values()), "an accumulator was left holding a sum"
+    assert not any(c.any() for c in triton_phm._COUNTERS.values()), "an arrival counter was left armed"
+    assert _relative_error(two, _reference(x, rule, weight, bias)) < TOLERANCE[dtype]
+
+
+def test_a_larger_call_replaces_the_accumulator_and_keeps_the_old_one_alive(monkeypatch):
+    """A call with more rows than the stream's accumulator holds gets a larger one; the smaller stays referenced
+    (a CUDA graph captured with it goes on adding into it) and zero."""
+    monkeypatch.setattr(triton_phm, "_ACCUMULATORS", {})
+    monkeypatch.setattr(triton_phm, "_RETIRED", [])
+    gen = torch.Generator().manual_seed(5)
+    small = _inputs(4, 64, 256, 1, torch.float32, False, gen)
+    large = _inputs(4, 1024, 512, 16, torch.float32, False, gen)
+    _close_to(triton_phm_linear(*small[:3], programs=8, reduction="atomic"),
+              triton_phm_linear(*small[:3], programs=8, reduction="two-kernel"), torch.float32)
+    (first,) = triton_phm._ACCUMULATORS.values()
+    assert first.numel() == 4096  # the smallest kept: 1 row × 256 outputs, raised to 4,096
+    _close_to(triton_phm_linear(*large[:3], programs=8, reduction="atomic"),
+              triton_phm_linear(*large[:3], programs=8, reduction="two-kernel"), torch.float32)
+    (second,) = triton_phm._ACCUMULATORS.values()
+    assert second.numel() == 16 * 512 and len(triton_phm._RETIRED) == 1 and triton_phm._RETIRED[0] is first
+    assert not first.any() and not second.any()
+
+
+def test_atomic_reduction_is_refused_under_deterministic_algorithms():
+    """Its summation order varies, so torch.use_deterministic_algorithms(True) refuses it as PyTorch refuses its own
+    such operations (a warning with warn_only=True); a call whose reduction is not shared out adds nothing
+    atomically and runs."""
+    gen = torch.Generator().manual_seed(6)
+    x, rule, weight, bias = _inputs(4, 64, 256, 1, torch.float32, True, gen)
+    assert plan(1, 4, 64, 16, torch.float32, 8).splits > 1 and plan(1, 4, 64, 16, torch.float32, 1).splits == 1
+    want = triton_phm_linear(x, rule, weight, bias, programs=8, reduction="one-kernel")
+    try:
+        torch.use_deterministic_algorithms(True)
+        with pytest.raises(RuntimeError, match=r"reduction='atomic'\) adds float32 partial sums in the order"):
+            triton_phm_linear(x, rule, weight, bias, programs=8, reduction="atomic")
+        assert torch.equal(triton_phm_linear(x, rule, weight, bias, programs=8, reduction="one-kernel"), want)
+        triton_phm_linear(x, rule, weight, bias, programs=1, reduction="atomic")  # one share: nothing to refuse
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="use_deterministic_algorithms"):
+            got = triton_phm_linear(x, rule, weight, bias, programs=8, reduction="atomic")
+        _close_to(got, want, torch.float32)
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
-def test_one_kernel_reduction_under_a_cuda_graph():
-    """Captured after a warm-up on the capturing stream, the graph reuses that stream's counters; its replays give
-    the eager bits and leave the counters re-armed."""
+@pytest.mark.parametrize("reduction", ["one-kernel", "atomic"])
+def test_one_kernel_reduction_under_a_cuda_graph(reduction):
+    """Captured after a warm-up on the capturing stream, the graph reuses that stream's counters (and accumulator);
+    its replays give the eager bits (atomic: the eager function) and leave the counters re-armed."""
     gen = torch.Generator().manual_seed(4)
     x, rule, weight, bias = _inputs(16, 4096, 4096, 1, torch.bfloat16, True, gen)
-    want = triton_phm_linear(x, rule, weight, bias)
+    want = triton_phm_linear(x, rule, weight, bias, reduction=reduction)
     assert plan(1, 16, 256, 256, torch.bfloat16, triton_phm._programs(x.device)).splits > 1
     out = torch.empty_like(want)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        triton_phm_linear(x, rule, weight, bias, out=out, reduction="one-kernel")
+        triton_phm_linear(x, rule, weight, bias, out=out, reduction=reduction)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        triton_phm_linear(x, rule, weight, bias, out=out, reduction="one-kernel")
+        triton_phm_linear(x, rule, weight, bias, out=out, reduction=reduction)
     for _ in range(20):
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, want)
+        if reduction == "atomic":
+            _close_to(out, want, torch.bfloat16)
+        else:
+            assert torch.equal(out, want)
     assert not any(c.any() for c in triton_phm._COUNTERS.values())
+    assert not any(a.any() for a in triton_phm._ACCUMULATORS.values())
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="a layer of 4096² at the GPU's own plan: too slow for the interpreter")
@@ -257,5 +334,7 @@ def test_one_kernel_reduction_at_the_benchmarked_size(n, rows):
     for _ in range(20):
         assert torch.equal(triton_phm_linear(x, rule, weight, bias, reduction="one-kernel"), two)
         assert torch.equal(triton_phm_linear(x, rule, weight, bias, _unroll_tail=True), two)
+        _close_to(triton_phm_linear(x, rule, weight, bias, reduction="atomic"), two, torch.bfloat16)
     assert not any(c.any() for c in triton_phm._COUNTERS.values())
+    assert not any(a.any() for a in triton_phm._ACCUMULATORS.values())
     assert _relative_error(two, _reference(x, rule, weight, bias)) < TOLERANCE[torch.bfloat16]

@@ -13,10 +13,14 @@ share of the reduction (a group of terms ``i`` and a chunk of ``j``), and for ea
 
 With one share the program adds the bias and writes ``y`` in the input's dtype; with several, each writes its
 float32 partial ``Y`` and the partials are summed in split order, the bias added and the sum cast, by one of
-two ``reduction`` modes: ``"one-kernel"`` (the default: the last program of each output tile to arrive does it,
-counted by an atomic per tile, which saves a launch) or ``"two-kernel"`` (a second small kernel does it; on an
-H200 it was as fast or slower at every measured size). Both sum in the same order, so they give the same bits
-and neither depends on the order the programs run in.
+one of three ``reduction`` modes: ``"one-kernel"`` (the default: the last program of each output tile to arrive
+does it, counted by an atomic per tile, which saves a launch), ``"two-kernel"`` (a second small kernel does it; on
+an H200 it was as fast or slower at every measured size) or ``"atomic"`` (each program adds its partial into a
+zeroed float32 accumulator with atomic adds; the last to arrive reads the one sum, re-zeroes it and writes ``y``,
+so the tail is one read instead of one per share). The first two sum in split order, so they give the same bits
+and neither depends on the order the programs run in; ``"atomic"`` sums in arrival order, so its low float32 bits
+(and, rarely, a bf16 output's last bit) vary from call to call, and it refuses to run under
+``torch.use_deterministic_algorithms(True)``.
 The shares exist to give the GPU enough programs at one row (a 4096² layer at ``n = 16`` has only 256 output
 columns per block row); :func:`plan` picks them.
 
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -62,9 +67,15 @@ ENV_VAR = "HYPERPLEX_TRITON"
 #: The largest ``n`` the kernel takes: the mixing tile is ``(rows·n)²`` with at least one row of ``n`` blocks.
 MAX_N = 64
 #: How a reduction shared over several programs is finished (see the module's docstring).
-REDUCTIONS = ("two-kernel", "one-kernel")
-#: The one-kernel reduction's arrival counters, one zeroed int32 buffer per (device, stream), kept between calls.
+REDUCTIONS = ("two-kernel", "one-kernel", "atomic")
+#: The one-kernel and atomic reductions' arrival counters, one zeroed int32 buffer per (device, stream), kept
+#: between calls.
 _COUNTERS: dict[tuple, Tensor] = {}
+#: The atomic reduction's float32 accumulators, one zeroed buffer per (device, stream), kept between calls.
+_ACCUMULATORS: dict[tuple, Tensor] = {}
+#: Buffers of the two caches above that a larger one replaced: kept alive, because a CUDA graph captured while they
+#: were current still reads and re-zeroes them on every replay.
+_RETIRED: list[Tensor] = []
 #: Why ``auto`` stopped taking the kernel in this process (the first failure of a call it made), else ``None``.
 _FAILED: str | None = None
 
@@ -161,7 +172,7 @@ def _kernels():
                   j_chunk, j_chunks, splits, N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_Q: tl.constexpr, BLOCK_J: tl.constexpr, SPLIT: tl.constexpr, ONE_KERNEL: tl.constexpr,
                   HAS_BIAS: tl.constexpr, FP32: tl.constexpr, UPCAST: tl.constexpr, EVEN_J: tl.constexpr,
-                  UNROLL_TAIL: tl.constexpr, SPLITS: tl.constexpr):
+                  UNROLL_TAIL: tl.constexpr, SPLITS: tl.constexpr, ATOMIC: tl.constexpr):
         pid_q, pid_b, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         i0 = (pid_s // j_chunks) * i_per
         j0 = (pid_s % j_chunks) * j_chunk
@@ -204,18 +215,26 @@ def _kernels():
         columns = part[:, None] * k_n + q[None, :]  # (a, q) → output column a·k/n + q
         ok = m_ok[:, None] & q_ok[None, :]
         if SPLIT:
-            tl.store(ws_ptr + (pid_s * rows + b[:, None]) * (N * k_n) + columns, acc_y, mask=ok)
+            if ATOMIC:  # into the zeroed (rows, k) accumulator: no result is read back, so no round trip waits here
+                total_ptrs = ws_ptr + b[:, None] * (N * k_n) + columns
+                tl.atomic_add(total_ptrs, acc_y, mask=ok, sem="relaxed", scope="gpu")
+            else:
+                tl.store(ws_ptr + (pid_s * rows + b[:, None]) * (N * k_n) + columns, acc_y, mask=ok)
             if ONE_KERNEL:
                 # The last of the tile's `splits` programs to arrive sums every partial, in split order (the same
-                # sums as sum_splits, so the result does not depend on who arrives last), then re-arms the counter
-                # for the next call on this stream. The barrier puts every thread's partial before the arrival;
-                # acq_rel at GPU scope makes them visible to the last program, whose loads bypass L1 (.cg).
+                # sums as sum_splits, so the result does not depend on who arrives last), or reads the atomic sum,
+                # then re-arms the counter for the next call on this stream. The barrier puts every thread's partial
+                # (or add) before the arrival; acq_rel at GPU scope makes them visible to the last program, whose
+                # loads bypass L1 (.cg).
                 tl.debug_barrier()
                 counter = count_ptr + pid_b * tl.num_programs(0) + pid_q
                 arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
                 if arrived == splits - 1:
                     acc_y = tl.zeros((BLOCK_M, BLOCK_Q), dtype=tl.float32)
-                    if UNROLL_TAIL:  # SPLITS == splits, known when compiling: the loads can all be issued at once
+                    if ATOMIC:  # every share's adds are in (they preceded each arrival): one read, then re-zeroed
+                        acc_y = tl.load(total_ptrs, mask=ok, other=0.0, cache_modifier=".cg")
+                        tl.store(total_ptrs, tl.zeros((BLOCK_M, BLOCK_Q), dtype=tl.float32), mask=ok)
+                    elif UNROLL_TAIL:  # SPLITS == splits, known when compiling: the loads can all be issued at once
                         for s in tl.static_range(SPLITS):
                             acc_y += tl.load(ws_ptr + (s * rows + b[:, None]) * (N * k_n) + columns, mask=ok,
                                              other=0.0, cache_modifier=".cg")
@@ -246,11 +265,14 @@ def _kernels():
     return phm_fused, sum_splits
 
 
-def _counters(device: torch.device, tiles: int) -> Tensor:
-    """Zeroed int32 arrival counters for ``tiles`` output tiles. The kernel re-arms every counter it uses, so the
-    calls on one stream, which run in order, share one buffer with no zeroing launch; another stream gets its own.
-    While a CUDA graph is being captured, a buffer the capturing stream does not have yet is made for that call
-    alone (its zeroing is captured with it) rather than kept: memory allocated in a capture belongs to the graph."""
+def _zeroed(cache: dict[tuple, Tensor], device: torch.device, numel: int, dtype: torch.dtype, least: int) -> Tensor:
+    """A zeroed buffer of at least ``numel`` elements from ``cache``, one per (device, stream). The kernel leaves every
+    element it uses zero again (counters re-armed, accumulators re-zeroed), so the calls on one stream, which run in
+    order, share one buffer with no zeroing launch; another stream gets its own. A buffer that is too small is
+    replaced by one of the next power of two (at least ``least``) and kept alive in :data:`_RETIRED`: a graph captured
+    while it was current goes on using it. While a CUDA graph is being captured, a buffer the capturing stream does
+    not have yet is made for that call alone (its zeroing is captured with it) rather than kept: memory allocated in
+    a capture belongs to the graph."""
     key: tuple[int | str, int]
     if device.type == "cuda":
         key = (device.index if device.index is not None else torch.cuda.current_device(),
@@ -258,13 +280,39 @@ def _counters(device: torch.device, tiles: int) -> Tensor:
         capturing = torch.cuda.is_current_stream_capturing()
     else:
         key, capturing = (device.type, 0), False
-    buffer = _COUNTERS.get(key)
-    if buffer is not None and buffer.numel() >= tiles:
+    buffer = cache.get(key)
+    if buffer is not None and buffer.numel() >= numel:
         return buffer
-    buffer = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+    fresh = torch.zeros(max(_pow2(numel), least), dtype=dtype, device=device)
     if not capturing:
-        _COUNTERS[key] = buffer
-    return buffer
+        if buffer is not None:
+            _RETIRED.append(buffer)
+        cache[key] = fresh
+    return fresh
+
+
+def _counters(device: torch.device, tiles: int) -> Tensor:
+    """Zeroed int32 arrival counters for ``tiles`` output tiles (:func:`_zeroed`)."""
+    return _zeroed(_COUNTERS, device, tiles, torch.int32, 1024)
+
+
+def _accumulator(device: torch.device, numel: int) -> Tensor:
+    """A zeroed float32 accumulator of at least ``numel`` elements for the atomic reduction (:func:`_zeroed`)."""
+    return _zeroed(_ACCUMULATORS, device, numel, torch.float32, 4096)
+
+
+def _check_deterministic() -> None:
+    """The atomic reduction under ``torch.use_deterministic_algorithms(True)``: refused (or, with ``warn_only``,
+    warned about), as PyTorch does for its own operations without a deterministic implementation."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    message = ("triton_phm_linear(reduction='atomic') adds float32 partial sums in the order the programs arrive, "
+               "which varies from call to call, and torch.use_deterministic_algorithms(True) is set; "
+               "reduction='one-kernel' computes the same function in a fixed order")
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(message, UserWarning, stacklevel=3)
+        return
+    raise RuntimeError(message)
 
 
 def triton_reason(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> str | None:
@@ -303,8 +351,9 @@ def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | No
     into (returned, reshaped). ``programs``: the number of programs to aim at (default: four per multiprocessor).
     Any row count runs; :func:`takes_triton` keeps ``auto`` to ``rows·n`` ≤ :data:`TRITON_MAX_ROWS_N`.
     ``reduction``: one of :data:`REDUCTIONS`, how partial sums are finished where the reduction is shared out (the
-    same result).
-    Raises :class:`ValueError` naming what stops it (no Triton, a gradient to record, a CPU tensor, a dtype).
+    same function; ``"atomic"`` in a varying order, refused under ``torch.use_deterministic_algorithms(True)``).
+    Raises :class:`ValueError` naming what stops it (no Triton, a gradient to record, a CPU tensor, a dtype), and
+    :class:`RuntimeError` for ``"atomic"`` under deterministic algorithms.
     ``_unroll_tail`` (for ``benchmarks/gpu/bench_kernel.py``): the one-kernel reduction's last program reads the
     partials in a loop unrolled at compile time (one compilation per number of splits; the same sums in the same
     order, so the same bits), to be measured against the runtime loop before it becomes the default.
@@ -338,21 +387,26 @@ def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | No
     bias_arg = bias.contiguous() if bias is not None else weight  # never read without HAS_BIAS
     fused, reduce = _kernels()
     split = p.splits > 1
-    if split:
+    atomic = split and reduction == "atomic"
+    if atomic:
+        _check_deterministic()
+        workspace = _accumulator(x.device, rows * k)
+    elif split:
         workspace = _workspace if _workspace is not None else torch.empty(p.splits, rows, k, dtype=torch.float32,
                                                                           device=x.device)
         if tuple(workspace.shape) != (p.splits, rows, k) or workspace.dtype != torch.float32:
             raise ValueError(f"triton_phm_linear: _workspace must be a float32 ({p.splits}, {rows}, {k}) tensor")
     else:
         workspace = out  # never read without SPLIT
-    one_kernel = split and reduction == "one-kernel"
+    one_kernel = split and reduction in ("one-kernel", "atomic")
+    unrolled = one_kernel and not atomic and _unroll_tail
     counters = _counters(x.device, p.grid[0] * p.grid[1]) if one_kernel else out  # never read without ONE_KERNEL
     fused[p.grid](flat, weight, rule, bias_arg, out, workspace, counters, rows, k_n, d_n, flat.stride(0), p.i_per,
                   p.j_chunk, p.j_chunks, p.splits, N=n, BLOCK_ROWS=p.block_rows, BLOCK_M=p.block_m, BLOCK_Q=p.block_q,
                   BLOCK_J=p.block_j, SPLIT=split, ONE_KERNEL=one_kernel, HAS_BIAS=bias is not None,
                   FP32=x.dtype == torch.float32, UPCAST=interpreting() and x.dtype != torch.float32,
-                  EVEN_J=d_n % p.block_j == 0, UNROLL_TAIL=one_kernel and _unroll_tail,
-                  SPLITS=p.splits if one_kernel and _unroll_tail else 1, num_warps=p.num_warps)
+                  EVEN_J=d_n % p.block_j == 0, UNROLL_TAIL=unrolled,
+                  SPLITS=p.splits if unrolled else 1, ATOMIC=atomic, num_warps=p.num_warps)
     if split and not one_kernel:
         block = 1024
         reduce[(-(-rows * k // block),)](workspace, bias_arg, out, rows * k, k, p.splits,

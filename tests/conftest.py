@@ -51,7 +51,8 @@ INTEGRATION_TESTS = {
 }
 #: Folders whose tests are all integration tests, less :data:`FAST_IN_INTEGRATION_FOLDERS`.
 INTEGRATION_FOLDERS = ("tests/benchmarks/",)  # they run the benchmark scripts (worker processes, real models)
-FAST_IN_INTEGRATION_FOLDERS = {"tests/benchmarks/test_harness.py"}  # the harness's statistics on given timings
+# the harness's statistics on given timings; the GPU kernel step's summary table from given points
+FAST_IN_INTEGRATION_FOLDERS = {"tests/benchmarks/test_harness.py", "tests/benchmarks/test_gpu_kernel_summary.py"}
 #: Fixtures that build the native kernel, load a pretrained model, or read the data outside the clone.
 INTEGRATION_FIXTURES = {"kernel_cache", "kernel", "minilm", "shared_data"}
 #: Names whose use in a test's own body means it starts a process.

@@ -246,27 +246,7 @@ fi
     printf '%s\n' "${STEPS[@]}"
     if [ -f "$OUT/kernel.json" ]; then
         echo
-        "$PY" - "$OUT/kernel.json" <<'EOF'
-import json, sys
-data = json.load(open(sys.argv[1]))
-m = data["meta"]
-print(f"kernel on {m['device']}: copy {m['copy_GBps']:.0f} GB/s, dense {m['dense_TFLOPs']:.1f} TFLOP/s measured"
-      + ("" if m.get("complete", True) else "; INCOMPLETE: the step stopped before the last point"))
-print("| n | rows | fused × dense | one-kernel × dense | target | structured × dense | copy × dense | fused GB/s (% copy) | fused err |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-rows = {(r["n"], r["rows"], r["variant"]): r for r in data["rows"]}
-for (n, rw, v), r in rows.items():
-    if v != "fused":
-        continue
-    s, one = rows[(n, rw, "structured")], rows.get((n, rw, "fused-1k"))
-    best = min(r["x_dense"], one["x_dense"] if one else r["x_dense"])
-    t = "" if r["target"] is None else f"≤ {r['target']:.2f} {'met' if best <= r['target'] else 'MISSED'}"
-    o = f"{one['x_dense']:.3f} ({one['error']:.0e})" if one else "-"
-    floor = rows.get((n, rw, "copy"))  # one kernel copying the factors: what a single launch can reach
-    c = f"{floor['x_dense']:.3f}" if floor else "-"
-    print(f"| {n} | {rw} | {r['x_dense']:.3f} | {o} | {t} | {s['x_dense']:.3f} | {c} | {r['GBps']:.0f} "
-          f"({100 * r['copy_fraction']:.0f}%) | {r['error']:.1e} |")
-EOF
+        "$PY" benchmarks/gpu/kernel_summary.py "$OUT/kernel.json"
     fi
 } | tee -a "$SUMMARY"
 if [ -n "$CONVERGE" ]; then

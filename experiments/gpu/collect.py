@@ -33,6 +33,17 @@ def _best_bleu(metrics: Path) -> tuple[int, float | None]:
 
 
 _WINDOW = re.compile(r"step \d+ epoch \d+: loss \S+ lr \S+ (\d+) \S+/s$")
+#: The trainer's lines that name a step boundary: a validation, a resume, an interruption's checkpoint, the end.
+_AT_STEP = re.compile(r"\bat step (\d+)\b")
+
+
+def _last_step(log: Path) -> int:
+    """The latest step boundary ``log`` (a ``train.log``) names, 0 if none: a run stopped between two log lines
+    (every ``training.log_every`` steps, which is all ``metrics.csv`` holds of training) saved its checkpoint at a
+    step that only its log gives."""
+    if not log.is_file():
+        return 0
+    return max((int(m.group(1)) for m in _AT_STEP.finditer(log.read_text(errors="replace"))), default=0)
 
 
 def _steady_rate(log: Path) -> int | None:
@@ -107,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             status = "not started"
         folder = record if status == "finished" else run
         step, best = _best_bleu(folder / "metrics.csv")
+        step = max(step, _last_step(folder / "train.log"))
         seconds = _seconds(folder)
         rate = _steady_rate(folder / "train.log")
         lines.append(f"{row}:{seed}\t{status}\t{step}\t{'-' if best is None else f'{best:.2f}'}\t{seconds:.0f}"

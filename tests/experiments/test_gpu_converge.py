@@ -68,7 +68,9 @@ def _work(tmp_path: Path, state_bytes: int = 1000) -> Path:
         "step 150 epoch 1: loss 4.0000 lr 1.000e-04 900 tokens/s",
         "resumed from last.safetensors at step 150, epoch 1, batch 3",
         "step 200 epoch 1: loss 3.9000 lr 1.000e-04 10 tokens/s",
-        "step 250 epoch 1: loss 3.8000 lr 1.000e-04 70 tokens/s"]) + "\n")
+        "step 250 epoch 1: loss 3.8000 lr 1.000e-04 70 tokens/s",
+        # stopped between two log lines: the checkpoint's step is only in the log
+        "interrupted by SIGTERM at step 321 (epoch 2); saved a resumable checkpoint last.safetensors"]) + "\n")
     _metrics(run, [(250, "dev", "bleu", 12.5), (300, "train", "loss", 3.0)])
     (work / "runs" / "plan" / "small_phm2" / "seed1").mkdir(parents=True)
     (work / "logs").mkdir()
@@ -93,7 +95,7 @@ def test_collect_reports_each_model_and_packs_the_records_and_a_small_resumable_
     assert lines[0].startswith("# device cpu; driver -; torch ")
     assert lines[1] == "model\tstatus\tsteps\tbest_val_bleu\tseconds\tsteady_per_s"
     assert lines[2:7] == ["small_phm4:1\tfinished\t750\t31.25\t120\t400",
-                          "small_phm8:1\tunfinished\t300\t12.50\t0\t70",
+                          "small_phm8:1\tunfinished\t321\t12.50\t0\t70",
                           "small_phm2:1\tfailed\t0\t-\t0\t-", "small_phm16:1\tnot started\t0\t-\t0\t-",
                           "small_phm4:2\tfailed\t0\t-\t0\t-"]
     assert "resume-plan.tar.gz holds 1 unfinished model(s)" in lines[7]

@@ -253,7 +253,7 @@ if [ -n "$CONVERGE" ]; then
     if [ -f "$OUT/converge-summary.txt" ]; then
         { echo; echo "converge ($CONVERGE):"; cat "$OUT/converge-summary.txt"; } | tee -a "$SUMMARY"
     fi
-    # converge.sh returns up to four files of its own; the step logs go into one archive to stay within the eight
+    # converge.sh returns up to five files of its own; the step logs go into one archive to stay within the eight
     # files a call brings back
     logs=()
     for f in tests.log kernel.log phm.log transformer.log compress.log adapters.log converge.log; do

@@ -1,6 +1,6 @@
 """Summarise and pack one converge.sh call: a line per model, the records, the logs, resumable runs.
 
-Used by ``experiments/gpu/converge.sh``; see its header. Writes at most four files into ``--out``.
+Used by ``experiments/gpu/converge.sh``; see its header. Writes at most five files into ``--out``.
 """
 
 from __future__ import annotations
@@ -93,12 +93,33 @@ def _pack(target: Path, root: Path, members: list[Path]) -> None:
             tar.add(path, arcname=str(path.relative_to(root)))
 
 
+def _pack_compile_cache(folder: Path, target: Path) -> str:
+    """``folder`` (TORCHINDUCTOR_CACHE_DIR) packed into ``target`` if that stays within the return limit; the
+    summary's line about it. Compiled graphs and kernels are mostly text and compress well, so the file is packed
+    first and measured."""
+    target.unlink(missing_ok=True)
+    files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
+    if not files:
+        return "# no torch.compile cache to bring back"
+    with tarfile.open(target, "w:gz") as tar:
+        for path in files:
+            tar.add(path, arcname=str(path.relative_to(folder)))
+    size = target.stat().st_size
+    if size > RETURN_LIMIT:
+        target.unlink()
+        return (f"# torch.compile's cache ({len(files)} files, {size / 2**20:.1f} MiB packed) is over the 16 MiB a "
+                "returned file may have: not brought back")
+    return (f"# compile-cache.tar.gz holds torch.compile's cache ({len(files)} files, {size / 2**20:.1f} MiB): carry "
+            "it back as .gpu/compile-cache.tar.gz and later calls start their models from it")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plan-name", required=True)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--compile-cache", type=Path, help="torch.compile's cache folder, packed when it fits")
     parser.add_argument("models", nargs="+", help="ROW:SEED")
     args = parser.parse_args(argv)
     runs, records = args.work / "runs" / args.plan_name, args.work / "records" / args.plan_name
@@ -148,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"returned file may have; it stays in {args.work} on this machine, where the same "
                          "converge.sh command, made again before the machine is given back, resumes them; "
                          "elsewhere they restart from the beginning")
+    if args.compile_cache is not None:
+        lines.append(_pack_compile_cache(args.compile_cache, args.out / "compile-cache.tar.gz"))
     text = "\n".join(lines) + "\n"
     (args.out / "converge-summary.txt").write_text(text)
     print(text, end="")

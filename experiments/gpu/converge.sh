@@ -4,6 +4,7 @@
 #   bash experiments/gpu/converge.sh --plan experiments/multi30k_converged.yaml \
 #        --models "small_transformer:1 small_phm4:1 small_lowrank4:1" [--budget-s 480] \
 #        [--data .gpu/data] [--device cuda] [--work .gpu_work] [--cpus N] [--compile on|off] [--parallel N]
+#        [--compile-cache .gpu/compile-cache.tar.gz]
 #
 # Small models leave most of a GPU idle, so each model is its own `hyperplex experiment` process
 # (--rows ROW --seeds SEED --resume --evaluate-each --records ...), --parallel of them at a time (default: all at
@@ -21,6 +22,8 @@
 #                          .gpu_resume/resume-PLAN.tar.gz and the next call resumes those models. A small
 #                          model's resumable state (weights + Adam moments) is larger than that: such a
 #                          model resumes only on the same machine, from --work.
+#   compile-cache.tar.gz   with --compile on, torch.compile's cache (below), while it stays under 16 MiB; carry
+#                          it back as .gpu/compile-cache.tar.gz
 # --work (default .gpu_work, git-ignored, in the repository root) holds the runs and records. The device machine
 # keeps it between calls while it stays warm, so a second call with the same --models, made at once, resumes the
 # unfinished models and does not train the finished ones again (their records are packed again).
@@ -30,12 +33,19 @@
 # A model whose compilation fails (the trainer stops with one line that says so, having saved the step before if
 # that step had updated) goes on at once without it, from that checkpoint if there is one, in the time left; its
 # log and experiment.json say where it switched, its record's config how it ended.
+# With --compile on, torch.compile's caches (Inductor's compiled graphs and their Triton kernels) live in
+# $work/compile-cache (TORCHINDUCTOR_CACHE_DIR, unless the environment sets it), seeded once from --compile-cache
+# (default .gpu/compile-cache.tar.gz, when it is there: an earlier session's compile-cache.tar.gz, carried back), and
+# packed into compile-cache.tar.gz under $OUT when it fits: a model whose graphs are cached skips most of its
+# compilation (tracing remains); entries made by another torch, Triton or card are not used (torch checks), so a
+# stale cache costs nothing but its transfer.
 # Each model writes its resumable last checkpoint only when it stops (its end, or the budget's SIGTERM), not at every
 # validation (training.last_at_validation=false): a base-shape state is ~600 MB, written ~once an epoch otherwise.
 # Dry run on the CPU:  bash experiments/gpu/converge.sh --device cpu --budget-s 60 --models "small_phm4:1" ...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 plan=""; models=""; budget=480; data=".gpu/data"; device="cuda"; work=".gpu_work"; cpus=$(nproc); compile=""; parallel=""
+compile_cache=".gpu/compile-cache.tar.gz"
 while [[ $# -gt 0 ]]; do
     case $1 in
         --plan) plan=$2; shift 2 ;;
@@ -47,7 +57,8 @@ while [[ $# -gt 0 ]]; do
         --cpus) cpus=$2; shift 2 ;;
         --compile) compile=$2; shift 2 ;;
         --parallel) parallel=$2; shift 2 ;;
-        -h|--help) sed -n 2,33p "$0"; exit 0 ;;
+        --compile-cache) compile_cache=$2; shift 2 ;;
+        -h|--help) sed -n 2,44p "$0"; exit 0 ;;
         *) echo "converge.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -89,8 +100,20 @@ for m in $models; do
 done
 named=${named# }; models=${todo# }
 [[ -n $named ]] || { echo "converge.sh: every model named is already recorded; nothing to train"; exit 0; }
+cache_dir=""
+if [[ $compile == on ]]; then
+    export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$(cd "$work" && pwd)/compile-cache}"
+    cache_dir=$TORCHINDUCTOR_CACHE_DIR
+    if [[ -f $compile_cache && ! -e $work/compile-cache.seeded ]]; then
+        mkdir -p "$cache_dir" && tar -xzf "$compile_cache" -C "$cache_dir" \
+            && touch "$work/compile-cache.seeded" \
+            && echo "converge.sh: torch.compile's cache seeded from $compile_cache" \
+            || echo "converge.sh: $compile_cache could not be unpacked; compiling without it"
+    fi
+fi
 collect() {
-    "$python" experiments/gpu/collect.py --plan-name "$plan_name" --work "$work" --out "$out" --device "$device" $named
+    "$python" experiments/gpu/collect.py --plan-name "$plan_name" --work "$work" --out "$out" --device "$device" \
+        ${cache_dir:+--compile-cache "$cache_dir"} $named
 }
 [[ -n $models ]] || { echo "converge.sh: every model named finished in an earlier call into $work"; collect; exit; }
 # every model of the call is validated against the plan before anything trains

@@ -123,6 +123,34 @@ def test_collect_brings_back_no_resumable_state_over_the_return_limit(tmp_path, 
     assert "converge.sh command, made again before the machine is given back, resumes them" in summary
 
 
+@pytest.mark.parametrize("limit", [None, 2000])
+def test_collect_packs_the_compile_cache_when_it_fits(tmp_path, monkeypatch, limit):
+    """--compile-cache: the folder's files, by their paths inside it, in compile-cache.tar.gz, and a line that says
+    how to carry it back; over the limit, no file (not one left by an earlier call either) and a line that says so."""
+    work, out = _work(tmp_path), tmp_path / "out"
+    cache = tmp_path / "cache"
+    (cache / "fxgraph" / "ab").mkdir(parents=True)
+    (cache / "fxgraph" / "ab" / "entry").write_bytes(os.urandom(3000))  # random bytes: 3,000 packed stay > 2,000
+    (cache / "triton").mkdir()
+    (cache / "triton" / "kernel.cubin").write_bytes(b"\0" * 100)
+    out.mkdir()
+    (out / "compile-cache.tar.gz").write_bytes(b"left by an earlier call")
+    collect = _collect_module()
+    if limit is not None:
+        monkeypatch.setattr(collect, "RETURN_LIMIT", limit)
+    assert collect.main(["--plan-name", "plan", "--work", str(work), "--out", str(out), "--device", "cpu",
+                         "--compile-cache", str(cache), "small_phm4:1"]) == 0
+    last = (out / "converge-summary.txt").read_text().splitlines()[-1]
+    if limit is None:
+        with tarfile.open(out / "compile-cache.tar.gz") as tar:
+            assert sorted(tar.getnames()) == ["fxgraph/ab/entry", "triton/kernel.cubin"]
+        assert last.startswith("# compile-cache.tar.gz holds torch.compile's cache (2 files, ")
+        assert last.endswith("carry it back as .gpu/compile-cache.tar.gz and later calls start their models from it")
+    else:
+        assert not (out / "compile-cache.tar.gz").exists()
+        assert last.startswith("# torch.compile's cache (2 files, ") and last.endswith(": not brought back")
+
+
 def _converge(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
@@ -249,3 +277,31 @@ def test_a_second_call_resumes_a_model_the_first_stopped_at_its_budget(tmp_path)
     log = (tmp_path / "work" / "logs" / "phm-seed1.log").read_text()
     assert f"resumed from {run / 'last.safetensors'} at step {stopped}," in (run / "train.log").read_text(), log
     assert load_checkpoint(run / "last.safetensors").extra["trainer"]["step"] > stopped
+
+
+def test_a_carried_compile_cache_spares_the_next_call_the_compilation(tmp_path):
+    """``--compile on`` (on the CPU, Inductor's C++ backend): call 1 brings torch.compile's cache back as
+    compile-cache.tar.gz; call 2, on a fresh --work with that file as --compile-cache, seeds its cache from it and
+    trains the same model without compiling a graph of its own (no new Inductor graph entry), to the same loss."""
+    plan = _tiny_plan(tmp_path)
+    first = _converge(tmp_path, "--plan", str(plan), "--models", "phm:1", "--compile", "on", "--budget-s", "110")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert (tmp_path / "work" / "compile-cache" / "fxgraph").is_dir()  # in --work, wherever that is
+    assert "compile-cache.tar.gz holds torch.compile's cache (" in first.stdout
+    carried = tmp_path / "carried.tar.gz"
+    (tmp_path / "out" / "compile-cache.tar.gz").rename(carried)
+    with tarfile.open(carried) as tar:
+        seeded = {member.name for member in tar.getmembers() if member.name.startswith("fxgraph/") and member.isfile()}
+    assert seeded, "the cache holds no compiled graph"
+    second = _converge(tmp_path, "--plan", str(plan), "--models", "phm:1", "--compile", "on", "--budget-s", "110",
+                       "--work", str(tmp_path / "work2"), "--compile-cache", str(carried))
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"torch.compile's cache seeded from {carried}" in second.stdout
+    cache = tmp_path / "work2" / "compile-cache"
+    compiled = {str(p.relative_to(cache)) for p in (cache / "fxgraph").rglob("*") if p.is_file()}
+    assert compiled == seeded, "call 2 compiled graphs the carried cache should have held"
+    losses = []
+    for work in ("work", "work2"):
+        metrics = (tmp_path / work / "records" / "tinyplan" / "phm" / "seed1" / "metrics.csv").read_text()
+        losses.append([line for line in metrics.splitlines() if ",train,loss," in line])
+    assert losses[0] and losses[0] == losses[1]

@@ -188,6 +188,35 @@ def test_auto_takes_it_only_for_cuda_inference_in_half_precision_at_few_rows(mon
     assert not takes_triton(one, layer)  # a weight gradient to record
 
 
+def test_auto_asks_for_its_reduction_and_never_an_atomic_one_under_deterministic_algorithms(monkeypatch):
+    """A layer's ``auto`` forward calls the kernel with :func:`auto_reduction`: AUTO_REDUCTION, but the one-kernel
+    reduction (the same function, a fixed order) in place of the atomic one under use_deterministic_algorithms, so
+    the layer neither fails there nor turns the kernel off for the process."""
+    asked = []
+    monkeypatch.setattr(triton_phm, "takes_triton", lambda x, layer: True)
+    real = triton_phm.triton_phm_linear
+
+    def spy(*args, reduction, **kwargs):
+        asked.append(reduction)
+        return real(*args, reduction=reduction, **kwargs)
+
+    monkeypatch.setattr(triton_phm, "triton_phm_linear", spy)
+    layer = PHMLinear(64, 256, 4).to(DEVICE)
+    x = torch.randn(1, 64, device=DEVICE)
+    with torch.no_grad():
+        want = _reference(x, layer.phm_rule, layer.phm_weight, layer.bias)
+        for auto in ("one-kernel", "atomic"):
+            monkeypatch.setattr(triton_phm, "AUTO_REDUCTION", auto)
+            assert _relative_error(layer(x), want) < TOLERANCE[torch.float32]
+            try:
+                torch.use_deterministic_algorithms(True)
+                assert _relative_error(layer(x), want) < TOLERANCE[torch.float32]
+            finally:
+                torch.use_deterministic_algorithms(False)
+    assert asked == ["one-kernel", "one-kernel", "atomic", "one-kernel"]
+    assert triton_phm.kernel_failed() is None
+
+
 @pytest.mark.parametrize("n,d,k,rows,programs", [(8, 1000, 64, 2, 64), (4, 64, 256, 1, 8), (2, 30, 94, 1, 3),
                                                   (16, 256, 128, 1, 10_000), (4, 100, 96, 64, 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -405,7 +405,8 @@ class PHMLinear(nn.Module):
             return F.linear(input, self._shared_weight, self.bias)
         if self.factor_rank is None and triton_phm.takes_triton(input, self):  # fused few-row kernel
             try:
-                return triton_phm.triton_phm_linear(input, self.phm_rule, self.phm_weight, self.bias)
+                return triton_phm.triton_phm_linear(input, self.phm_rule, self.phm_weight, self.bias,
+                                                    reduction=triton_phm.auto_reduction())
             except Exception as error:  # a kernel that does not build or launch here: warn, then PyTorch's paths
                 triton_phm.give_up(error)
         rows = input.numel() // self.in_features

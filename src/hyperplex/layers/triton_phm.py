@@ -49,9 +49,9 @@ from torch import Tensor
 
 from hyperplex.layers.functional import recording_operations
 
-__all__ = ["ENV_VAR", "REDUCTIONS", "TRITON_AUTO_DTYPES", "TRITON_DTYPES", "TRITON_MAX_ROWS_N", "Plan", "give_up",
-           "interpreting", "kernel_failed", "plan", "takes_triton", "triton_available", "triton_phm_linear",
-           "triton_reason"]
+__all__ = ["AUTO_REDUCTION", "ENV_VAR", "REDUCTIONS", "TRITON_AUTO_DTYPES", "TRITON_DTYPES", "TRITON_MAX_ROWS_N",
+           "Plan", "auto_reduction", "give_up", "interpreting", "kernel_failed", "plan", "takes_triton",
+           "triton_available", "triton_phm_linear", "triton_reason"]
 
 #: ``auto`` takes the kernel while ``rows·n`` (the stacked block rows of each product: rows are tokens × batch) is at
 #: most this. Measured on an H200 in bf16 (docs/performance.md, "On a GPU"): it beat the structured path at every
@@ -68,6 +68,10 @@ ENV_VAR = "HYPERPLEX_TRITON"
 MAX_N = 64
 #: How a reduction shared over several programs is finished (see the module's docstring).
 REDUCTIONS = ("two-kernel", "one-kernel", "atomic")
+#: The reduction ``PHMLinear``'s ``auto`` asks for (:func:`auto_reduction`): the fastest measured that gives the
+#: same bits at every call (docs/performance.md, "On a GPU"; ``"atomic"`` is timed beside it by
+#: ``benchmarks/gpu/bench_kernel.py`` as ``fused-atomic``).
+AUTO_REDUCTION = "one-kernel"
 #: The one-kernel and atomic reductions' arrival counters, one zeroed int32 buffer per (device, stream), kept
 #: between calls.
 _COUNTERS: dict[tuple, Tensor] = {}
@@ -299,6 +303,15 @@ def _counters(device: torch.device, tiles: int) -> Tensor:
 def _accumulator(device: torch.device, numel: int) -> Tensor:
     """A zeroed float32 accumulator of at least ``numel`` elements for the atomic reduction (:func:`_zeroed`)."""
     return _zeroed(_ACCUMULATORS, device, numel, torch.float32, 4096)
+
+
+def auto_reduction() -> str:
+    """The reduction for ``auto``: :data:`AUTO_REDUCTION`, or ``"one-kernel"`` (the same function in a fixed order)
+    in place of ``"atomic"`` while ``torch.use_deterministic_algorithms(True)`` is set, so that a layer's forward
+    neither fails nor turns the kernel off for the process under it."""
+    if AUTO_REDUCTION == "atomic" and torch.are_deterministic_algorithms_enabled():
+        return "one-kernel"
+    return AUTO_REDUCTION
 
 
 def _check_deterministic() -> None:

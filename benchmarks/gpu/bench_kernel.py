@@ -18,7 +18,9 @@ reduction aiming at one and two programs per multiprocessor instead of four: few
 bytes per program), ``fused-1k/unrolled`` (its last program's loop over the partials unrolled at compile time,
 so their loads are issued together rather than one L2 round trip after another), ``fused-atomic`` (each share adds
 its partial into one float32 sum with atomic adds, ``reduction="atomic"``: the last program reads one tile instead
-of one per share; the same function, its low bits in arrival order) and ``copy`` (a device-to-device
+of one per share; the same function, its low bits in arrival order), ``fused-atomic/p8`` (the atomic reduction
+aiming at eight programs per multiprocessor: more shares, more bytes in flight, a tail that does not grow with
+them) and ``copy`` (a device-to-device
 copy of each layer's factors: one kernel moving the bytes the fused kernel must read, the floor a one-launch
 kernel can reach at that size).
 Each layer gets its own input (the inputs rotate with the layers). A time is the median over ``--reps`` runs of the
@@ -158,17 +160,21 @@ def bench_point(n: int, rows: int, args, ceiling: dict) -> list[dict]:
 
     reductions = {"fused": "two-kernel", "fused-1k": "one-kernel", "fused-atomic": "atomic"}
     sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 4
-    fewer = {"fused-1k/p1": sms, "fused-1k/p2": 2 * sms}  # programs to aim at (the default: 4 per SM)
+    # programs to aim at (the default: 4 per SM) and the reduction: fewer shares for the one-kernel reduction (a
+    # shorter tail), more for the atomic one (whose tail does not grow with them: more bytes in flight)
+    shares = {"fused-1k/p1": (sms, "one-kernel"), "fused-1k/p2": (2 * sms, "one-kernel"),
+              "fused-atomic/p8": (8 * sms, "atomic")}
     copies = [torch.empty_like(f) for f in factors]
 
     def copy():
         for f, c in zip(factors, copies):
             c.copy_(f)
 
-    def fused_programs(programs: int | None, unroll: bool = False):
+    def fused_programs(programs: int | None, reduction: str = "one-kernel", unroll: bool = False):
         def stack():
             for r, s, x, o in zip(rules, factors, xs, outs):
-                triton_phm.triton_phm_linear(x, r, s, out=o, programs=programs, _unroll_tail=unroll)
+                triton_phm.triton_phm_linear(x, r, s, out=o, programs=programs, reduction=reduction,
+                                             _unroll_tail=unroll)
         return stack
 
     results = []
@@ -182,15 +188,16 @@ def bench_point(n: int, rows: int, args, ceiling: dict) -> list[dict]:
                   "structured": relative_error(phm_linear_structured(xs[0], rules[0], factors[0]), phm_want),
                   **{name: relative_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0], reduction=how),
                                           phm_want) for name, how in reductions.items()},
-                  **{name: relative_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0], programs=count),
-                                          phm_want) for name, count in fewer.items()},
+                  **{name: relative_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0], programs=count,
+                                                                       reduction=how), phm_want)
+                     for name, (count, how) in shares.items()},
                   "fused-1k/unrolled": relative_error(triton_phm.triton_phm_linear(xs[0], rules[0], factors[0],
                                                                                    _unroll_tail=True), phm_want),
                   "copy": 0.0 if torch.equal(copies[0].copy_(factors[0]), factors[0]) else math.inf}
         del x64, dense_want, phm_want
         variants = (("dense", dense, dense_depth), ("structured", structured, phm_depth),
                     *((name, fused(how), phm_depth) for name, how in reductions.items()),
-                    *((name, fused_programs(count), phm_depth) for name, count in fewer.items()),
+                    *((name, fused_programs(count, how), phm_depth) for name, (count, how) in shares.items()),
                     ("fused-1k/unrolled", fused_programs(None, unroll=True), phm_depth),
                     ("copy", copy, phm_depth))
         times = {name: timed(fn, device, args) / depth for name, fn, depth in variants}

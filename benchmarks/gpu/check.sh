@@ -11,7 +11,7 @@
 # experiments/gpu/converge.sh trains the models beside them until --deadline-s seconds after the start (less a
 # margin to pack its records), --parallel N of them at a time (default: all at once; the next one named starts when
 # one ends); converge.sh keeps the Triton kernel off (HYPERPLEX_TRITON=0) unless told otherwise.
-# The budgets add up to 520 s (under 9 minutes). `--skip` leaves out steps whose code has not changed since their
+# The budgets add up to 535 s (under 9 minutes). `--skip` leaves out steps whose code has not changed since their
 # last GPU record (kernel, bench_phm, bench_transformer, bench_compress, bench_adapters, tests), which gives their
 # time to --converge. `--device cpu --quick` with TRITON_INTERPRET=1 is the dry run on a machine without a GPU. See
 # benchmarks/gpu/README.md.
@@ -169,11 +169,11 @@ if [ $QUICK = 1 ]; then
     COMP=(--quick --batch-sizes 1 --variants phm4 --sentences 4 --rounds 1)
     ADAPT=(--quick --sizes 384x1536 --variants 4:full --rows 1 --repeats 2)
 else
-    # worst cases 340 s for the speed steps, 180 s for the tests. On an H200 they took kernel 14 s (before its
-    # copy, programs and unrolled-tail variants, which add about as much again and their compilations), bench_phm
-    # 25, bench_transformer 63, adapters 21, tests 133; bench_compress ran past 70 s (a fresh process per model and
-    # memory sample), hence its share
-    B_TEST=180; B_KERNEL=60; B_PHM=35; B_TRANS=85; B_COMP=130; B_ADAPT=30
+    # worst cases 355 s for the speed steps, 180 s for the tests. On an H200 they took kernel 14 s (with two fused
+    # variants; now eight, each compiled once per point, ≈ 0.5 s a compilation), bench_phm 25, bench_transformer
+    # 63, adapters 21, tests 133; bench_compress ran past 70 s (a fresh process per model and memory sample),
+    # hence its share
+    B_TEST=180; B_KERNEL=75; B_PHM=35; B_TRANS=85; B_COMP=130; B_ADAPT=30
     # the slowest (model conversions, a training run) last, so that a timeout costs the fewest results
     TESTS=(tests/layers/test_triton_phm.py tests/cuda/test_phm_paths.py tests/cuda/test_train_cuda.py
            tests/cuda/test_models_cuda.py --durations=10)

@@ -11,16 +11,15 @@ share of the reduction (a group of terms ``i`` and a chunk of ``j``), and for ea
 2. mixes by the rule in registers: ``Y[(b, a), q] += Σ_c rule[i, a, c] P[(b, c), q]``, one ``tl.dot`` with the
    block-diagonal ``(rows·n)²`` matrix ``I ⊗ Aᵢ`` built from the ``n × n`` rule.
 
-With one share the program adds the bias and writes ``y`` in the input's dtype; with several, each writes its
-float32 partial ``Y`` and the partials are summed in split order, the bias added and the sum cast, by one of
-one of three ``reduction`` modes: ``"one-kernel"`` (the default: the last program of each output tile to arrive
-does it, counted by an atomic per tile, which saves a launch), ``"two-kernel"`` (a second small kernel does it; on
-an H200 it was as fast or slower at every measured size) or ``"atomic"`` (each program adds its partial into a
-zeroed float32 accumulator with atomic adds; the last to arrive reads the one sum, re-zeroes it and writes ``y``,
-so the tail is one read instead of one per share). The first two sum in split order, so they give the same bits
-and neither depends on the order the programs run in; ``"atomic"`` sums in arrival order, so its low float32 bits
-(and, rarely, a bf16 output's last bit) vary from call to call, and it refuses to run under
-``torch.use_deterministic_algorithms(True)``.
+With one share the program adds the bias and writes ``y`` in the input's dtype; with several, the shares' float32
+partials ``Y`` are summed, the bias added and the sum cast by one of three ``reduction`` modes: ``"one-kernel"``
+(the default: the last program of each output tile to arrive does it, counted by an atomic per tile, which saves a
+launch), ``"two-kernel"`` (a second small kernel does it; on an H200 it was as fast or slower at every measured
+size) or ``"atomic"`` (each program adds its partial into a zeroed float32 accumulator with atomic adds; the last to
+arrive reads the one sum, re-zeroes it and writes ``y``, so the tail is one read instead of one per share). The
+first two sum in split order, so they give the same bits and neither depends on the order the programs run in;
+``"atomic"`` sums in arrival order, so its low float32 bits (and, rarely, a bf16 output's last bit) vary from call
+to call, and it refuses to run under ``torch.use_deterministic_algorithms(True)``.
 The shares exist to give the GPU enough programs at one row (a 4096² layer at ``n = 16`` has only 256 output
 columns per block row); :func:`plan` picks them.
 

@@ -101,6 +101,10 @@ def _pack_compile_cache(folder: Path, target: Path) -> str:
     files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
     if not files:
         return "# no torch.compile cache to bring back"
+    raw = sum(p.stat().st_size for p in files)
+    if raw > 8 * RETURN_LIMIT:  # compiled code compresses a few times, not eight: the call's last seconds are kept
+        return (f"# torch.compile's cache ({len(files)} files, {raw / 2**20:.0f} MiB) is too large to bring back in "
+                "16 MiB: not packed")
     with tarfile.open(target, "w:gz") as tar:
         for path in files:
             tar.add(path, arcname=str(path.relative_to(folder)))

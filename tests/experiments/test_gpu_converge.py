@@ -123,10 +123,11 @@ def test_collect_brings_back_no_resumable_state_over_the_return_limit(tmp_path, 
     assert "converge.sh command, made again before the machine is given back, resumes them" in summary
 
 
-@pytest.mark.parametrize("limit", [None, 2000])
+@pytest.mark.parametrize("limit", [None, 2000, 300])
 def test_collect_packs_the_compile_cache_when_it_fits(tmp_path, monkeypatch, limit):
     """--compile-cache: the folder's files, by their paths inside it, in compile-cache.tar.gz, and a line that says
-    how to carry it back; over the limit, no file (not one left by an earlier call either) and a line that says so."""
+    how to carry it back; over the limit once packed, no file (not one left by an earlier call either) and a line
+    that says so; over eight times the limit before packing, not packed at all."""
     work, out = _work(tmp_path), tmp_path / "out"
     cache = tmp_path / "cache"
     (cache / "fxgraph" / "ab").mkdir(parents=True)
@@ -146,9 +147,12 @@ def test_collect_packs_the_compile_cache_when_it_fits(tmp_path, monkeypatch, lim
             assert sorted(tar.getnames()) == ["fxgraph/ab/entry", "triton/kernel.cubin"]
         assert last.startswith("# compile-cache.tar.gz holds torch.compile's cache (2 files, ")
         assert last.endswith("carry it back as .gpu/compile-cache.tar.gz and later calls start their models from it")
-    else:
+    elif limit == 2000:  # 3,100 bytes: packed, then found too big
         assert not (out / "compile-cache.tar.gz").exists()
         assert last.startswith("# torch.compile's cache (2 files, ") and last.endswith(": not brought back")
+    else:  # 3,100 bytes > 8 × 300: never packed
+        assert not (out / "compile-cache.tar.gz").exists()
+        assert last == "# torch.compile's cache (2 files, 0 MiB) is too large to bring back in 16 MiB: not packed"
 
 
 def _converge(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

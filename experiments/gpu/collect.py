@@ -93,24 +93,34 @@ def _pack(target: Path, root: Path, members: list[Path]) -> None:
             tar.add(path, arcname=str(path.relative_to(root)))
 
 
-def _pack_compile_cache(folder: Path, target: Path) -> str:
-    """``folder`` (TORCHINDUCTOR_CACHE_DIR) packed into ``target`` if that stays within the return limit; the
-    summary's line about it. Compiled graphs and kernels are mostly text and compress well, so the file is packed
-    first and measured."""
+def _pack_within_limit(target: Path, root: Path, members: list[Path], compression: int) -> int | None:
+    """``members`` packed into ``target`` (paths relative to ``root``), kept only while the archive stays within the
+    return limit (no ``target`` otherwise, not even one an earlier call into the same ``--out`` left); the archive's
+    size, or ``None`` when the members exceed ``compression`` × the limit and are not packed at all: gzip shrinks
+    them by less than that, and its minutes would come out of the call's last seconds."""
     target.unlink(missing_ok=True)
-    files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
-    if not files:
-        return "# no torch.compile cache to bring back"
-    raw = sum(p.stat().st_size for p in files)
-    if raw > 8 * RETURN_LIMIT:  # compiled code compresses a few times, not eight: the call's last seconds are kept
-        return (f"# torch.compile's cache ({len(files)} files, {raw / 2**20:.0f} MiB) is too large to bring back in "
-                "16 MiB: not packed")
-    with tarfile.open(target, "w:gz") as tar:
-        for path in files:
-            tar.add(path, arcname=str(path.relative_to(folder)))
+    if sum(p.stat().st_size for p in members) > compression * RETURN_LIMIT:
+        return None
+    _pack(target, root, members)
     size = target.stat().st_size
     if size > RETURN_LIMIT:
         target.unlink()
+    return size
+
+
+def _pack_compile_cache(folder: Path, target: Path) -> str:
+    """``folder`` (TORCHINDUCTOR_CACHE_DIR) packed into ``target`` if that stays within the return limit; the
+    summary's line about it. Compiled graphs and kernels are mostly text and compress a few times."""
+    files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
+    if not files:
+        target.unlink(missing_ok=True)
+        return "# no torch.compile cache to bring back"
+    size = _pack_within_limit(target, folder, files, compression=8)
+    if size is None:
+        raw = sum(p.stat().st_size for p in files)
+        return (f"# torch.compile's cache ({len(files)} files, {raw / 2**20:.0f} MiB) is too large to bring back in "
+                "16 MiB: not packed")
+    if size > RETURN_LIMIT:
         return (f"# torch.compile's cache ({len(files)} files, {size / 2**20:.1f} MiB packed) is over the 16 MiB a "
                 "returned file may have: not brought back")
     return (f"# compile-cache.tar.gz holds torch.compile's cache ({len(files)} files, {size / 2**20:.1f} MiB): carry "
@@ -157,15 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     if unfinished:
         members = [run / name for run in unfinished for name in RESUME_FILES if (run / name).is_file()]
         members += [p for run in unfinished for p in run.iterdir() if p.name.startswith(("src", "tgt", "vocab"))]
-        resume = args.out / f"resume-{args.plan_name}.tar.gz"
-        resume.unlink(missing_ok=True)  # a file left from an earlier call into the same --out does not hold these
-        # float32 weights and moments compress by a few percent at most: twice the limit cannot fit, so the
-        # minutes of gzip are not spent on them
-        if sum(p.stat().st_size for p in members) <= 2 * RETURN_LIMIT:
-            _pack(resume, runs, members)
-            if resume.stat().st_size > RETURN_LIMIT:
-                resume.unlink()
-        if resume.is_file():
+        # float32 weights and moments compress by a few percent at most: twice the limit cannot fit
+        size = _pack_within_limit(args.out / f"resume-{args.plan_name}.tar.gz", runs, members, compression=2)
+        if size is not None and size <= RETURN_LIMIT:
             lines.append(f"# resume-{args.plan_name}.tar.gz holds {len(unfinished)} unfinished model(s): carry it "
                          "back as .gpu_resume/ to resume them")
         else:

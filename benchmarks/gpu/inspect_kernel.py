@@ -45,12 +45,7 @@ def compile_fused(dtype: str, n: int, rows: int, d: int, k: int, arch: int, prog
             "j_chunks": p.j_chunks, "splits": p.splits}
     pointers = {"x_ptr": dtype, "w_ptr": dtype, "rule_ptr": dtype, "bias_ptr": dtype, "out_ptr": dtype,
                 "ws_ptr": "fp32" if split else dtype, "count_ptr": "i32" if split else dtype}
-    constexprs = {"N": n, "BLOCK_ROWS": p.block_rows, "BLOCK_M": p.block_m, "BLOCK_Q": p.block_q,
-                  "BLOCK_J": p.block_j, "SPLIT": split, "ONE_KERNEL": split and reduction in ("one-kernel", "atomic"),
-                  "HAS_BIAS": bias, "FP32": dtype == "fp32", "UPCAST": False, "EVEN_J": d_n % p.block_j == 0}
-    atomic = split and reduction == "atomic"
-    unrolled = constexprs["ONE_KERNEL"] and not atomic and unroll_tail
-    constexprs.update(UNROLL_TAIL=unrolled, SPLITS=p.splits if unrolled else 1, ATOMIC=atomic)
+    constexprs = triton_phm.launch_constexprs(p, n, d_n, DTYPES[dtype], reduction, bias, unroll_tail)
     signature = {**{name: f"*{t}" for name, t in pointers.items()}, **{name: "i32" for name in ints},
                  **dict.fromkeys(constexprs, "constexpr")}
     # what a launch passes: torch's allocations are 16-byte aligned; sizes divisible by 16 are marked so (ints of

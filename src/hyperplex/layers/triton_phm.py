@@ -49,8 +49,8 @@ from torch import Tensor
 from hyperplex.layers.functional import recording_operations
 
 __all__ = ["AUTO_REDUCTION", "ENV_VAR", "REDUCTIONS", "TRITON_AUTO_DTYPES", "TRITON_DTYPES", "TRITON_MAX_ROWS_N",
-           "Plan", "auto_reduction", "give_up", "interpreting", "kernel_failed", "plan", "takes_triton",
-           "triton_available", "triton_phm_linear", "triton_reason"]
+           "Plan", "auto_reduction", "give_up", "interpreting", "kernel_failed", "launch_constexprs", "plan",
+           "takes_triton", "triton_available", "triton_phm_linear", "triton_reason"]
 
 #: ``auto`` takes the kernel while ``rows·n`` (the stacked block rows of each product: rows are tokens × batch) is at
 #: most this. Measured on an H200 in bf16 (docs/performance.md, "On a GPU"): it beat the structured path at every
@@ -327,6 +327,20 @@ def _check_deterministic() -> None:
     raise RuntimeError(message)
 
 
+def launch_constexprs(p: Plan, n: int, d_n: int, dtype: torch.dtype, reduction: str, has_bias: bool,
+                      unroll_tail: bool = False) -> dict:
+    """The fused kernel's compile-time arguments for plan ``p``: how :func:`triton_phm_linear` specialises a launch,
+    and what ``benchmarks/gpu/inspect_kernel.py`` compiles ahead of time, from one place."""
+    split = p.splits > 1
+    atomic = split and reduction == "atomic"
+    one_kernel = split and reduction in ("one-kernel", "atomic")
+    unrolled = one_kernel and not atomic and unroll_tail
+    return dict(N=n, BLOCK_ROWS=p.block_rows, BLOCK_M=p.block_m, BLOCK_Q=p.block_q, BLOCK_J=p.block_j, SPLIT=split,
+                ONE_KERNEL=one_kernel, HAS_BIAS=has_bias, FP32=dtype == torch.float32,
+                UPCAST=interpreting() and dtype != torch.float32, EVEN_J=d_n % p.block_j == 0, UNROLL_TAIL=unrolled,
+                SPLITS=p.splits if unrolled else 1, ATOMIC=atomic)
+
+
 def triton_reason(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> str | None:
     """``None`` if :func:`triton_phm_linear` can run on these tensors, else why it cannot."""
     if not triton_available():
@@ -398,9 +412,9 @@ def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | No
     weight, rule = weight.contiguous(), rule.contiguous()
     bias_arg = bias.contiguous() if bias is not None else weight  # never read without HAS_BIAS
     fused, reduce = _kernels()
-    split = p.splits > 1
-    atomic = split and reduction == "atomic"
-    if atomic:
+    flags = launch_constexprs(p, n, d_n, x.dtype, reduction, bias is not None, _unroll_tail)
+    split, one_kernel = flags["SPLIT"], flags["ONE_KERNEL"]
+    if flags["ATOMIC"]:
         _check_deterministic()
         workspace = _accumulator(x.device, rows * k)
     elif split:
@@ -410,15 +424,9 @@ def triton_phm_linear(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | No
             raise ValueError(f"triton_phm_linear: _workspace must be a float32 ({p.splits}, {rows}, {k}) tensor")
     else:
         workspace = out  # never read without SPLIT
-    one_kernel = split and reduction in ("one-kernel", "atomic")
-    unrolled = one_kernel and not atomic and _unroll_tail
     counters = _counters(x.device, p.grid[0] * p.grid[1]) if one_kernel else out  # never read without ONE_KERNEL
     fused[p.grid](flat, weight, rule, bias_arg, out, workspace, counters, rows, k_n, d_n, flat.stride(0), p.i_per,
-                  p.j_chunk, p.j_chunks, p.splits, N=n, BLOCK_ROWS=p.block_rows, BLOCK_M=p.block_m, BLOCK_Q=p.block_q,
-                  BLOCK_J=p.block_j, SPLIT=split, ONE_KERNEL=one_kernel, HAS_BIAS=bias is not None,
-                  FP32=x.dtype == torch.float32, UPCAST=interpreting() and x.dtype != torch.float32,
-                  EVEN_J=d_n % p.block_j == 0, UNROLL_TAIL=unrolled,
-                  SPLITS=p.splits if unrolled else 1, ATOMIC=atomic, num_warps=p.num_warps)
+                  p.j_chunk, p.j_chunks, p.splits, **flags, num_warps=p.num_warps)
     if split and not one_kernel:
         block = 1024
         reduce[(-(-rows * k // block),)](workspace, bias_arg, out, rows * k, k, p.splits,

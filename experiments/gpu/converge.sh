@@ -105,10 +105,16 @@ if [[ $compile == on ]]; then
     export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$(cd "$work" && pwd)/compile-cache}"
     cache_dir=$TORCHINDUCTOR_CACHE_DIR
     if [[ -f $compile_cache && ! -e $work/compile-cache.seeded ]]; then
-        mkdir -p "$cache_dir" && tar -xzf "$compile_cache" -C "$cache_dir" \
-            && touch "$work/compile-cache.seeded" \
-            && echo "converge.sh: torch.compile's cache seeded from $compile_cache" \
-            || echo "converge.sh: $compile_cache could not be unpacked; compiling without it"
+        # unpacked aside and copied in only whole: a truncated or corrupt file adds nothing to the cache
+        unpack="$work/compile-cache.unpack"
+        rm -rf "$unpack"; mkdir -p "$unpack" "$cache_dir"
+        if tar -xzf "$compile_cache" -C "$unpack" && cp -a "$unpack/." "$cache_dir/"; then
+            touch "$work/compile-cache.seeded"
+            echo "converge.sh: torch.compile's cache seeded from $compile_cache"
+        else
+            echo "converge.sh: $compile_cache could not be unpacked; compiling without it"
+        fi
+        rm -rf "$unpack"
     fi
 fi
 collect() {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -286,7 +287,8 @@ def test_a_second_call_resumes_a_model_the_first_stopped_at_its_budget(tmp_path)
 def test_a_carried_compile_cache_spares_the_next_call_the_compilation(tmp_path):
     """``--compile on`` (on the CPU, Inductor's C++ backend): call 1 brings torch.compile's cache back as
     compile-cache.tar.gz; call 2, on a fresh --work with that file as --compile-cache, seeds its cache from it and
-    trains the same model without compiling a graph of its own (no new Inductor graph entry), to the same loss."""
+    trains the same model without compiling a graph of its own (no new Inductor graph entry), to the same loss; a
+    truncated carried file is refused with a message and leaves the cache as it was."""
     plan = _tiny_plan(tmp_path)
     first = _converge(tmp_path, "--plan", str(plan), "--models", "phm:1", "--compile", "on", "--budget-s", "110")
     assert first.returncode == 0, first.stdout + first.stderr
@@ -309,3 +311,14 @@ def test_a_carried_compile_cache_spares_the_next_call_the_compilation(tmp_path):
         metrics = (tmp_path / work / "records" / "tinyplan" / "phm" / "seed1" / "metrics.csv").read_text()
         losses.append([line for line in metrics.splitlines() if ",train,loss," in line])
     assert losses[0] and losses[0] == losses[1]
+    # a truncated carried file: nothing of it reaches the cache (the model, recorded in this --work, does not train)
+    truncated = tmp_path / "truncated.tar.gz"
+    truncated.write_bytes(carried.read_bytes()[: carried.stat().st_size // 2])
+    shutil.copytree(tmp_path / "work2" / "records", tmp_path / "work3" / "records")
+    third = _converge(tmp_path, "--plan", str(plan), "--models", "phm:1", "--compile", "on", "--budget-s", "110",
+                      "--work", str(tmp_path / "work3"), "--compile-cache", str(truncated))
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert f"converge.sh: {truncated} could not be unpacked; compiling without it" in third.stdout
+    assert not any((tmp_path / "work3" / "compile-cache").iterdir())
+    assert not (tmp_path / "work3" / "compile-cache.seeded").exists()
+    assert not (tmp_path / "work3" / "compile-cache.unpack").exists()

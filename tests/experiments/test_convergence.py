@@ -274,3 +274,22 @@ def test_the_report_verb_writes_the_figure_and_nothing_on_a_bad_row(tmp_path, ca
     assert main(argv) == 0 and png.read_bytes().startswith(b"\x89PNG")
     assert main(["report", "convergence", str(records / "results.json"), "--figure",
                  str(records / "results.json")]) == 1  # never over the results it reads
+
+
+def test_a_row_trained_on_two_kinds_of_device_reports_its_time_per_kind(tmp_path):
+    """Seeds from a GPU session and from a CPU lane: one mean of minutes and hours would describe neither."""
+    records, results = _results(tmp_path)
+    machines = {1: ["cuda (NVIDIA H200)"], 2: ["cpu"], 3: ["cuda (NVIDIA H200)", "cpu"]}  # seed 3 resumed on a CPU
+    for run in results["rows"][1]["runs"][:3]:
+        segments = [{"machine": {"device": d, "torch": "2.13.0"}} for d in machines[run["seed"]]]
+        (records / "phm4" / f"seed{run['seed']}" / "experiment.json").write_text(json.dumps({"segments": segments}))
+        run["train_seconds"] = {1: 360.0, 2: 36000.0, 3: 7200.0}[run["seed"]]
+    rows = {r["name"]: r for r in row_courses(results, records)}
+    assert rows["phm4"]["seconds_by_device"] == {"cuda": [360.0], "cpu": [36000.0], "cuda+cpu": [7200.0]}
+    text = convergence_section(json.loads(json.dumps(results)), records, [])
+    line = next(x for x in text.splitlines() if x.startswith("| PHM-Tm n=4 |"))
+    assert "| 6 min on cuda (1); 600 min on cpu (1); 120 min on cuda+cpu (1) |" in line
+    assert line.endswith("| cuda (NVIDIA H200), torch 2.13.0; cpu, torch 2.13.0 |")
+    # a row on one kind of device keeps its one mean (the Transformer's records name no machine)
+    assert "| early stopping 3 | 5.00M | 10 min | – |" in next(x for x in text.splitlines()
+                                                               if x.startswith("| Transformer |"))

@@ -190,8 +190,34 @@ def row_courses(results: dict, records: Path | None, metric: str = "bleu") -> li
         rows.append({"name": row["name"], "label": row["label"], "values": [r["metrics"][metric] for r in runs],
                      "summary": summarize([r["metrics"][metric] for r in runs]), "courses": courses,
                      "params": params, "seconds": math.fsum(seconds) / len(seconds) if seconds else None,
+                     "seconds_by_device": _seconds_by_device(runs, courses),
                      "planned": len(row.get("seeds") or row["runs"])})
     return rows
+
+
+def _seconds_by_device(runs: list[dict], courses: list[dict]) -> dict[str, list[float]]:
+    """Each seed's training seconds under the device kind it trained on (``cpu``, ``cuda``; ``cuda+cpu`` for a
+    model resumed on another kind), so that a row whose seeds trained on a GPU and in a CPU lane does not report
+    one mean of minutes and hours."""
+    found: dict[str, list[float]] = {}
+    for run, course in zip(runs, courses):
+        if not run.get("train_seconds"):
+            continue
+        kinds = []
+        for where in course.get("trained_on", []):
+            kind = where.split(",")[0].split(" (")[0].strip() or "?"
+            if kind not in kinds:
+                kinds.append(kind)
+        found.setdefault("+".join(kinds) or "?", []).append(run["train_seconds"])
+    return found
+
+
+def _training_time(row: dict) -> str:
+    """The mean training time over the seeds; per device kind, with the seeds' count, when they differ."""
+    by = row.get("seconds_by_device") or {}
+    if len(by) > 1:
+        return "; ".join(f"{math.fsum(v) / len(v) / 60:.0f} min on {kind} ({len(v)})" for kind, v in by.items())
+    return "–" if row["seconds"] is None else f"{row['seconds'] / 60:.0f} min"
 
 
 def _mean(values: list) -> float | None:
@@ -278,10 +304,9 @@ def convergence_section(results: dict, records: Path | None, comparisons: Sequen
         stopped = ", ".join(f"{k} {v}" for k, v in sorted(stops.items())) or "–"
         step, epoch = _mean([c["best_step"] for c in r["courses"]]), _mean([c["best_epoch"] for c in r["courses"]])
         params = "–" if r["params"] is None else f"{r['params'] / 1e6:.2f}M"
-        minutes = "–" if r["seconds"] is None else f"{r['seconds'] / 60:.0f} min"
         lines.append(f"| {r['label']} | {len(r['values'])}/{r['planned']} | {_interval(r['summary'])} | "
                      f"{'–' if step is None else f'{step:,.0f}'} | {'–' if epoch is None else f'{epoch:.1f}'} | "
-                     f"{stopped} | {params} | {minutes} | {'; '.join(_devices(r['courses'])) or '–'} |")
+                     f"{stopped} | {params} | {_training_time(r)} | {'; '.join(_devices(r['courses'])) or '–'} |")
     waiting = [r["label"] for r in every if not r["values"]]
     if waiting:
         lines += ["", f"No finished model yet: {'; '.join(waiting)}."]

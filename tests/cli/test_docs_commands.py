@@ -100,3 +100,43 @@ def test_a_documented_command_is_one_the_cli_accepts(where, argv):
             load_experiment(ROOT / config, checked, model_dir=getattr(args, "model_dir", None) or "runs/docs-check")
         except Exception as err:  # noqa: BLE001 - the message is the finding
             pytest.fail(f"{where}: `hyperplex {shlex.join(argv)}`: {err}")
+
+
+def _verb_options() -> dict[str, set[str]]:
+    """Each verb's option strings (``report``'s: those of all its kinds)."""
+    import argparse
+
+    def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        for action in parser._actions:  # argparse keeps its sub-commands only here
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
+    options = {}
+    for verb, parser in subparsers(build_parser()).items():
+        options[verb] = set(parser._option_string_actions)
+        for kind in subparsers(parser).values():
+            options[verb] |= set(kind._option_string_actions)
+    return options
+
+
+def prose_mentions() -> list[tuple[str, str, str]]:
+    """``(PAGE, verb, option)`` for each ``--option`` in an inline ```hyperplex VERB …``` of the pages' prose
+    (usage synopses such as ``hyperplex evaluate MODEL [--split …]`` included; config keys are not options)."""
+    found = []
+    for page in PAGES:
+        text = re.sub(r"```.*?```", "", (ROOT / page).read_text(encoding="utf-8"), flags=re.S).replace("\n", " ")
+        for span in re.finditer(r"`(?:\S*/)?hyperplex ([a-z-]+)([^`]*)`", text):
+            for option in re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)(?![\w.-])", span.group(2)):
+                found.append((page, span.group(1), option))
+    return found
+
+
+def test_every_option_the_docs_name_for_a_verb_is_one_of_its_options():
+    options = _verb_options()
+    mentions = prose_mentions()
+    assert len(mentions) > 20 and {"evaluate", "translate", "experiment"} <= {verb for _, verb, _ in mentions}
+    wrong = sorted({f"{page}: `hyperplex {verb}` has no option {option}" if verb in options else
+                    f"{page}: there is no verb `hyperplex {verb}`"
+                    for page, verb, option in mentions if option not in options.get(verb, ())})
+    assert not wrong, "\n".join(wrong)

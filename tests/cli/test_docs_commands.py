@@ -14,7 +14,8 @@ from hyperplex.cli.main import _split_overrides, build_parser
 from hyperplex.config.experiment import load_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
+PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")),
+         "experiments/README.md", "experiments/lanes/README.md"]
 #: A value the page's reader fills in (``--model.n=N``, ``STUDENT``): parsed, but not checked as a config value.
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$")
 

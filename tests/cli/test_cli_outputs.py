@@ -88,6 +88,22 @@ def test_average_into_another_models_config_is_refused(model, trained, tmp_path,
     assert cli.main(["average", *best, "-o", str(model)]) == 0  # and again: its own file is replaced
 
 
+def test_the_python_call_behind_average_has_the_same_guard(model, trained, tmp_path):
+    """``write_average`` is ``hyperplex average`` without the parsing: another model's config is refused there too."""
+    from hyperplex.guards import OutputError
+    from hyperplex.train.checkpoint import write_average
+
+    other = tmp_path / "other"
+    shutil.copytree(trained[1], other)
+    before = snapshot(other)
+    best = sorted(model.glob("best-*.safetensors"))
+    with pytest.raises(OutputError, match="is a file of the model folder"):
+        write_average(best, other / "config.yaml")
+    assert snapshot(other) == before
+    assert write_average(best, tmp_path / "avg.safetensors") == tmp_path / "avg.safetensors"
+    assert write_average(best, tmp_path / "avg.safetensors") == tmp_path / "avg.safetensors"  # its own: replaced
+
+
 # -- corpus ------------------------------------------------------------------------------------------------------------
 def test_corpus_refuses_one_of_its_sources_as_out(tmp_path, capsys):
     source = tmp_path / "data" / "multi30k_en_de" / "train.en.gz"

@@ -53,11 +53,16 @@ def average_checkpoints(paths: Sequence) -> dict[str, Tensor]:
 def write_average(inputs: Sequence[str | Path], output: str | Path) -> Path:
     """Average the weights of checkpoints (files, or every ``best-*.safetensors`` of a folder) into
     ``output`` (a folder: ``output/averaged.safetensors``), a weights file recording ``averaged_from``;
-    returns its path."""
+    returns its path. Before any work, the output is refused (:class:`hyperplex.guards.OutputError`) if it is an
+    input, not a regular file, or another file of a model folder than an average (``averaged*.safetensors`` or
+    one this function wrote), and (``ValueError``) if it is a checkpoint a training run manages."""
+    from hyperplex.guards import check_outputs
+
     paths = _checkpoints_to_average(inputs)
     out = Path(output)
     if out.is_dir():
         out = out / "averaged.safetensors"
+    check_outputs({"-o": out}, [*inputs, *paths], owns=("averaged*.safetensors", *_written_here(out)))
     _check_average_output(out, paths)
     state = average_checkpoints(paths)
     save_model_weights(out, state, {"averaged_from": json.dumps([str(p) for p in paths])})
@@ -79,6 +84,21 @@ def _checkpoints_to_average(inputs: Sequence[str | Path]) -> list[Path]:
         else:
             raise FileNotFoundError(f"checkpoint not found: {p}")
     return paths
+
+
+def _written_here(path: Path) -> tuple[str, ...]:
+    """``(name,)`` when ``path`` is a weights file :func:`write_average` wrote (it records ``averaged_from``), so
+    writing it again replaces only an average."""
+    if not path.is_file():  # a FIFO would block the read; the guard names it
+        return ()
+    try:
+        from safetensors import safe_open
+
+        with safe_open(os.fspath(path), framework="pt") as handle:
+            header = json.loads((handle.metadata() or {}).get("hyperplex", "{}"))
+        return (path.name,) if "averaged_from" in (header.get("extra") or {}) else ()
+    except Exception:  # noqa: BLE001 - not a safetensors file: not one of its outputs
+        return ()
 
 
 def _check_average_output(out: Path, paths: list[Path]) -> None:

@@ -107,3 +107,20 @@ def test_conversions_take_any_linear_like_object():
         assert error_view == error_linear
         for a, b in zip(from_view.state_dict().values(), from_linear.state_dict().values()):
             assert torch.equal(a, b)
+
+
+def test_the_dialect_table_of_the_adapters_guide_is_what_name_matches_does():
+    """docs/adapters.md's table of patterns: each example in "matches" is matched, each in "does not match" is not."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "adapters.md").read_text(encoding="utf-8")
+    table = text[text.index("| pattern | selects | matches, e.g. | does not match, e.g. |"):].split("\n\n")[0]
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    assert len(rows) == 6
+    for cells in rows:
+        pattern = cells[0].strip("| `")
+        matches, misses = (re.findall(r"`([^`]+)`", cell) for cell in cells[2:4])
+        assert matches and misses, cells
+        assert all(name_matches(name, pattern) for name in matches), (pattern, matches)
+        assert not any(name_matches(name, pattern) for name in misses), (pattern, misses)

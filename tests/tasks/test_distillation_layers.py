@@ -122,3 +122,31 @@ def test_a_layer_map_or_keep_list_that_does_not_fit_is_one_error_and_writes_noth
     err = capsys.readouterr().err
     assert re.search(message, err), err
     assert not (tmp_path / "m").exists()
+
+
+def test_a_resumed_or_evaluated_student_is_not_fitted_again(tmp_path, teacher_folder, monkeypatch):
+    """Blockwise fitting and a calibrated start happen once, when the run starts: a resumed run and ``evaluate`` on
+    the dev split (which reads the training data) build the student's layers without them, since the checkpoint
+    replaces their result, and the resumed run still ends bit-identical to the whole one."""
+    from hyperplex.inference.verbs import evaluate
+    from hyperplex.models import pretrained_student
+    from hyperplex.train.checkpoint import load_model_weights
+    from hyperplex.train.run import train
+
+    extra = {**LAYERED, "model.keep_layers": [1], "model.blockwise_steps": 3, "model.init": "activation"}
+    for name in ("whole", "half"):
+        (tmp_path / name).mkdir()
+    whole = write_config(tmp_path / "whole", teacher_folder, steps=8, extra=extra)
+    half = write_config(tmp_path / "half", teacher_folder, steps=8, extra=extra)
+    train(str(whole))
+    train(str(half), ["--training.max_steps=4"])
+    fits = []
+    real = pretrained_student.fit_blocks
+    monkeypatch.setattr(pretrained_student, "fit_blocks", lambda *a, **k: fits.append(1) or real(*a, **k))
+    train(str(half), resume=True)
+    evaluate(tmp_path / "half" / "m", "best", split="dev")
+    assert fits == []
+    a, b = (load_model_weights(p / "m" / "last.safetensors") for p in (tmp_path / "whole", tmp_path / "half"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    resumed_log = (tmp_path / "half" / "m" / "train.log").read_text().split("resumed from")[1]
+    assert "blockwise: layer" not in resumed_log

@@ -121,6 +121,7 @@ def load_model(model_dir: str | Path, checkpoint: str = "best", data_root: str |
         task.prepare(fresh=False)
     else:
         task.load_vocabularies()  # the tokenisers alone, or the data for a task that needs it (Task's default)
+    task.weights_from_checkpoint = True
     model = task.build_model()
     load_into(model, load_model_weights(path), path, expected_from=source)
     stored = info["extra"].get("config")

@@ -190,8 +190,9 @@ class DistillationTask(Task):
     def build_model(self) -> nn.Module:
         from hyperplex.models.pretrained_student import PretrainedStudent
 
-        # without training sentences (a saved student being loaded) the weights come from the checkpoint
-        calibration = getattr(self, "train_set", [])[:CALIBRATION_SENTENCES]
+        # a student whose weights come from a checkpoint next (a resumed run, a loaded model), or one without
+        # training sentences, is built without the fits to them: the checkpoint replaces what they would give
+        calibration = [] if self.weights_from_checkpoint else getattr(self, "train_set", [])[:CALIBRATION_SENTENCES]
         model = PretrainedStudent(self.cfg.model, calibration=calibration, structure_only=not calibration)
         cfg = self.cfg.model
         layer_map = model.layer_map or []  # resolved whenever layers are distilled or fitted

@@ -38,6 +38,10 @@ class Task:
     #: returned when it was saved), set by :func:`hyperplex.inference.load.load_model` before ``prepare(fresh=False)``
     #: or :meth:`load_vocabularies`; ``None`` while training. Its ``"files"`` name the saved vocabulary files.
     checkpoint_record: dict | None = None
+    #: Whether the model :meth:`build_model` builds gets its weights from a checkpoint at once (a resumed run, a
+    #: loaded model), set before it is called: a task whose build fits weights to data (a distilled student's
+    #: calibrated initialisation) may then skip the fit, whose result the checkpoint replaces.
+    weights_from_checkpoint: bool = False
 
     def __init__(self, cfg, model_dir: Path, data_root: str | None, logger: logging.Logger | None = None) -> None:
         self.cfg = cfg

@@ -190,6 +190,7 @@ class Trainer:
         splits built anew, not read from the folder) and build the model: the start of every run."""
         self._seed()
         self.task.prepare(fresh=fresh)
+        self.task.weights_from_checkpoint = not fresh  # a resumed run loads `last` into it next
         return self.task.build_model()
 
     def save_untrained(self, stop_reason: str) -> Path:

@@ -163,3 +163,25 @@ def test_version_names_hyperplex_torch_and_the_build(capsys):
     out = capsys.readouterr().out.strip()
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
     assert out == f"hyperplex {hyperplex.__version__} (torch {torch.__version__}, {build})"
+
+
+def test_a_verbs_own_option_named_like_a_config_key_reaches_the_verb(monkeypatch, tmp_path):
+    """``demo --seed`` is demo's option, not a config override (``--seed`` is also a top-level config key, which
+    the verbs that take overrides read as one)."""
+    import hyperplex.experiments.demo as demo
+
+    seen = {}
+    monkeypatch.setattr(demo, "run_demo", lambda out, quick, seed, threads: seen.update(seed=seed, quick=quick))
+    assert cli.main(["demo", "--seed", "3", "--quick", "--out", str(tmp_path)]) == 0
+    assert seen == {"seed": 3, "quick": True}
+    assert cli.main(["demo", "--seed=5", "--out", str(tmp_path)]) == 0 and seen["seed"] == 5
+
+
+def test_global_debug_before_the_verb_is_parsed_like_after_it(monkeypatch, tmp_path, capsys):
+    """``hyperplex --debug experiment PLAN`` is the experiment verb, which records its command line."""
+    import hyperplex.experiments.cli as experiments_cli
+
+    seen = []
+    monkeypatch.setattr(experiments_cli, "run", lambda args, command: seen.append(command) or 0)
+    assert cli.main(["--debug", "experiment", str(tmp_path / "plan.yaml"), "--dry-run"]) == 0
+    assert seen == [f"hyperplex --debug experiment {tmp_path / 'plan.yaml'} --dry-run"]

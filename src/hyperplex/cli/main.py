@@ -464,10 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+def _split_overrides(argv: list[str], own: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
     """Separate config overrides — any dotted long option (``--section.key=value``) or a top-level config
-    key (``--seed=3``) — from the other arguments. One without a value is kept as it is, for the config
-    loader to reject with a message naming it (and the verb), rather than an argparse usage error."""
+    key (``--seed=3``) — from the other arguments, except the verb's ``own`` options (``demo --seed``). One
+    without a value is kept as it is, for the config loader to reject with a message naming it (and the verb),
+    rather than an argparse usage error."""
     from dataclasses import fields
 
     from hyperplex.config.experiment import ExperimentConfig
@@ -478,7 +479,7 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     while i < len(argv):
         arg = argv[i]
         key = arg.split("=", 1)[0]
-        if arg.startswith("--") and ("." in key or key[2:] in top):
+        if arg.startswith("--") and key not in own and ("." in key or key[2:] in top):
             if "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("--"):  # --training.lr 3e-4
                 i += 1
                 arg = f"{arg}={argv[i]}"
@@ -489,15 +490,25 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     return rest, overrides
 
 
+def _verb_options(parser: argparse.ArgumentParser, verb: str | None) -> frozenset[str]:
+    """The option strings of ``verb``'s own parser (none for an unknown verb: argparse names it)."""
+    for action in parser._actions:  # argparse keeps its sub-commands only here
+        if isinstance(action, argparse._SubParsersAction) and verb in action.choices:
+            return frozenset(action.choices[verb]._option_string_actions)
+    return frozenset()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "experiment":  # its own options (--override=--training.x=…) pass untouched
+    parser = build_parser()
+    verb = next((a for a in argv if not a.startswith("-")), None)  # after the global options (--debug)
+    if verb == "experiment":  # its own options (--override=--training.x=…) pass untouched
         overrides: list[str] = []
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
         args.command_line = shlex.join(["hyperplex", *argv])
     else:
-        argv, overrides = _split_overrides(argv)
-        args = build_parser().parse_args(argv)
+        argv, overrides = _split_overrides(argv, _verb_options(parser, verb))
+        args = parser.parse_args(argv)
     if hasattr(args, "overrides"):
         stray = [o for o in args.overrides if not o.startswith("--")]
         if stray:

@@ -185,3 +185,10 @@ def test_global_debug_before_the_verb_is_parsed_like_after_it(monkeypatch, tmp_p
     monkeypatch.setattr(experiments_cli, "run", lambda args, command: seen.append(command) or 0)
     assert cli.main(["--debug", "experiment", str(tmp_path / "plan.yaml"), "--dry-run"]) == 0
     assert seen == [f"hyperplex --debug experiment {tmp_path / 'plan.yaml'} --dry-run"]
+
+
+def test_report_only_and_no_report_together_are_a_usage_error(capsys):
+    """Together they would train nothing and report nothing, and exit 0 as if they had done something."""
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["experiment", "experiments/arithmetic.yaml", "--report-only", "--no-report"])
+    assert stop.value.code == 2 and "not allowed with argument" in capsys.readouterr().err

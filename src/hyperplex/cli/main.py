@@ -3,7 +3,8 @@ experiment,report,export,native,config-reference}``. Benchmarks are scripts of a
 (``python benchmarks/bench_phm.py``), not verbs.
 
 Errors end with one line on stderr saying what is wrong and where, and exit code 1 (2 for
-usage errors); ``--debug`` shows the traceback instead.
+usage errors); ``--debug`` shows the traceback instead (``experiment``, ``report`` and ``config-reference``
+describe their input errors in one line either way).
 """
 
 from __future__ import annotations
@@ -192,7 +193,8 @@ def _add_compress(sub, common: argparse.ArgumentParser) -> None:
                               description="Train a `data.task: distillation` config exactly like `train` (same "
                               "model folder contents, --resume), then write the best checkpoint's student with "
                               "hyperplex.convert.save_converted into MODEL_DIR/student (load it with "
-                              "hyperplex.convert.load_converted). See docs/compress.md.")
+                              "hyperplex.convert.load_converted; with testing.quantize: int8, save_quantized and "
+                              "load_quantized). See docs/compress.md.")
     _add_run_arguments(compress, _DATA_ROOT,
                        "YAML config with data.task: distillation (e.g. configs/minilm_compress.yaml)",
                        "continue from MODEL_DIR/last.safetensors exactly, then write student/")
@@ -271,7 +273,8 @@ def _add_evaluate(sub, common: argparse.ArgumentParser) -> None:
                               "(translation: BLEU/chrF with the configured beam, loss, perplexity).")
     evaluate.add_argument("model_dir", metavar="MODEL", help=_MODEL_HELP)
     evaluate.add_argument("--split", default="dev", metavar="dev|train|FILE",
-                          help="dev (default), train (classification tasks), or a file in the task's format — "
+                          help="dev (default), train (not for translation, whose references are not kept), or "
+                          "a file in the task's format — "
                           "a parallel prefix for translation — e.g. linzen_agreement/numpred.test.1.gz")
     evaluate.add_argument("--checkpoint", default="best",
                           help="with a model folder: best (default), last, or a checkpoint file")
@@ -307,9 +310,12 @@ def _add_params(sub, common: argparse.ArgumentParser) -> None:
                             "parameters per component: embeddings, attention, FFN/recurrent, output layer, PHM "
                             "rules, total with and without embeddings.")
     params.add_argument("config", help="YAML config")
-    params.add_argument("--vocab-size", type=int, help="vocabulary size (default: data.vocab_size)")
+    params.add_argument("--vocab-size", type=int,
+                        help="vocabulary size (default: data.vocab_size; arithmetic data and pretrained encoders "
+                        "bring their own)")
     params.add_argument("--tgt-vocab-size", type=int, help="target vocabulary size (default: the same)")
-    params.add_argument("--num-classes", type=int, help="classes (default: data.labels, at least 2)")
+    params.add_argument("--num-classes", type=int,
+                        help="classes (default: data.labels, at least 2; a ranking model has one score)")
     _add_overrides(params)
     params.set_defaults(func=_params)
 
@@ -343,7 +349,8 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
     export = sub.add_parser(
         "export", parents=[common], help="write a converted encoder or a Transformer classifier as ONNX",
         description="Write MODEL as an ONNX graph holding the PHM / low-rank factors (not the dense H), with dynamic "
-        "batch and sequence axes, checked in onnxruntime against PyTorch before the file is put in place. MODEL: a "
+        "batch and sequence axes, checked in onnxruntime (the onnx extra; without it, written unchecked, as the "
+        "output says) against PyTorch before the file is put in place. MODEL: a "
         "save_converted folder or a `hyperplex compress` model folder (a SentenceTransformer: input_ids, "
         "attention_mask -> sentence_embedding), or a `hyperplex train` folder or checkpoint of a "
         "TransformerClassifier (tokens, lengths -> logits). --st-folder writes a folder for sentence-transformers' "
@@ -451,7 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``hyperplex`` parser: one subparser per verb, each added by its ``_add_VERB`` function."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the full traceback on errors")
+                        help="show the full traceback of an error instead of its one line (experiment, report "
+                        "and config-reference describe bad input, a missing file or a bad plan, in one line either "
+                        "way)")
     parser = argparse.ArgumentParser(
         prog="hyperplex", parents=[common],
         description="Parameterized hypercomplex multiplication (PHM) layers and quaternion networks for NLP.")

@@ -35,10 +35,16 @@ def add_report(sub, common: argparse.ArgumentParser) -> None:
     kinds = report.add_subparsers(dest="report", required=True, metavar="{" + ",".join(REPORTS) + "}")
     for name, (module_name, help_text) in REPORTS.items():
         module = importlib.import_module(module_name)
-        parser = kinds.add_parser(name, parents=[common], help=help_text,
-                                  description=(module.__doc__ or help_text).split("\n\n")[0])
+        parser = kinds.add_parser(name, parents=[common], help=help_text, description=_description(module, help_text))
         module.add_arguments(parser)
         parser.set_defaults(func=_run_report)
+
+
+def _description(module, fallback: str) -> str:
+    """The first paragraph of the report module's docstring as a sentence for ``--help``: the colon that introduces
+    its example command and the reST quotes dropped."""
+    first = (module.__doc__ or fallback).split("\n\n")[0].strip().replace("``", "`")
+    return first[:-1] + "." if first.endswith(":") else first
 
 
 def _config_reference(args: argparse.Namespace) -> int:

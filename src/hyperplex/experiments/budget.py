@@ -194,7 +194,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--curve", action="append", required=True, metavar="LABEL=ROW,ROW,…",
                         help="rows healing one recipe on growing budgets, e.g. 'PHM n=4=phm4,phm4_40k' (repeatable)")
     parser.add_argument("--dev-metric", default="cosine", help="the validation metric of metrics.csv (default cosine)")
-    parser.add_argument("--metrics", nargs="+", default=list(METRICS), help=f"default {' '.join(METRICS)}")
+    parser.add_argument("--metrics", nargs="+", default=list(METRICS),
+                        help="the quality metrics of the rows' runs to tabulate and plot "
+                        f"(default: {' '.join(METRICS)})")
     parser.add_argument("--figure", help="write the figure to this PNG")
     parser.add_argument("--table", help="write the markdown table to this file (default: print it)")
 

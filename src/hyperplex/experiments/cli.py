@@ -45,14 +45,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output folder (default runs/PLAN_NAME)")
     p.add_argument("--dry-run", action="store_true", help="validate and list the runs; train and write nothing")
     p.add_argument("--resume", action="store_true", help="continue unfinished runs from last.safetensors")
-    p.add_argument("--report-only", action="store_true", help="train nothing; evaluate finished models and report")
-    p.add_argument("--no-report", action="store_true",
+    only = p.add_mutually_exclusive_group()  # together they would do nothing
+    only.add_argument("--report-only", action="store_true", help="train nothing; evaluate finished models and report")
+    only.add_argument("--no-report", action="store_true",
                    help="train only; evaluate and report later with --report-only (for parallel lanes over one plan)")
     p.add_argument("--evaluate-each", action="store_true",
                    help="evaluate each model as soon as it is trained (cached in its folder; every row that scores "
                         "it), so --no-report lanes share the evaluation and --report-only reads the caches")
     p.add_argument("--records", metavar="DIR",
-                   help="keep each finished model's small files (config, logs, evaluations; no checkpoint) in "
+                   help="keep each finished, evaluated model's small files (config, logs, evaluations; no checkpoint; "
+                        "written when it is evaluated: with --evaluate-each or by the report) in "
                         "DIR/ROW/seedK, and report models recorded there whose folders are not on this machine "
                         "(e.g. experiments/records/PLAN, committed, so a plan can span sessions and machines)")
     p.add_argument("--append-to", help="also replace this plan's <!-- plan:NAME --> section of a markdown file")

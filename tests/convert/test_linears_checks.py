@@ -50,3 +50,44 @@ def test_meta_tensors_are_refused_by_name():
     with pytest.raises(ValueError, match=r"layer '0': its weight is on the meta device"):
         convert_linears(model, "phm", n=4)
     assert [type(m) for m in model] == [nn.Linear, nn.Linear]
+
+
+def test_a_layer_that_cannot_be_built_converts_no_layer(monkeypatch):
+    """Every new layer is built before the first is swapped in: a failure on the second layer names it and leaves
+    the first one dense too."""
+    import hyperplex as hp
+    from hyperplex.convert import linears
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    x = torch.randn(3, 64)
+    before = model(x)
+    real = linears._build
+    calls = []
+
+    def failing(view, *args):
+        calls.append(view)
+        if len(calls) == 2:
+            raise RuntimeError("shape '[4, 4, 4]' is invalid")
+        return real(view, *args)
+
+    monkeypatch.setattr(linears, "_build", failing)
+    with pytest.raises(ValueError, match=r"layer '2' \(64 → 64\): cannot convert it to phm \(n=4\).*unchanged"):
+        hp.compress(model, hp.PHMConfig(n=4))
+    assert [type(m) for m in model] == [nn.Linear, nn.ReLU, nn.Linear]
+    assert torch.equal(model(x), before)
+
+
+def test_tiny_blocks_and_a_rank_above_full_convert_instead_of_failing_half_way():
+    import hyperplex as hp
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 48))
+    x = torch.randn(3, 64)
+    before = model(x)
+    report = hp.compress(model, hp.PHMConfig(n=16, min_features=0))  # 48x64 at n = 16: 12 block weights < 16 terms
+    assert len(report.converted) == 2 and max(r.relative_error for r in report.converted) < 1e-6
+    torch.testing.assert_close(model(x), before, rtol=1e-5, atol=1e-6)
+    small = nn.Sequential(nn.Linear(128, 128), nn.Linear(128, 32), nn.Linear(32, 32))
+    hp.compress(small, hp.LowRankConfig(n=16))
+    assert small[2].rank == 32  # PHM n = 16's budget exceeds full rank there: full rank

@@ -64,3 +64,10 @@ def test_matching_rank_nearest_is_closest_to_phm_budget(d, k, n, floor, nearest)
                <= abs(lowrank_parameter_count(d, k, other, bias=False) - budget) for other in (r - 1, r + 1))
     with pytest.raises(ValueError, match="floor or nearest"):
         matching_rank(d, k, n, rounding="round")
+
+
+def test_a_matched_rank_never_exceeds_a_dense_layers_rank():
+    """On a small layer PHM n = 16's budget buys more than full rank (16³ rule weights); the rank stops there."""
+    assert phm_parameter_count(32, 32, 16) > lowrank_parameter_count(32, 32, 32)
+    assert matching_rank(32, 32, 16) == matching_rank(32, 32, 16, rounding="nearest") == 32
+    LowRankLinear(32, 32, matching_rank(32, 32, 16))  # a rank the layer accepts

@@ -846,3 +846,17 @@ def test_training_step_weights_batches_on_cuda_only(monkeypatch):
     with training_step_weights(layers):
         pass
     assert seen == [{"always": True, "together": True}]
+
+
+@pytest.mark.parametrize("k,d,n", [(48, 64, 16), (8, 4, 4), (4, 4, 4)])
+def test_kronecker_decompose_of_tiny_blocks_is_exact_with_trainable_spare_terms(k, d, n):
+    """(k/n)·(d/n) < n: the rearranged matrix has fewer singular values than terms. The fit is exact with those;
+    each spare term is a random rule times a zero block, so H is unchanged and its gradient still reaches them."""
+    torch.manual_seed(0)
+    W = torch.randn(k, d, dtype=torch.float64)
+    rule, weight, error = kronecker_decompose(W, n)
+    assert rule.shape == (n, n, n) and weight.shape == (n, k // n, d // n) and error == pytest.approx(0.0, abs=1e-12)
+    H = sum(torch.kron(rule[i], weight[i]) for i in range(n))
+    torch.testing.assert_close(H, W)
+    spare = (k // n) * (d // n)
+    assert spare < n and torch.all(weight[spare:] == 0) and torch.all(rule[spare:].flatten(1).norm(dim=1) > 0)

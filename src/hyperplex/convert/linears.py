@@ -285,20 +285,28 @@ def convert_layers(module: nn.Module, kind: str, n: int, *, rank: int | None = N
         factors = capture_inputs(module, layers, calibrate)
 
     by_name = {r.name: r for r in rows}
-    for name, old in layers.items():
+    built: dict[str, tuple[nn.Module, int | None, float]] = {}
+    for name, old in layers.items():  # every new layer first: a layer that cannot be built leaves the model as it was
         row = by_name[name]
         view = _dense_view(old, row.source)
-        new, used_rank = _build(view, kind, n, rank, rule, "svd" if init in CALIBRATED_INITS else init)
-        if factors is not None:
-            new = _fit_to_inputs(new, view, row, factors[name], kind, n, used_rank, rule, init, refine_steps,
-                                 als_sweeps, ridge)
+        try:
+            new, used_rank = _build(view, kind, n, rank, rule, "svd" if init in CALIBRATED_INITS else init)
+            if factors is not None:
+                new = _fit_to_inputs(new, view, row, factors[name], kind, n, used_rank, rule, init, refine_steps,
+                                     als_sweeps, ridge)
+        except (ValueError, RuntimeError) as err:
+            raise ValueError(f"layer {name!r} ({view.in_features} → {view.out_features}): cannot convert it to "
+                             f"{kind} (n={n}): {err}; the model is unchanged") from err
         _keep_flags(new, old, view.weight.requires_grad, None if view.bias is None else view.bias.requires_grad)
         setattr(new, CONVERTED_FROM, row.source)
+        built[name] = new, used_rank, _relative_error(view.weight, new.dense_weight())
+    for name, (new, used_rank, error) in built.items():
         parent_name, _, child = name.rpartition(".")
         setattr(module.get_submodule(parent_name), child, new)
+        row = by_name[name]
         row.kind, row.n, row.rank = kind, (n if kind == "phm" else None), used_rank
         row.params_after = _param_count(new)
-        row.relative_error = _relative_error(view.weight, new.dense_weight())
+        row.relative_error = error
     return ConversionReport(rows, before, _param_count(module))
 
 

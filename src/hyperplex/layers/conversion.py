@@ -42,13 +42,21 @@ def kronecker_decompose(matrix: Tensor, n: int) -> tuple[Tensor, Tensor, float]:
     truncated SVD of ``R`` is optimal in Frobenius norm. Singular values are split evenly
     (``√σ`` to each factor). Returns ``rule (n, n, n)``, ``weight (n, k/n, d/n)`` and the relative
     error ``‖H − Ĥ‖_F / ‖H‖_F`` (computed from the discarded singular values).
+
+    When ``R`` has fewer than ``n`` singular values (``(k/n)·(d/n) < n``: tiny blocks), the fit is exact with
+    that many terms; each remaining term starts as a random ``Aᵢ`` (scale ``1/√n``, as a fresh layer's rule)
+    times ``Sᵢ = 0``, so ``H`` is unchanged and training can still move it.
     """
     k_n, d_n = matrix.shape[0] // n, matrix.shape[1] // n
     R = _rearrange(matrix, n)
     U, sigma, Vh = torch.linalg.svd(R, full_matrices=False)
-    root = sigma[:n].sqrt()
-    rule = (U[:, :n] * root).T.reshape(n, n, n)  # rule[i, a, c]
-    weight = (Vh[:n] * root[:, None]).reshape(n, k_n, d_n)
+    terms = min(n, sigma.numel())
+    root = sigma[:terms].sqrt()
+    rule = (U[:, :terms] * root).T.reshape(terms, n, n)  # rule[i, a, c]
+    weight = (Vh[:terms] * root[:, None]).reshape(terms, k_n, d_n)
+    if terms < n:
+        rule = torch.cat([rule, torch.randn(n - terms, n, n, dtype=rule.dtype, device=rule.device) / n ** 0.5])
+        weight = torch.cat([weight, weight.new_zeros(n - terms, k_n, d_n)])
     total = sigma.square().sum()
     error = float((sigma[n:].square().sum() / total).sqrt()) if total > 0 else 0.0
     return rule, weight, error

@@ -29,13 +29,13 @@ def matching_rank(in_features: int, out_features: int, n: int, rule: RuleSpec = 
     """Rank of the :class:`LowRankLinear` matching ``PHMLinear(in_features, out_features, n, bias, rule)`` (with
     ``factor_rank`` / a shared rule as :func:`~hyperplex.layers.phm.phm_parameter_count` counts them):
     ``floor``: the largest rank with no more parameters (at least 1); ``nearest``: the rank whose count
-    is closest (never above ``min(in_features, out_features)``). One rank costs ``d + k`` parameters,
-    so on small layers ``floor`` can fall short by almost that much per layer (−2.7% of a d = 128
-    Transformer encoder at n = 8); ``nearest`` halves the worst case."""
+    is closest; neither above ``min(in_features, out_features)``, the rank of a dense layer. One rank costs
+    ``d + k`` parameters, so on small layers ``floor`` can fall short by almost that much per layer (−2.7% of a
+    d = 128 Transformer encoder at n = 8); ``nearest`` halves the worst case."""
     budget = (phm_parameter_count(in_features, out_features, n, rule, bias, factor_rank=factor_rank,
                                   shared_rule=shared_rule) - (out_features if bias else 0))
     if rounding == "floor":
-        return max(1, budget // (in_features + out_features))
+        return max(1, min(min(in_features, out_features), budget // (in_features + out_features)))
     if rounding == "nearest":
         return max(1, min(min(in_features, out_features), round(budget / (in_features + out_features))))
     raise ValueError(f"rounding must be floor or nearest, got {rounding!r}")

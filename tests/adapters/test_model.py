@@ -266,3 +266,19 @@ def test_base_parameters_get_their_trainability_back_when_no_adapter_is_left(fin
     else:
         merge_and_unwrap(model)
     assert [p.requires_grad for p in model.parameters()] == before
+
+
+def test_a_rank_above_a_blocks_rank_is_refused_by_layer_and_adapts_nothing():
+    """rank 8 on 16 → 16 at n = 4 (blocks 4 × 4) would hold more than the full blocks and add no capacity."""
+    import hyperplex as hp
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.query, self.value = nn.Linear(64, 64), nn.Linear(16, 16)
+
+    model = Two()
+    with pytest.raises(ValueError, match=r"layer 'value': rank=8 exceeds the rank of a block Sᵢ, min\(k/n, d/n\) = 4"):
+        hp.add_adapter(model, "a", hp.PHMAdapterConfig(n=4, rank=8, targets=["query", "value"]))
+    assert type(model.query) is nn.Linear and type(model.value) is nn.Linear
+    assert all(p.requires_grad for p in model.parameters())  # nothing frozen either

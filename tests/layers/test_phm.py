@@ -860,3 +860,26 @@ def test_kronecker_decompose_of_tiny_blocks_is_exact_with_trainable_spare_terms(
     torch.testing.assert_close(H, W)
     spare = (k // n) * (d // n)
     assert spare < n and torch.all(weight[spare:] == 0) and torch.all(rule[spare:].flatten(1).norm(dim=1) > 0)
+
+
+@pytest.mark.parametrize("sizes", [(0, 8), (8.0, 8), (-8, 8), ("8", 8), (8, True)])
+def test_sizes_that_are_not_positive_integers_are_refused_by_name(sizes):
+    from hyperplex import LowRankLinear
+
+    name = "in_features" if sizes[1] == 8 and not isinstance(sizes[1], bool) else "out_features"
+    with pytest.raises(ValueError, match=f"{name} must be a positive integer"):
+        PHMLinear(*sizes, 2)
+    with pytest.raises(ValueError, match=f"{name} must be a positive integer"):
+        LowRankLinear(*sizes, 2)
+    import numpy as np
+
+    assert PHMLinear(np.int64(8), 8, 2).in_features == 8  # any integer type is a size
+
+
+def test_a_rule_with_nan_or_inf_is_refused():
+    bad = torch.ones(2, 2, 2)
+    bad[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="rule tensor holds NaN or infinite"):
+        PHMLinear(8, 8, 2, rule=bad)
+    with pytest.raises(ValueError, match="rule_init tensor holds NaN or infinite"):
+        PHMLinear(8, 8, 2, rule_init=torch.full((2, 2, 2), float("inf")))

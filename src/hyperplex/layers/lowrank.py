@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hyperplex.layers.phm import RuleSpec, phm_parameter_count
+from hyperplex.layers.phm import RuleSpec, check_features, phm_parameter_count
 from hyperplex.layers.selection import LinearLike
 
 __all__ = ["LowRankLinear", "lowrank_parameter_count", "matching_rank"]
@@ -53,7 +53,8 @@ class LowRankLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = True,
                  device=None, dtype=None) -> None:
         super().__init__()
-        if not isinstance(rank, int) or rank < 1:
+        check_features(in_features, out_features)
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
             raise ValueError(f"rank must be a positive integer, got {rank!r}")
         if rank > min(in_features, out_features):
             raise ValueError(f"rank={rank} exceeds min(in_features={in_features}, out_features={out_features})")

@@ -53,7 +53,22 @@ FULL_FACTOR_MODES = ("premixed", "onednn", "streamed")
 RuleSpec = str | Tensor
 
 
+def check_features(in_features, out_features) -> None:
+    """Refuse layer sizes that are not positive integers (``in_features`` or ``out_features`` named); any integer
+    type is one (a NumPy integer too), a float or a bool is not."""
+    import operator
+
+    for name, value in (("in_features", in_features), ("out_features", out_features)):
+        try:
+            size = operator.index(value)
+        except TypeError:
+            size = 0
+        if isinstance(value, bool) or size < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 def _check_sizes(in_features: int, out_features: int, n: int) -> None:
+    check_features(in_features, out_features)
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
     if in_features % n or out_features % n:

@@ -19,6 +19,8 @@ def rule_table(n: int, table: str | Tensor, key: str = "rule") -> Tensor:
     if isinstance(table, Tensor):
         if table.shape != (n, n, n):
             raise ValueError(f"a {key} tensor for n={n} must have shape ({n}, {n}, {n}), got {tuple(table.shape)}")
+        if not bool(torch.isfinite(table.detach()).all()):
+            raise ValueError(f"the {key} tensor holds NaN or infinite values")
         if not bool(table.detach().ne(0).any()):
             raise ValueError(f"the {key} tensor is all zeros: H would be zero whatever the weights")
         return table.detach().clone()

@@ -49,6 +49,7 @@ INTEGRATION_TESTS = {
     "tests/experiments/test_gpu_converge.py::test_parallel_starts_the_next_model_when_one_ends",
     "tests/experiments/test_gpu_converge.py::test_a_second_call_resumes_a_model_the_first_stopped_at_its_budget",
     "tests/experiments/test_gpu_converge.py::test_a_carried_compile_cache_spares_the_next_call_the_compilation",
+    "tests/experiments/test_gpu_converge.py::test_check_validates_the_models_and_the_plan_and_trains_nothing",
 }
 #: Folders whose tests are all integration tests, less :data:`FAST_IN_INTEGRATION_FOLDERS`.
 INTEGRATION_FOLDERS = ("tests/benchmarks/",)  # they run the benchmark scripts (worker processes, real models)

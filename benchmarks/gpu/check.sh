@@ -43,7 +43,8 @@ case "$DEVICE" in cuda|cpu) ;; *) echo "check.sh: --device must be cuda or cpu, 
 if [ ! -f src/hyperplex/layers/triton_phm.py ]; then
     echo "check.sh: run from the repository root (src/hyperplex/layers/triton_phm.py not found)" >&2; exit 2
 fi
-# --converge's arguments are checked before anything runs: a mistake found after the speed steps costs device time
+# --converge's arguments are checked before anything runs (here, then by converge.sh --check once Python is known):
+# a mistake found after the speed steps costs device time
 if [ -n "$CONVERGE$MODELS" ]; then
     [ -f "$CONVERGE" ] || { echo "check.sh: --converge: no such plan file '$CONVERGE'" >&2; exit 2; }
     [ -n "$MODELS" ] || { echo "check.sh: --converge needs --models 'ROW:SEED ...'" >&2; exit 2; }
@@ -130,6 +131,18 @@ elif [ -f .gpu/minilm/model.safetensors ]; then
     fi
 fi
 echo "MiniLM: ${MINILM:-absent (its tests skip, bench_compress is not run)}" | tee -a "$SUMMARY"
+
+# ---------------------------------------------------------------- --converge's models, checked before any step
+# (ROW:SEED, rows of the plan, the plan's dry run, CUDA seen: seconds now, instead of the call's training later)
+if [ -n "$CONVERGE" ]; then
+    if ! OUT="$OUT" HYPERPLEX_PYTHON="$PY" bash experiments/gpu/converge.sh --plan "$CONVERGE" --models "$MODELS" \
+            --data .gpu/data --device "$DEVICE" --check >"$OUT/converge-check.log" 2>&1; then
+        cat "$OUT/converge-check.log" >&2
+        echo "check.sh: --converge: converge.sh --check refused the plan or the models (above); nothing run" >&2
+        exit 2
+    fi
+    tail -n 1 "$OUT/converge-check.log" | tee -a "$SUMMARY"
+fi
 
 # ---------------------------------------------------------------- steps
 # step NAME BUDGET_S LOGFILE COMMAND...: runs COMMAND under `timeout`, output to $OUT/LOGFILE, one summary row.
@@ -256,7 +269,7 @@ if [ -n "$CONVERGE" ]; then
     # converge.sh returns up to five files of its own; the step logs go into one archive to stay within the eight
     # files a call brings back
     logs=()
-    for f in tests.log kernel.log phm.log transformer.log compress.log adapters.log converge.log; do
+    for f in tests.log kernel.log phm.log transformer.log compress.log adapters.log converge-check.log converge.log; do
         [ -f "$OUT/$f" ] && logs+=("$f")
     done
     if [ ${#logs[@]} -gt 0 ] && tar -czf "$OUT/check-logs.tar.gz" -C "$OUT" "${logs[@]}"; then

@@ -82,7 +82,10 @@ def _header(device: str) -> str:
         import subprocess
 
         query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
-        driver = subprocess.run(query, capture_output=True, text=True).stdout.strip()
+        try:
+            driver = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):  # no nvidia-smi in the image: the summary matters more
+            driver = ""
     return (f"# device {card}; driver {driver or '-'}; torch {torch.__version__}; CUDA {torch.version.cuda}; "
             f"python {platform.python_version()}")
 
@@ -177,11 +180,12 @@ def main(argv: list[str] | None = None) -> int:
                          f"returned file may have; it stays in {args.work} on this machine, where the same "
                          "converge.sh command, made again before the machine is given back, resumes them; "
                          "elsewhere they restart from the beginning")
+    summary = args.out / "converge-summary.txt"
+    summary.write_text("\n".join(lines) + "\n")  # before the cache's packing, the one step that can take seconds
     if args.compile_cache is not None:
         lines.append(_pack_compile_cache(args.compile_cache, args.out / "compile-cache.tar.gz"))
-    text = "\n".join(lines) + "\n"
-    (args.out / "converge-summary.txt").write_text(text)
-    print(text, end="")
+        summary.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
     return 0
 
 

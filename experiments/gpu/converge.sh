@@ -4,7 +4,11 @@
 #   bash experiments/gpu/converge.sh --plan experiments/multi30k_converged.yaml \
 #        --models "small_transformer:1 small_phm4:1 small_lowrank4:1" [--budget-s 480] \
 #        [--data .gpu/data] [--device cuda] [--work .gpu_work] [--cpus N] [--compile on|off] [--parallel N]
-#        [--compile-cache .gpu/compile-cache.tar.gz]
+#        [--compile-cache .gpu/compile-cache.tar.gz] [--check]
+#
+# --check: validate the arguments, the models and the plan (its rows' dry run), then exit without training
+# (benchmarks/gpu/check.sh runs it first, so that a mistake costs seconds, not the call's training).
+# The budget counts from the start of the script.
 #
 # Small models leave most of a GPU idle, so each model is its own `hyperplex experiment` process
 # (--rows ROW --seeds SEED --resume --evaluate-each --records ...), --parallel of them at a time (default: all at
@@ -43,8 +47,9 @@
 # validation (training.last_at_validation=false): a base-shape state is ~600 MB, written ~once an epoch otherwise.
 # Dry run on the CPU:  bash experiments/gpu/converge.sh --device cpu --budget-s 60 --models "small_phm4:1" ...
 set -uo pipefail
+start=$(date +%s)  # the budget counts from here: the checks before training are part of the call
 cd "$(dirname "$0")/../.."
-plan=""; models=""; budget=480; data=".gpu/data"; device="cuda"; work=".gpu_work"; cpus=$(nproc); compile=""; parallel=""
+check_only=""; plan=""; models=""; budget=480; data=".gpu/data"; device="cuda"; work=".gpu_work"; cpus=$(nproc); compile=""; parallel=""
 compile_cache=".gpu/compile-cache.tar.gz"
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -58,7 +63,8 @@ while [[ $# -gt 0 ]]; do
         --compile) compile=$2; shift 2 ;;
         --parallel) parallel=$2; shift 2 ;;
         --compile-cache) compile_cache=$2; shift 2 ;;
-        -h|--help) sed -n 2,44p "$0"; exit 0 ;;
+        --check) check_only=1; shift ;;
+        -h|--help) sed -n 2,48p "$0"; exit 0 ;;
         *) echo "converge.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -104,7 +110,7 @@ cache_dir=""
 if [[ $compile == on ]]; then
     export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$(cd "$work" && pwd)/compile-cache}"
     cache_dir=$TORCHINDUCTOR_CACHE_DIR
-    if [[ -f $compile_cache && ! -e $work/compile-cache.seeded ]]; then
+    if [[ -z $check_only && -f $compile_cache && ! -e $work/compile-cache.seeded ]]; then
         # unpacked aside and copied in only whole: a truncated or corrupt file adds nothing to the cache
         unpack="$work/compile-cache.unpack"
         rm -rf "$unpack"; mkdir -p "$unpack" "$cache_dir"
@@ -121,11 +127,16 @@ collect() {
     "$python" experiments/gpu/collect.py --plan-name "$plan_name" --work "$work" --out "$out" --device "$device" \
         ${cache_dir:+--compile-cache "$cache_dir"} $named
 }
-[[ -n $models ]] || { echo "converge.sh: every model named finished in an earlier call into $work"; collect; exit; }
+if [[ -z $models ]]; then
+    echo "converge.sh: every model named finished in an earlier call into $work"
+    [[ -n $check_only ]] || collect
+    exit 0
+fi
 # every model of the call is validated against the plan before anything trains
 rows=$(for m in $models; do echo "${m%%:*}"; done | sort -u | paste -sd,)
 "$python" -m hyperplex experiment "$plan" --rows "$rows" --dry-run --resume --out "$work/runs/$plan_name" > "$work/logs/validate.log" 2>&1 \
     || { cat "$work/logs/validate.log" >&2; echo "converge.sh: the plan does not validate" >&2; exit 2; }
+[[ -z $check_only ]] || { echo "converge.sh: --check: the plan, rows $rows and models $models are valid"; exit 0; }
 if [[ -f .gpu_resume/resume-$plan_name.tar.gz ]]; then
     mkdir -p "$work/runs/$plan_name" && tar -xzf ".gpu_resume/resume-$plan_name.tar.gz" -C "$work/runs/$plan_name"
     echo "converge.sh: resuming the models in .gpu_resume/resume-$plan_name.tar.gz"
@@ -138,7 +149,6 @@ threads=$(( cpus / parallel )); (( threads < 1 )) && threads=1
 # set: validation decoding then takes PyTorch's paths, so a model's run does not depend on the Triton kernel
 # compiling on the machine (its own check is benchmarks/gpu/check.sh).
 export HYPERPLEX_TRITON="${HYPERPLEX_TRITON:-0}"
-start=$(date +%s)
 # one model until the budget's end: with --compile on, once more without it if its compilation failed (and without
 # it from the start when an earlier call into the same --work saw it fail: the same machine fails the same way)
 fallback="converge.sh: torch.compile failed; starting again without it"
@@ -149,14 +159,16 @@ train_model() {
         left=$(( budget - ($(date +%s) - start) ))
         (( left >= 30 )) || return 124
         size=$(stat -c %s "$log" 2>/dev/null || echo 0)  # what this attempt writes starts after that
-        timeout --foreground -s TERM -k 60 "$left" "$python" -m hyperplex experiment "$plan" --rows "$row" \
+        # -k 20: on SIGTERM a trainer saves at the end of its step (seconds, a validation included); one that has
+        # not exited by then is killed, so that collect still runs inside the call
+        timeout --foreground -s TERM -k 20 "$left" "$python" -m hyperplex experiment "$plan" --rows "$row" \
             --seeds "$seed" --resume --evaluate-each --no-report --records "$work/records/$plan_name" \
             --out "$work/runs/$plan_name" --override=--training.device="$device" \
             --override=--training.num_threads="$threads" --override=--training.last_at_validation=false \
             --override=--training.compile="$([[ $mode == on ]] && echo true || echo false)" >> "$log" 2>&1
         rc=$?
         if (( rc != 0 )) && [[ $mode == on ]] \
-                && tail -c +$(( size + 1 )) "$log" | grep -q "training.compile: torch.compile failed"; then
+                && grep -qF "training.compile: torch.compile failed" < <(tail -c +$(( size + 1 )) "$log"); then
             echo "converge.sh: $row:$seed: torch.compile failed (see its log); training it without compilation"
             echo "$fallback" >> "$log"
             mode=off

@@ -271,13 +271,14 @@ def test_a_second_call_resumes_a_model_the_first_stopped_at_its_budget(tmp_path)
     then); call 2 into the same --work validates that folder against the plan (the run settings converge.sh adds,
     such as ``training.last_at_validation=false``, are not a different config) and resumes it."""
     plan = _tiny_plan(tmp_path, max_steps=10**6, validation_every=50, log_every=50)
-    first = _converge(tmp_path, "--plan", str(plan), "--models", "phm:1", "--budget-s", "30")
+    # the budget counts from the script's start, its checks included: 45 s leave the model ≥ 30 s to start in
+    first = _converge(tmp_path, "--plan", str(plan), "--models", "phm:1", "--budget-s", "45")
     assert first.returncode == 0, first.stdout + first.stderr
     assert "phm:1\tunfinished\t" in (tmp_path / "out" / "converge-summary.txt").read_text()
     run = tmp_path / "work" / "runs" / "tinyplan" / "phm" / "seed1"
     stopped = load_checkpoint(run / "last.safetensors").extra["trainer"]["step"]
     assert stopped > 0
-    second = _converge(tmp_path, "--plan", str(plan), "--models", "phm:1", "--budget-s", "30")
+    second = _converge(tmp_path, "--plan", str(plan), "--models", "phm:1", "--budget-s", "45")
     assert second.returncode == 0, second.stdout + second.stderr
     log = (tmp_path / "work" / "logs" / "phm-seed1.log").read_text()
     assert f"resumed from {run / 'last.safetensors'} at step {stopped}," in (run / "train.log").read_text(), log
@@ -322,3 +323,16 @@ def test_a_carried_compile_cache_spares_the_next_call_the_compilation(tmp_path):
     assert not any((tmp_path / "work3" / "compile-cache").iterdir())
     assert not (tmp_path / "work3" / "compile-cache.seeded").exists()
     assert not (tmp_path / "work3" / "compile-cache.unpack").exists()
+
+
+def test_check_validates_the_models_and_the_plan_and_trains_nothing(tmp_path):
+    """--check: what a call would refuse, found in seconds; a valid list exits 0 with nothing trained or packed."""
+    ok = _converge(tmp_path, "--plan", PLAN, "--models", "base_phm4:1 base_transformer:2", "--check")
+    assert ok.returncode == 0, ok.stderr
+    assert "--check: the plan, rows base_phm4,base_transformer and models base_phm4:1 base_transformer:2 are valid" \
+        in ok.stdout
+    assert not (tmp_path / "work" / "runs" / "multi30k_converged").exists() or not any(
+        (tmp_path / "work" / "runs" / "multi30k_converged").iterdir())
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    bad = _converge(tmp_path, "--plan", PLAN, "--models", "base_phm5:1", "--check")
+    assert bad.returncode == 2 and "the plan does not validate" in bad.stderr and "base_phm5" in bad.stderr

@@ -91,3 +91,12 @@ def test_tiny_blocks_and_a_rank_above_full_convert_instead_of_failing_half_way()
     small = nn.Sequential(nn.Linear(128, 128), nn.Linear(128, 32), nn.Linear(32, 32))
     hp.compress(small, hp.LowRankConfig(n=16))
     assert small[2].rank == 32  # PHM n = 16's budget exceeds full rank there: full rank
+
+
+def test_a_calibrate_that_is_not_callable_is_refused_by_name():
+    import hyperplex as hp
+
+    model = nn.Sequential(nn.Linear(64, 64))
+    with pytest.raises(ValueError, match="calibrate must be a callable"):
+        hp.compress(model, hp.PHMConfig(n=4, init="whitened"), calibrate=3)
+    assert type(model[0]) is nn.Linear

@@ -330,3 +330,12 @@ def test_nan_is_refused_at_save_and_at_load_of_an_int8_folder(tmp_path):
     with pytest.raises(LoadError, match=r"tensor '2.left.weight_scales' holds NaN or infinite values"):
         load_quantized(tmp_path / "q", model=fresh)
     assert type(fresh[2]) is LowRankLinear  # the caller's model is unchanged
+
+
+def test_load_quantized_of_a_file_says_a_folder_is_expected(tmp_path):
+    from hyperplex.convert.serialize import LoadError
+
+    afile = tmp_path / "model.bin"
+    afile.write_bytes(b"x")
+    with pytest.raises(LoadError, match="is a file; expected a folder written by hyperplex.save_quantized"):
+        load_quantized(afile, model=plain_model())

@@ -883,3 +883,8 @@ def test_a_rule_with_nan_or_inf_is_refused():
         PHMLinear(8, 8, 2, rule=bad)
     with pytest.raises(ValueError, match="rule_init tensor holds NaN or infinite"):
         PHMLinear(8, 8, 2, rule_init=torch.full((2, 2, 2), float("inf")))
+
+
+def test_a_zero_dimensional_input_is_refused_with_the_expected_dimension():
+    with pytest.raises(ValueError, match=r"expected input with last dimension 8, got shape \(\)"):
+        PHMLinear(8, 8, 2)(torch.tensor(1.0))

@@ -102,3 +102,13 @@ def test_the_yaml_keys_reach_the_layers_and_the_parameter_table():
     assert own["phm_rules"] > 4 ** 3 and shared["phm_rules"] == 4 ** 3  # one rule, counted once
     assert shared["total"] == own["total"] - own["phm_rules"] + 4 ** 3
     assert low["total"] < own["total"] and low["phm_rules"] == own["phm_rules"]
+
+
+def test_a_spec_that_is_not_a_linear_spec_is_refused():
+    import pytest
+
+    from hyperplex.nn import make_linear
+
+    for spec in ("phm", {"kind": "phm"}):
+        with pytest.raises(TypeError, match="spec must be a LinearSpec"):
+            make_linear(8, 8, spec)

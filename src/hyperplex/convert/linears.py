@@ -324,6 +324,8 @@ def _check_arguments(kind: str, n: int, rank: int | None, rule: RuleSpec, init: 
             raise ValueError(f"rank={rank} applies to kind='lowrank' only (kind={kind!r})")
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
             raise ValueError(f"rank must be a positive integer, got {rank!r}")
+    if calibrate is not None and not callable(calibrate):
+        raise ValueError(f"calibrate must be a callable that runs the model on calibration inputs, got {calibrate!r}")
     if init in CALIBRATED_INITS and calibrate is None:
         raise ValueError(f"init={init!r} needs calibrate=, a callable that runs the model on calibration inputs")
     if not isinstance(als_sweeps, int) or isinstance(als_sweeps, bool) or als_sweeps < 0:

@@ -160,6 +160,8 @@ def _read_quant_spec(folder: str) -> dict:
     from hyperplex.convert.serialize import LoadError
 
     path = os.path.join(folder, QUANT_SPEC_NAME)
+    if os.path.isfile(folder):
+        raise LoadError(f"{folder}: is a file; expected a folder written by hyperplex.save_quantized")
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{folder}: no such folder")
     if not os.path.isfile(path):

@@ -411,7 +411,7 @@ class PHMLinear(nn.Module):
                            factor_rank=self.factor_rank, rule_dtype=self.phm_rule.dtype, settings=self.path_settings)
 
     def forward(self, input: Tensor) -> Tensor:
-        if input.shape[-1] != self.in_features:
+        if input.dim() == 0 or input.shape[-1] != self.in_features:
             raise ValueError(f"expected input with last dimension {self.in_features}, got shape {tuple(input.shape)}")
         if self.n == 1:  # exactly nn.Linear
             return F.linear(input, self.factors().view(self.out_features, self.in_features), self.bias)

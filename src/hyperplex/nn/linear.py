@@ -122,6 +122,8 @@ def make_linear(in_features: int, out_features: int, spec: LinearSpec | None = N
     Shape: input ``(*, in_features)``, output ``(*, out_features)``.
     """
     spec = spec or LinearSpec()
+    if not isinstance(spec, LinearSpec):
+        raise TypeError(f"spec must be a LinearSpec (e.g. LinearSpec(kind='phm', n=4)) or None, got {spec!r}")
     return LINEAR_KINDS[spec.kind].build(in_features, out_features, spec, bias, {"device": device, "dtype": dtype})
 
 

@@ -2,6 +2,7 @@
 a damaged or hostile spec is one LoadError naming the file and key, and the load never builds dense layers."""
 
 import json
+import re
 import os
 import threading
 
@@ -414,3 +415,23 @@ def test_a_damaged_module_config_names_the_file(saved_st, file, content, match):
     assert (folder / file).is_file()
     (folder / file).write_text(content)
     refused_unchanged(folder, None, match)
+
+
+def test_a_spec_layer_its_sizes_cannot_build_names_the_entry_and_leaves_a_meta_model_unchanged(tmp_path):
+    """n that does not divide the layer, a fixed rule of another n, a rank above full: each names the spec file and
+    the entry; a caller's meta skeleton is checked on a copy first, like any other model, so it stays dense."""
+    m = plain_model()
+    convert_linears(m, "phm", n=4, min_features=16, include=["0", "2"])
+    folder = tmp_path / "two"
+    save_converted(m, folder)
+    layer = json.loads((folder / SPEC_NAME).read_text())["layers"]
+    for change, match in [({"n": 3}, r"layers\[1\] \('2'\): n=3 must divide"),
+                          ({"rule": "quaternion", "n": 2}, r"layers\[1\] \('2'\): rule 'quaternion' needs n=4"),
+                          ({"kind": "lowrank", "rank": 1000}, r"layers\[1\] \('2'\): rank=1000 exceeds")]:
+        edit_spec(folder, layers=[layer[0], {**layer[1], **change}])
+        with pytest.raises(LoadError, match=re.escape(str(folder / SPEC_NAME)) + ".*" + match):
+            load_converted(folder, model=plain_model())
+        skeleton = plain_model().to("meta")
+        with pytest.raises(LoadError, match=match):
+            load_converted(folder, model=skeleton)
+        assert all(isinstance(module, (nn.Linear, nn.GELU)) for module in skeleton)

@@ -457,19 +457,25 @@ def apply_spec(module: nn.Module, spec: list[dict], where: str = "the spec") -> 
                              f"{entry['out_features']}x{entry['in_features']} (bias={entry['bias']}) in the spec")
         if entry["kind"] not in KINDS:
             raise ValueError(f"{where}: layers[{i}] ({name!r}) has kind {entry['kind']!r}; valid: {', '.join(KINDS)}")
-        targets.append((entry, old, view))
-    for entry, old, view in targets:
+        targets.append((i, entry, old, view))
+    built = []
+    for i, entry, old, view in targets:  # every layer first: one the spec cannot build leaves the model as it was
         W = view.weight
         d, k, bias = entry["in_features"], entry["out_features"], entry["bias"]
         new: PHMLinear | LowRankLinear
-        if entry["kind"] == "phm":
-            rule = entry["rule"]
-            if rule == "custom":  # a buffer restored from the weights; any non-zero placeholder of the right shape
-                rule = torch.ones(entry["n"], entry["n"], entry["n"])
-            new = PHMLinear(d, k, entry["n"], bias=bias, rule=rule, device=W.device, dtype=W.dtype)
-        else:
-            new = LowRankLinear(d, k, entry["rank"], bias=bias, device=W.device, dtype=W.dtype)
+        try:
+            if entry["kind"] == "phm":
+                rule = entry["rule"]
+                if rule == "custom":  # a buffer restored from the weights; any non-zero placeholder of its shape
+                    rule = torch.ones(entry["n"], entry["n"], entry["n"])
+                new = PHMLinear(d, k, entry["n"], bias=bias, rule=rule, device=W.device, dtype=W.dtype)
+            else:
+                new = LowRankLinear(d, k, entry["rank"], bias=bias, device=W.device, dtype=W.dtype)
+        except ValueError as err:
+            raise ValueError(f"{where}: layers[{i}] ({entry['name']!r}): {err}") from None
         _keep_flags(new, old, W.requires_grad, None if view.bias is None else view.bias.requires_grad)
         setattr(new, CONVERTED_FROM, "conv1d" if entry["from_conv1d"] else "linear")
-        parent_name, _, child = entry["name"].rpartition(".")
+        built.append((entry["name"], new))
+    for name, new in built:
+        parent_name, _, child = name.rpartition(".")
         setattr(module.get_submodule(parent_name), child, new)

@@ -547,14 +547,14 @@ def load_converted(folder: str | os.PathLike, model: nn.Module | None = None) ->
     if expected_sha is not None and sha256_file(weights_path) != expected_sha:
         raise LoadError(f"{weights_path}: SHA-256 does not match the one {SPEC_NAME} records (key 'sha256'); the "
                         f"file is damaged or was changed after saving")
+    given = model is not None
     if model is None:
         model = model_skeleton(folder, spec)
         meta = True
     else:
-        meta = False
-        if any(t.device.type == "meta" for t in model.state_dict().values()):
-            meta = True
-    if not meta:  # the caller's model: every check runs on a meta copy first, so a refusal leaves it unchanged
+        meta = any(t.device.type == "meta" for t in model.state_dict().values())
+    if given:  # the caller's model (a meta skeleton too): every check runs on a meta copy first, so a refusal
+        # leaves it unchanged
         _prepare(copy.deepcopy(model).to("meta"), spec, spec_path, weights_path, assign=True, check_only=True)
     _prepare(model, spec, spec_path, weights_path, assign=meta)
     if meta:

@@ -2,8 +2,8 @@
 a damaged or hostile spec is one LoadError naming the file and key, and the load never builds dense layers."""
 
 import json
-import re
 import os
+import re
 import threading
 
 import pytest

@@ -339,3 +339,18 @@ def test_load_quantized_of_a_file_says_a_folder_is_expected(tmp_path):
     afile.write_bytes(b"x")
     with pytest.raises(LoadError, match="is a file; expected a folder written by hyperplex.save_quantized"):
         load_quantized(afile, model=plain_model())
+
+
+def test_an_int8_model_takes_the_inputs_its_float_model_takes_and_names_a_wrong_width():
+    """One vector, as nn.Linear takes it (the int8 GEMM itself wants rows); a wrong last dimension is named."""
+    torch.manual_seed(0)
+    for layer in (nn.Linear(64, 32), LowRankLinear(64, 32, 8)):
+        model = nn.Sequential(layer)
+        x = torch.randn(64)
+        expected = model(x)
+        quantize(model, Int8Config())
+        got = model(x)
+        assert got.shape == expected.shape == (32,)
+        torch.testing.assert_close(got, model(x.unsqueeze(0)).squeeze(0))  # the same as one row
+        with pytest.raises(ValueError, match=r"expected input with last dimension 64, got shape \(2, 63\)"):
+            model(torch.randn(2, 63))

@@ -121,7 +121,11 @@ class QuantizedLinear(_TorchDynamicLinear):
     def forward(self, x: Tensor) -> Tensor:
         if self.training:
             raise _training_error(self)
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"expected input with last dimension {self.in_features}, got shape {tuple(x.shape)}")
         _refuse_off_cpu(self, x)
+        if x.dim() == 1:  # the float layer takes one vector; the int8 GEMM wants rows
+            return super().forward(x.float().unsqueeze(0)).squeeze(0).to(x.dtype)
         return super().forward(x.float()).to(x.dtype)
 
     @classmethod
@@ -267,7 +271,7 @@ class QuantizedPHMLinear(nn.Module):
     def forward(self, input: Tensor) -> Tensor:
         if self.training:
             raise _training_error(self)
-        if input.shape[-1] != self.in_features:
+        if input.dim() == 0 or input.shape[-1] != self.in_features:
             raise ValueError(f"expected input with last dimension {self.in_features}, got shape {tuple(input.shape)}")
         _refuse_off_cpu(self, input)
         n, k_n, d_n = self.n, self.out_features // self.n, self.in_features // self.n

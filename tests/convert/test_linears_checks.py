@@ -100,3 +100,14 @@ def test_a_calibrate_that_is_not_callable_is_refused_by_name():
     with pytest.raises(ValueError, match="calibrate must be a callable"):
         hp.compress(model, hp.PHMConfig(n=4, init="whitened"), calibrate=3)
     assert type(model[0]) is nn.Linear
+
+
+def test_converting_twice_or_a_non_module_says_so():
+    import hyperplex as hp
+
+    model = nn.Sequential(nn.Linear(64, 64))
+    hp.compress(model, hp.PHMConfig(n=4))
+    with pytest.raises(ValueError, match=r"its 1 PHM / low-rank layer\(s\) are converted already"):
+        hp.compress(model, hp.PHMConfig(n=4))
+    with pytest.raises(TypeError, match="expected the model as a torch.nn.Module, got str"):
+        hp.compress("model", hp.PHMConfig(n=4))

@@ -71,6 +71,8 @@ def _plan(module: nn.Module, kind: str, n: int, rank: int | None, include: list[
     """Decide, without touching the model, which layers to convert; raise for bad selections. ``key`` (a config
     name, :func:`hyperplex.compress`) makes an ``exclude`` pattern that matches no layer an error too, and the
     errors name ``key.targets`` / ``key.exclude``."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"expected the model as a torch.nn.Module, got {type(module).__name__}")
     owners: dict[int, list[str]] = {}  # parameter id -> every dotted name it is registered under
     for name, param in module.named_parameters(remove_duplicate=False):
         owners.setdefault(id(param), []).append(name)
@@ -126,7 +128,10 @@ def _plan(module: nn.Module, kind: str, n: int, rank: int | None, include: list[
         raise ValueError(f"{what} {pattern!r} matches no nn.Linear/Conv1D layer; the "
                          f"{len(names)} layers are named like: {shown or '(none)'}")
     if not names:
-        raise ValueError(f"{type(module).__name__} holds no nn.Linear or Conv1D layer to convert")
+        done = sum(isinstance(m, (PHMLinear, LowRankLinear)) for m in module.modules())
+        raise ValueError(f"{type(module).__name__} holds no nn.Linear or Conv1D layer to convert"
+                         + (f"; its {done} PHM / low-rank layer(s) are converted already (to_dense puts them back)"
+                            if done else ""))
     if not layers:
         undivided = [r for r in rows if r.reason.startswith(f"n={n} does not divide")]
         if undivided:

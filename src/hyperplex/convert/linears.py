@@ -290,7 +290,7 @@ def convert_layers(module: nn.Module, kind: str, n: int, *, rank: int | None = N
         factors = capture_inputs(module, layers, calibrate)
 
     by_name = {r.name: r for r in rows}
-    built: dict[str, tuple[nn.Module, int | None, float]] = {}
+    built: dict[str, tuple[PHMLinear | LowRankLinear, int | None, float]] = {}
     for name, old in layers.items():  # every new layer first: a layer that cannot be built leaves the model as it was
         row = by_name[name]
         view = _dense_view(old, row.source)
@@ -305,12 +305,12 @@ def convert_layers(module: nn.Module, kind: str, n: int, *, rank: int | None = N
         _keep_flags(new, old, view.weight.requires_grad, None if view.bias is None else view.bias.requires_grad)
         setattr(new, CONVERTED_FROM, row.source)
         built[name] = new, used_rank, _relative_error(view.weight, new.dense_weight())
-    for name, (new, used_rank, error) in built.items():
+    for name, (layer, used_rank, error) in built.items():
         parent_name, _, child = name.rpartition(".")
-        setattr(module.get_submodule(parent_name), child, new)
+        setattr(module.get_submodule(parent_name), child, layer)
         row = by_name[name]
         row.kind, row.n, row.rank = kind, (n if kind == "phm" else None), used_rank
-        row.params_after = _param_count(new)
+        row.params_after = _param_count(layer)
         row.relative_error = error
     return ConversionReport(rows, before, _param_count(module))
 

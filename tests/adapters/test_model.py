@@ -278,7 +278,7 @@ def test_a_rank_above_a_blocks_rank_is_refused_by_layer_and_adapts_nothing():
             self.query, self.value = nn.Linear(64, 64), nn.Linear(16, 16)
 
     model = Two()
-    with pytest.raises(ValueError, match=r"layer 'value': rank=8 exceeds the rank of a block Sᵢ, min\(k/n, d/n\) = 4"):
+    with pytest.raises(ValueError, match=r"layer 'value': rank=8 exceeds the rank of an Sᵢ, min\(k/n, d/n\) = 4"):
         hp.add_adapter(model, "a", hp.PHMAdapterConfig(n=4, rank=8, targets=["query", "value"]))
     assert type(model.query) is nn.Linear and type(model.value) is nn.Linear
     assert all(p.requires_grad for p in model.parameters())  # nothing frozen either

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from hyperplex.adapters.config import PHMAdapterConfig
 from hyperplex.layers.functional import materialize_weight, phm_linear_structured
 from hyperplex.layers.functional import phm_linear_lowrank as phm_lowrank_structured  # one home for the kernel
+from hyperplex.layers.phm import check_factor_rank
 from hyperplex.layers.selection import dense_sizes, dense_source, dense_tensors, is_dense
 
 __all__ = ["PHMDelta", "AdapterWrapper", "PHMAdaptedLinear", "SavedModule", "phm_lowrank_structured",
@@ -54,10 +55,7 @@ class PHMDelta(nn.Module):
         n, rank = config.n, config.rank
         if in_features % n or out_features % n:
             raise ValueError(f"n={n} must divide in_features={in_features} and out_features={out_features}")
-        if rank is not None and rank > min(in_features, out_features) // n:
-            raise ValueError(f"rank={rank} exceeds the rank of a block Sᵢ, min(k/n, d/n) = "
-                             f"{min(in_features, out_features) // n} (in_features={in_features}, "
-                             f"out_features={out_features}, n={n}); full Sᵢ (rank None) hold fewer parameters")
+        check_factor_rank(rank, in_features, out_features, n, key="rank")
         factory = {"device": device, "dtype": dtype}
         self.in_features, self.out_features, self.config = in_features, out_features, config
         self.rule = shared_rule if shared_rule is not None else nn.Parameter(torch.empty(n, n, n, **factory))

@@ -91,15 +91,18 @@ def _resolve_n_and_rule(in_features: int, out_features: int, n: int, rule: RuleS
     return rule_table(n, rule)
 
 
-def _check_factor_rank(factor_rank: int | None, in_features: int, out_features: int, n: int) -> None:
+def check_factor_rank(factor_rank: int | None, in_features: int, out_features: int, n: int,
+                      key: str = "factor_rank") -> None:
+    """Refuse a rank of the blocks ``Sᵢ = Lᵢ Rᵢ`` that is not a positive integer or exceeds a block's rank
+    (``key`` names the argument: ``factor_rank`` of a layer, ``rank`` of an adapter)."""
     if factor_rank is None:
         return
     if not isinstance(factor_rank, int) or isinstance(factor_rank, bool) or factor_rank < 1:
-        raise ValueError(f"factor_rank must be a positive integer or None (full Sᵢ), got {factor_rank!r}")
+        raise ValueError(f"{key} must be a positive integer or None (full Sᵢ), got {factor_rank!r}")
     if factor_rank > min(in_features, out_features) // n:
-        raise ValueError(f"factor_rank={factor_rank} exceeds the rank of an Sᵢ, min(k/n, d/n) = "
+        raise ValueError(f"{key}={factor_rank} exceeds the rank of an Sᵢ, min(k/n, d/n) = "
                          f"{min(in_features, out_features) // n} (in_features={in_features}, "
-                         f"out_features={out_features}, n={n})")
+                         f"out_features={out_features}, n={n}); full Sᵢ ({key} None) hold fewer parameters")
 
 
 def phm_parameter_count(in_features: int, out_features: int, n: int, rule: RuleSpec = "learned", bias: bool = True,
@@ -118,7 +121,7 @@ def phm_parameter_count(in_features: int, out_features: int, n: int, rule: RuleS
         learned = False
     else:
         learned = _resolve_n_and_rule(in_features, out_features, n, rule) is None and n > 1 and not shared_rule
-    _check_factor_rank(factor_rank, in_features, out_features, n)
+    check_factor_rank(factor_rank, in_features, out_features, n)
     factors = out_features * in_features // n if factor_rank is None else factor_rank * (in_features + out_features)
     return factors + (n**3 if learned else 0) + (out_features if bias else 0)
 
@@ -204,7 +207,7 @@ class PHMLinear(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.in_features, self.out_features, self.n = in_features, out_features, n
         _check_sizes(in_features, out_features, n)
-        _check_factor_rank(factor_rank, in_features, out_features, n)
+        check_factor_rank(factor_rank, in_features, out_features, n)
         self.factor_rank = factor_rank
         self._register_rule(rule, rule_init, factory)
         self.forward_mode = forward_mode

@@ -125,6 +125,12 @@ def test_load_errors_name_the_file_and_leave_the_model_untouched(tmp_path):
     with pytest.raises(ValueError, match="'config': PHMAdapterConfig.n must be a positive integer"):
         load_adapter(classifier(), tmp_path)
 
+    spec["config"]["n"] = 3  # divides neither 16 nor 32: the layer's sizes are named, not a shape mismatch
+    (tmp_path / SPEC_NAME).write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match=r"adapter.json: the adapter does not fit this model: "
+                                         r"encoder.layers.0.self_attn.qkv_proj: n=3 does not divide its 16 → 48"):
+        load_adapter(classifier(), tmp_path)
+
     (tmp_path / SPEC_NAME).write_text('{"format": "hyperplex-phm-adapter",\n  "version": 1,,\n}')
     with pytest.raises(ValueError, match=r"adapter.json: line 2, column 16: not valid JSON"):
         load_adapter(classifier(), tmp_path)

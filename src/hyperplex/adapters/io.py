@@ -163,8 +163,9 @@ def read_adapter_spec(folder: str | os.PathLike) -> tuple[dict, PHMAdapterConfig
     return spec, config
 
 
-def _fit_problems(modules: dict[str, nn.Module], spec: dict) -> tuple[list[str], dict[str, tuple[int, int]]]:
-    """What keeps the spec's layers and modules to save from fitting the model (as text), and the layers' sizes."""
+def _fit_problems(modules: dict[str, nn.Module], spec: dict, n: int) -> tuple[list[str], dict[str, tuple[int, int]]]:
+    """What keeps the spec's layers and modules to save from fitting the model (as text), and the layers' sizes
+    (``n``: the adapter's number of components, which must divide both sizes)."""
     problems, sizes = [], {}
     for path, listed in spec["layers"].items():
         module = modules.get(path)
@@ -178,6 +179,8 @@ def _fit_problems(modules: dict[str, nn.Module], spec: dict) -> tuple[list[str],
             if (d, k) != (listed["in_features"], listed["out_features"]):
                 problems.append(f"{path}: the adapter was saved for {listed['in_features']} → {listed['out_features']} "
                                 f"features, the model's layer has {d} → {k}")
+            elif d % n or k % n:
+                problems.append(f"{path}: n={n} does not divide its {d} → {k} features")
             sizes[path] = (d, k)
     for path, shapes in spec["modules_to_save"].items():
         module = modules.get(path)
@@ -211,7 +214,7 @@ def load_adapter(model: nn.Module, folder: str | os.PathLike, name: str | None =
     check_adapter_name(name)
     if name in adapter_names(model):
         raise ValueError(f"the model already has an adapter named {name!r}; pass another name= to load_adapter")
-    problems, sizes = _fit_problems(dict(outer_modules(model)), spec)
+    problems, sizes = _fit_problems(dict(outer_modules(model)), spec, config.n)
     if problems:
         raise ValueError(f"{spec_path}: the adapter does not fit this model: " + "; ".join(problems[:5])
                          + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""))

@@ -133,3 +133,24 @@ def test_best_checkpoint_scored_with_beam_search_on_cuda_as_on_the_cpu(cuda_devi
     on_gpu = task.validate(model, beam_size=4)["bleu"]
     on_cpu = task.validate(model.to("cpu"), beam_size=4)["bleu"]
     assert abs(on_gpu - on_cpu) <= 1.0, (on_gpu, on_cpu)
+
+
+def test_an_fp16_resume_goes_on_with_the_saved_loss_scale(cuda_device, tmp_path):
+    """fp16's GradScaler is resumable state: 6 steps then a resume to 12 end with the uninterrupted run's scaler
+    state (its scale and growth tracker, which a fresh scaler would restart at 65536 and 0)."""
+    from conftest import write_tiny_config
+
+    from hyperplex.train.checkpoint import load_checkpoint
+    from hyperplex.train.run import train
+
+    config = write_tiny_config(tmp_path, max_steps=12, validation_every=6)
+    common = [f"--training.device={cuda_device}", "--training.precision=fp16", "--model.dropout=0.0"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(str(config), overrides=common, model_dir=str(straight))
+    train(str(config), overrides=[*common, "--training.max_steps=6"], model_dir=str(resumed))
+    halfway = load_checkpoint(resumed / "last.safetensors").extra["grad_scaler"]
+    assert halfway["_growth_tracker"] > 0 or halfway["scale"] != 65536.0
+    train(str(config), overrides=[*common, "--training.max_steps=12"], model_dir=str(resumed), resume=True)
+    a = load_checkpoint(straight / "last.safetensors").extra["grad_scaler"]
+    b = load_checkpoint(resumed / "last.safetensors").extra["grad_scaler"]
+    assert a == b, (a, b)

@@ -315,6 +315,34 @@ def test_manager_recovers_from_lost_index_and_orphans(tmp_path):
     assert os.path.samefile(tmp_path / "best.safetensors", tmp_path / "best-2.safetensors")
 
 
+def test_manager_resume_step_drops_later_bests_and_keeps_the_best_last_was_written_with(tmp_path):
+    """A run that dies after writing best files but before writing ``last`` again: the resumed manager deletes the
+    later bests, and the best that was on top when ``last`` was written is still there (kept on disk after better
+    ones pushed it out of the top k, until the next ``last``)."""
+    m = CheckpointManager(tmp_path, keep_best=1, metric_mode="max", metric_name="bleu")
+    m.save_if_best(1.0, 10, state(1.0))
+    m.save_last(state(10), None, {"step": 10})
+    m.save_if_best(2.0, 20, state(2.0))
+    m.save_if_best(3.0, 30, state(3.0))  # then killed: no last after step 10
+    assert [e["step"] for e in m.entries] == [30]
+    assert (tmp_path / "best-10.safetensors").exists() and not (tmp_path / "best-20.safetensors").exists()
+    again = CheckpointManager(tmp_path, keep_best=1, metric_mode="max", metric_name="bleu", resume_step=10)
+    assert again.dropped_steps == [30] and [(e["step"], e["metric"]) for e in again.entries] == [(10, 1.0)]
+    assert sorted(os.listdir(tmp_path)) == ["best-10.safetensors", "best.safetensors", "checkpoints.json",
+                                            "last.safetensors"]
+    assert load_checkpoint(again.best_path).model_state["w"][0] == 1.0
+    assert json.loads((tmp_path / "checkpoints.json").read_text())["best"] == again.entries
+    again.save_if_best(4.0, 20, state(4.0))
+    assert (tmp_path / "best-10.safetensors").exists()  # last still holds step 10's state
+    again.save_last(state(20), None, {"step": 20})
+    assert sorted(os.listdir(tmp_path)) == ["best-20.safetensors", "best.safetensors", "checkpoints.json",
+                                            "last.safetensors"]
+    third = CheckpointManager(tmp_path, keep_best=1, metric_mode="max", metric_name="bleu", resume_step=5)
+    assert third.dropped_steps == [20] and third.entries == [] and not os.path.exists(third.best_path)
+    plain = CheckpointManager(tmp_path, keep_best=1, metric_mode="max", metric_name="bleu")
+    assert plain.dropped_steps == [] and plain.entries == []
+
+
 def test_manager_refuses_other_metric(tmp_path):
     CheckpointManager(tmp_path, 1, "max", "bleu").save_if_best(1.0, 1, state(1))
     with pytest.raises(CheckpointError, match="ranked by 'bleu' \\(max\\).*'loss' \\(min\\)"):

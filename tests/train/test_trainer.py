@@ -2,6 +2,7 @@
 with fp32 master weights."""
 
 import csv
+import json
 import signal
 import subprocess
 import sys
@@ -113,6 +114,101 @@ def test_last_at_validation_false_writes_last_only_when_the_run_stops(tmp_path, 
     b = load_model_weights(tmp_path / "stopped" / "last.safetensors")
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def dev_values(model_dir: Path, name: str) -> list[tuple[int, float]]:
+    with open(model_dir / "metrics.csv") as f:
+        return [(int(r["step"]), float(r["value"])) for r in csv.DictReader(f) if r["split"] == "dev"
+                and r["name"] == name]
+
+
+class Killed(BaseException):
+    """A SIGKILL's stand-in: nothing after it runs, no handler saves anything."""
+
+
+@pytest.mark.parametrize("last_at_validation", [True, False])
+def test_the_best_checkpoint_agrees_with_the_run_after_a_kill_that_lost_steps(tmp_path, monkeypatch,
+                                                                              last_at_validation):
+    """A kill after an improving validation at step 20 (made the best by far) that loses it: with
+    ``last_at_validation`` true, between that validation's two checkpoint writes; false (converge.sh's GPU runs:
+    ``last`` only at a stop), after step 21, with ``last`` at step 8. The resumed run deletes the best files of the
+    steps it trains anew, so ``best.safetensors`` is the best validation that ``metrics.csv`` holds and the trainer's
+    best value is its metric (before: a lost step's file stayed the best, or ``last`` held a best that no file had).
+    The resumed run follows another course (other random draws after the restore, as on another device); with
+    ``last_at_validation`` false it stops at step 16, so it never validates step 20 again."""
+    import hyperplex.train.trainer as trainer_module
+    from hyperplex.train.checkpoint import CheckpointManager
+    from hyperplex.train.interrupts import TrainingInterrupted
+    from hyperplex.train.trainer import Trainer
+
+    config = write_tiny_config(tmp_path, max_steps=28, validation_every=4, last_at_validation=last_at_validation,
+                               keep_best=1, early_stopping_metric="loss", lr=1e-2, patience=100)
+    model_dir = tmp_path / "run"
+    step, record = Trainer._step, Trainer._record_validation
+    save_last, save_if_best = CheckpointManager.save_last, CheckpointManager.save_if_best
+    writes_at_20: list[str] = []
+
+    def best_by_far_at_20(self, model, optimizer, state, manager, metrics, values):
+        values = {**values, "loss": 1e-3} if state.step == 20 else values
+        record(self, model, optimizer, state, manager, metrics, values)
+
+    def spied_last(self, model_state, optimizer_state=None, extra=None, rng=True):
+        if extra["trainer"]["step"] == 20:
+            writes_at_20.append("last")
+            if len(writes_at_20) == 2:
+                raise Killed
+        return save_last(self, model_state, optimizer_state, extra, rng)
+
+    def spied_best(self, metric_value, at, *args, **kwargs):
+        if at == 20:
+            writes_at_20.append("best")
+            if len(writes_at_20) == 2:
+                raise Killed
+        return save_if_best(self, metric_value, at, *args, **kwargs)
+
+    def sigterm_at_8(self, loop, group, num_batches, state, throughput):
+        done = step(self, loop, group, num_batches, state, throughput)
+        if state.step == 8:
+            loop.interrupts.signal_number = signal.SIGTERM
+        return done
+
+    def killed_after_21(self, loop, group, num_batches, state, throughput):
+        done = step(self, loop, group, num_batches, state, throughput)
+        if state.step == 21:
+            raise Killed
+        return done
+
+    monkeypatch.setattr(Trainer, "_record_validation", best_by_far_at_20)
+    monkeypatch.setattr(CheckpointManager, "save_last", spied_last)
+    monkeypatch.setattr(CheckpointManager, "save_if_best", spied_best)
+    if not last_at_validation:
+        monkeypatch.setattr(Trainer, "_step", sigterm_at_8)
+        with pytest.raises(TrainingInterrupted):
+            train(str(config), model_dir=str(model_dir))
+        monkeypatch.setattr(Trainer, "_step", killed_after_21)
+    with pytest.raises(Killed):
+        train(str(config), model_dir=str(model_dir), resume=not last_at_validation)
+    resumed_from = load_checkpoint(model_dir / "last.safetensors").extra["trainer"]["step"]
+    assert resumed_from == (16 if last_at_validation else 8)
+    assert writes_at_20[0] == "best" and any(e["step"] == 20 for e in json.loads(
+        (model_dir / "checkpoints.json").read_text())["best"]), "step 20's best file is there before the resume"
+
+    monkeypatch.undo()
+    restore = trainer_module.restore_rng
+
+    def other_course(rng_state):
+        restore(rng_state)
+        torch.manual_seed(1234)
+
+    monkeypatch.setattr(trainer_module, "restore_rng", other_course)
+    train(str(config), [] if last_at_validation else ["--training.max_steps=16"], model_dir=str(model_dir),
+          resume=True)
+    best_step, best_loss = min(dev_values(model_dir, "loss"), key=lambda row: (row[1], row[0]))
+    best = load_checkpoint(model_dir / "best.safetensors").extra["trainer"]
+    assert best["step"] == best_step and best["best_metric"] == pytest.approx(best_loss, rel=1e-5)
+    final = load_checkpoint(model_dir / "last.safetensors").extra["trainer"]
+    assert final["step"] == (28 if last_at_validation else 16) and final["best_metric"] == best["best_metric"]
+    assert "deleted the best checkpoints of steps 20" in (model_dir / "train.log").read_text()
 
 
 def test_ddp_two_processes_match_one_process(tmp_path):

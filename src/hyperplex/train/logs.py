@@ -60,7 +60,9 @@ class MetricsWriter:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(model_dir / "tensorboard"), purge_step=resume_step)
+                # events after the resumed step are the killed run's; those of that step came before its last
+                self.tb = SummaryWriter(str(model_dir / "tensorboard"),
+                                        purge_step=None if resume_step is None else resume_step + 1)
             except ImportError:  # tensorboard is a dependency, but do not die over logging
                 logging.getLogger("hyperplex").warning("tensorboard not installed: no TensorBoard logs")
 

@@ -119,8 +119,9 @@ class InverseSqrt(Schedule):
 
     ``lr = base_lr · min(step / w, sqrt(w / step))``. This is Vaswani et al. (2017) eq. 3,
     ``d_model^-0.5 · min(step^-0.5, step · w^-1.5)``, rescaled so the peak is ``base_lr``
-    (i.e. ``base_lr = d_model^-0.5 · w^-0.5`` recovers it exactly), and equals fairseq's
-    ``inverse_sqrt`` with ``warmup_init_lr = 0``.
+    (i.e. ``base_lr = d_model^-0.5 · w^-0.5`` recovers it exactly). ``step`` counts from 1 (the first
+    update uses ``base_lr / w``), so this is fairseq's ``inverse_sqrt`` with ``warmup_init_lr = 0`` one
+    update ahead (fairseq's first update uses rate 0).
     """
 
     warmup_steps: int = 4000

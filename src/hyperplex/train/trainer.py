@@ -116,6 +116,7 @@ class Trainer:
         self.model_dir = Path(model_dir)
         self.resume = resume
         self.resume_changes = list(resume_changes or [])  # "key: old → new" lines, logged after resuming
+        self._scaler: torch.amp.GradScaler | None = None  # fp16 only; set by train()
         self.rank, self.world = distributed()
         # Checks that need no files come first, so a refused start creates and touches nothing.
         last = self.model_dir / LAST
@@ -163,8 +164,25 @@ class Trainer:
         return value < best if self.mode == "min" else value > best
 
     def _extra(self, state: TrainState) -> dict:
-        return {"trainer": asdict(state), "config": experiment_dict(self.cfg), "task": self.task.metadata(),
-                "format": "hyperplex-checkpoint-1", "written_by": self._writer()}
+        extra = {"trainer": asdict(state), "config": experiment_dict(self.cfg), "task": self.task.metadata(),
+                 "format": "hyperplex-checkpoint-1", "written_by": self._writer()}
+        if self._scaler is not None:
+            extra["grad_scaler"] = self._scaler.state_dict()
+        return extra
+
+    def _checkpoints(self, resume_step: int | None, state: TrainState) -> CheckpointManager:
+        """The folder's checkpoint manager; on a resume, without the best files of steps after ``last``'s."""
+        manager = CheckpointManager(self.model_dir, keep_best=self.tcfg.keep_best, metric_mode=self.mode,
+                                    metric_name=self.metric, resume_step=resume_step)
+        if manager.dropped_steps:
+            self.log.info(f"resume: deleted the best checkpoints of steps {', '.join(map(str, manager.dropped_steps))}"
+                          f", written after step {resume_step} by a run that stopped before it saved "
+                          f"{LAST} again; this run trains those steps anew")
+        if resume_step is not None and state.best_metric is not None and manager.best_metric != state.best_metric:
+            self.log.warning(f"resume: {LAST} holds best {self.metric} {state.best_metric}, the best checkpoint "
+                             f"kept is {manager.best_metric} (a folder written before best files were saved "
+                             f"ahead of {LAST}); early stopping goes on from {LAST}'s")
+        return manager
 
     def _writer(self) -> dict:
         """What wrote a checkpoint — hyperplex and torch versions, device kind — compared on resume."""
@@ -220,9 +238,8 @@ class Trainer:
                                     eps=tcfg.eps, weight_decay=tcfg.weight_decay, momentum=tcfg.momentum,
                                     fused=self.device.type == "cuda")
         schedule = self._schedule()
-        manager = CheckpointManager(self.model_dir, keep_best=tcfg.keep_best, metric_mode=self.mode,
-                                    metric_name=self.metric) \
-            if self.rank == 0 else None
+        # fp16's loss scale is state too: a resume goes on with the scale it stopped at, not the initial one
+        self._scaler = torch.amp.GradScaler("cuda") if tcfg.precision == "fp16" else None
         if self.resume:
             state = self._restore(model, optimizer)
             if state.finished and not self._reopen_finished(state):
@@ -231,6 +248,7 @@ class Trainer:
             state = TrainState()
             if self.rank == 0:
                 atomic_write_text(self.model_dir / "config.yaml", dump_yaml(experiment_dict(self.cfg)))
+        manager = self._checkpoints(state.step if self.resume else None, state) if self.rank == 0 else None
         total_steps = self._log_start(model, state)
         train_model: nn.Module = model
         if self.world > 1:
@@ -240,9 +258,8 @@ class Trainer:
             # dynamic: batches of a token budget differ in rows and lengths, so one graph for every shape instead of
             # a first graph for the first shape and a second, dynamic one as soon as the next batch differs
             train_model = cast(nn.Module, torch.compile(train_model, dynamic=True))
-        scaler = torch.amp.GradScaler("cuda") if tcfg.precision == "fp16" else None
         metrics = MetricsWriter(self.model_dir, state.step if self.resume else None) if self.rank == 0 else None
-        loop = _Loop(model, train_model, optimizer, schedule, scaler, manager, metrics,
+        loop = _Loop(model, train_model, optimizer, schedule, self._scaler, manager, metrics,
                      self._progress_bar(total_steps, state), InterruptFlag())
         try:
             loop.interrupts.install()
@@ -285,6 +302,8 @@ class Trainer:
             raise
         if ckpt.optimizer_state is not None:
             optimizer.load_state_dict(ckpt.optimizer_state)
+        if self._scaler is not None and ckpt.extra.get("grad_scaler"):
+            self._scaler.load_state_dict(ckpt.extra["grad_scaler"])
         state = TrainState(**ckpt.extra["trainer"])
         if ckpt.rng_state is None:
             raise CheckpointError(f"{self.model_dir / LAST} holds no random-number state to resume from (the trainer "
@@ -633,9 +652,11 @@ class Trainer:
         self.log.info(f"validation at step {state.step} (epoch {state.step_epoch}): {shown}")
         metrics.write(state.step, state.step_epoch, "dev", values)
         extra = self._extra(state)
+        # the best file first: a run killed between the two resumes from the previous last, whose manager deletes
+        # this best file; the other way round, last would hold a best value that no file has
+        manager.save_if_best(value, state.step, model_state(model), None, extra)
         if self.tcfg.last_at_validation or state.finished:  # a finished run's last says so to a later --resume
             manager.save_last(model_state(model), optimizer.state_dict(), extra)
-        manager.save_if_best(value, state.step, model_state(model), None, extra)
 
     def _plots(self) -> None:
         try:

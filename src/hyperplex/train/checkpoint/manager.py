@@ -42,19 +42,28 @@ class CheckpointManager:
     metric in its own header, so on start-up the manager rebuilds a missing or stale index from the
     files (after a crash between steps) and removes leftover temporary files.
 
+    A run resumes from ``last``, and the best checkpoints must agree with it: the best file that was
+    on top when ``last`` was last written is kept until the next ``last`` (even after a better one
+    pushed it out of the top ``k``), and a manager opened with ``resume_step`` deletes the best files
+    of later steps (written by a run that died before it saved ``last`` again, so the resumed run
+    trains those steps anew). Write a validation's best file before ``last``.
+
     Args:
         model_dir: the model folder (created if missing).
         keep_best: how many best checkpoints to keep, ≥ 1.
         metric_mode: ``"max"`` (BLEU, accuracy) or ``"min"`` (loss, perplexity).
         metric_name: optional; recorded in the index, and a restart with a different name or mode
             raises :class:`CheckpointError` instead of mixing rankings.
+        resume_step: the step of the ``last`` a run resumes from; best files of later steps are deleted
+            (their steps in :attr:`dropped_steps`).
     """
 
     INDEX = "checkpoints.json"
     LAST = LAST
     BEST = BEST
 
-    def __init__(self, model_dir, keep_best: int = 1, metric_mode: str = "max", metric_name: str | None = None) -> None:
+    def __init__(self, model_dir, keep_best: int = 1, metric_mode: str = "max", metric_name: str | None = None,
+                 resume_step: int | None = None) -> None:
         if not isinstance(keep_best, int) or keep_best < 1:
             raise ValueError(f"keep_best must be an integer >= 1, got {keep_best!r}")
         if metric_mode not in ("max", "min"):
@@ -66,7 +75,10 @@ class CheckpointManager:
         except OSError as e:
             raise CheckpointError(f"{self.model_dir}: cannot create the model folder ({e.strerror or e})") from e
         self.entries: list[dict] = []  # [{"step", "metric", "file"}], best first
-        self._recover()
+        self.dropped_steps: list[int] = []  # best files deleted for being later than resume_step
+        self._anchor: str | None = None  # the top best file when last was written: kept until the next last
+        self._recover(resume_step)
+        self._anchor = self.entries[0]["file"] if self.entries else None
 
     # ------------------------------------------------------------------ paths and ranking
     def path(self, name: str) -> str:
@@ -99,7 +111,11 @@ class CheckpointManager:
     def save_last(self, model_state: dict[str, Tensor], optimizer_state: dict | None = None,
                   extra: dict | None = None, rng: bool = True) -> str:
         """Atomically (over)write ``last.safetensors``; arguments as :func:`save_checkpoint`. Returns its path."""
-        return save_checkpoint(self.last_path, model_state, optimizer_state, extra, rng)
+        path = save_checkpoint(self.last_path, model_state, optimizer_state, extra, rng)
+        previous, self._anchor = self._anchor, (self.entries[0]["file"] if self.entries else None)
+        if previous is not None and previous not in {e["file"] for e in self.entries}:
+            self._unlink(previous)  # no resumable state refers to it any more
+        return path
 
     def save_if_best(self, metric_value: float, step: int, model_state: dict[str, Tensor],
                      optimizer_state: dict | None = None, extra: dict | None = None, rng: bool = True) -> str | None:
@@ -130,10 +146,14 @@ class CheckpointManager:
         self.entries = kept
         self._write_index()
         for e in dropped:  # only now: the new file and the index are on disk
-            try:
-                os.unlink(self.path(e["file"]))
-            except FileNotFoundError:
-                pass
+            if e["file"] != self._anchor:  # a resume from last needs the best it was written with
+                self._unlink(e["file"])
+
+    def _unlink(self, name: str) -> None:
+        try:
+            os.unlink(self.path(name))
+        except FileNotFoundError:
+            pass
 
     def _is_linked(self, entry: dict) -> bool:
         try:
@@ -163,8 +183,9 @@ class CheckpointManager:
         atomic_write(self.path(self.INDEX), write)
 
     # ------------------------------------------------------------------ start-up recovery
-    def _recover(self) -> None:
-        """Rebuild the ranking from the index and the best-*.safetensors files actually present."""
+    def _recover(self, resume_step: int | None) -> None:
+        """Rebuild the ranking from the index and the best-*.safetensors files actually present (less those
+        of steps after ``resume_step``)."""
         names = os.listdir(self.model_dir)
         for name in names:  # temporary files of writes killed mid-way
             if fileio.TMP_PATTERN.match(name):
@@ -197,6 +218,14 @@ class CheckpointManager:
                     continue
                 if "metric" in info and info.get("metric_mode") == self.metric_mode:
                     by_file[name] = {"step": info["step"], "metric": info["metric"], "file": name}
+        if resume_step is not None:
+            later = [name for name, e in by_file.items() if e["step"] > resume_step]
+            self.dropped_steps = sorted(by_file[name]["step"] for name in later)
+            for name in later:
+                del by_file[name]
+                self._unlink(name)
+            if later and not by_file:  # best.safetensors is a link to (or copy of) one of them
+                self._unlink(self.BEST)
         self.entries = sorted(by_file.values(), key=self._key)
         if by_file or index:
             self._commit(self.entries[: self.keep_best])

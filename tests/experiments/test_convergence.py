@@ -113,6 +113,25 @@ def test_the_section_reports_each_row_and_the_gap_beside_the_papers(tmp_path):
     assert f"{min(diffs):+.2f} … {max(diffs):+.2f} (mean {math.fsum(diffs) / 7:+.2f})" in text
 
 
+def test_a_diverged_seed_is_counted_and_named_not_dropped_unsaid(tmp_path):
+    """A seed whose loss became NaN has no score: it stays out of the mean and the gaps, and the table says so (its
+    stop, its seed and step); a row whose every seed diverged is a row of the table, not 'no finished model'."""
+    records, results = _results(tmp_path)
+    results["rows"][1]["runs"][2] = {"seed": 3, "model_dir": str(tmp_path / "gone"), "status": "diverged",
+                                     "stability": {"nan_step": 1234, "diverged": True}}
+    results["rows"].append({"name": "phm16", "label": "PHM-Tm n=16", "seeds": [1], "runs": [
+        {"seed": 1, "model_dir": str(tmp_path / "gone"), "status": "diverged", "stability": {"nan_step": None}}]})
+    rows = {r["name"]: r for r in row_courses(results, records)}
+    assert rows["phm4"]["values"] == [29.5, 31.0] and rows["phm4"]["diverged"] == 1
+    text = convergence_section(results, records, [("phm4", "tm", "PHM-Tm n=4"), ("phm16", "tm", "")])
+    assert "| PHM-Tm n=4 | 2/4 | 30.25 [" in text and "| diverged 1, early stopping 2 |" in text
+    assert "| PHM-Tm n=16 | 0/1 | – | – | – | diverged 1 |" in text and "No finished model yet" not in text
+    assert "Diverged (a non-finite loss or validation metric; no score, so not in the mean or the gaps, and not " \
+           "retrained): PHM-Tm n=4 seed 3 (step 1234); PHM-Tm n=16 seed 1." in text
+    gap = welch_gap([29.5, 31.0], [30.5, 31.5, 32.5])
+    assert f"| PHM-Tm n=4 − Transformer | {gap['diff']:+.2f} [" in text and "| PHM-Tm n=16 − Transformer |" not in text
+
+
 def test_the_papers_column_appears_only_when_a_gap_quotes_the_paper(tmp_path):
     records, results = _results(tmp_path)
     gap = welch_gap([29.5, 31.0, 31.5], [30.5, 31.5, 32.5])

@@ -9,13 +9,13 @@ from hyperplex.experiments.state import DIVERGED_FILE
 
 def test_sweep_records_divergence_and_plots(tmp_path, monkeypatch, capsys, sweep_plan):
     from hyperplex.train import run
-    from hyperplex.train.trainer import TrainingError
+    from hyperplex.train.trainer import DivergedError
 
     real_train = run.train
 
     def train(config, overrides, model_dir, data_root, resume=False):
         if "--training.lr=0.003" in overrides:  # this rate "diverges": the trainer's NaN error
-            raise TrainingError("loss became nan at step 5 (epoch 1, batch 5); training stopped")
+            raise DivergedError("loss became nan at step 5 (epoch 1, batch 5); training stopped")
         return real_train(config, overrides, model_dir, data_root, resume=resume)
 
     monkeypatch.setattr(run, "train", train)
@@ -38,6 +38,54 @@ def test_sweep_records_divergence_and_plots(tmp_path, monkeypatch, capsys, sweep
     # a diverged model is not trained again
     assert main([str(plan), "--out", str(out), "--rows", "phm2"]) == 0
     assert "diverged already, skipped" in capsys.readouterr().err
+
+
+def test_a_model_of_any_row_whose_loss_becomes_nan_is_recorded_as_diverged(tmp_path, monkeypatch, capsys,
+                                                                           write_plan):
+    """Not only in a sweep: a NaN loss (the trainer's own check, DivergedError) is recorded in diverged.json, the
+    plan goes on with its other models and exits 0, the report names the seed, and a rerun does not retrain it."""
+    from hyperplex.tasks.translation import TranslationTask
+    from hyperplex.train import run
+
+    real_train, real_loss, calls = run.train, TranslationTask.loss, []
+
+    def train(config, overrides, model_dir, data_root, resume=False):
+        calls.append(model_dir)
+        return real_train(config, overrides, model_dir, data_root, resume=resume)
+
+    def loss(self, model, batch):
+        value = real_loss(self, model, batch)
+        return value * float("nan") if len(calls) == 2 else value  # the second model's every step
+
+    monkeypatch.setattr(run, "train", train)
+    monkeypatch.setattr(TranslationTask, "loss", loss)
+    plan, out = write_plan(tmp_path, rows=[{"name": "dense", "label": "Dense", "config": "tiny.yaml",
+                                            "overrides": ["--model.linear.kind=dense"]}]), tmp_path / "out"
+    assert main([str(plan), "--out", str(out)]) == 0
+    assert "diverged (a non-finite loss or validation metric): recorded in" in capsys.readouterr().err
+    marker = json.loads((out / "dense" / "seed2" / DIVERGED_FILE).read_text())
+    assert marker["step"] == 1 and "loss became nan" in marker["message"]
+    runs = json.loads((out / "results.json").read_text())["rows"][0]["runs"]
+    assert [r["status"] for r in runs] == ["finished", "diverged"] and runs[1]["stability"]["nan_step"] == 1
+    assert "diverged (non-finite loss at step 1)" in (out / "results.md").read_text()
+    assert main([str(plan), "--out", str(out)]) == 0 and len(calls) == 2  # not trained again
+    assert "diverged already, skipped" in capsys.readouterr().err
+
+
+def test_another_training_error_is_a_failure_not_a_divergence(tmp_path, monkeypatch, capsys, write_plan):
+    """A training error that is not a NaN (here torch.compile's) is no result of the row's settings: the model is
+    not marked diverged, the plan exits 1 naming it, and a rerun trains it again."""
+    from hyperplex.train import run
+    from hyperplex.train.trainer import TrainingError
+
+    def train(config, overrides, model_dir, data_root, resume=False):
+        raise TrainingError("training.compile: torch.compile failed at step 1 (InductorError)")
+
+    monkeypatch.setattr(run, "train", train)
+    plan, out = write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml", "seeds": [1]}]), tmp_path / "out"
+    assert main([str(plan), "--out", str(out)]) == 1
+    assert "training failed: TrainingError: training.compile" in capsys.readouterr().err
+    assert not (out / "dense" / "seed1" / DIVERGED_FILE).exists()
 
 
 def test_an_interrupt_stops_the_whole_plan(tmp_path, monkeypatch, capsys, write_plan):

@@ -21,6 +21,9 @@ def test_stability_read_from_metrics_csv(tmp_path):
     assert s == {"nan_step": None, "loss_first": 2.0, "loss_last": 2.4, "loss_above_start": True, "diverged": True,
                  "grad_norm_median": 1.05, "grad_norm_max": 15.0,
                  "spikes": 2}  # 15 > 10 × 1.05, and the NaN window
+    first = rows[:1] + rows[7:10] + rows[1:7] + rows[10:]  # the NaN window first: the same largest finite norm
+    (tmp_path / "metrics.csv").write_text("\n".join(first) + "\n")
+    assert stability(tmp_path)["grad_norm_max"] == 15.0 and stability(tmp_path)["spikes"] == 2
     (tmp_path / DIVERGED_FILE).write_text(json.dumps({"step": 7, "message": "loss became nan at step 7"}))
     assert stability(tmp_path)["nan_step"] == 7 and folder_status(tmp_path) == "diverged"
 

@@ -151,6 +151,13 @@ def test_verdict_uses_the_interval_edges_exactly():
     assert summary.verdict(a, apart, "low-rank", minimised=True) == "PHM ahead"  # loss: lower is better
 
 
+def test_a_seed_that_is_not_finite_gives_no_verdict():
+    """NaN fails every comparison, so the overlap test would call the other side ahead."""
+    nan = summarize([float("nan"), 30.0, 31.0])
+    assert summary.verdict(nan, summarize([30.0, 31.0, 32.0]), "dense") == "not finite"
+    assert summary.verdict(summarize([30.0, 31.0, 32.0]), nan, "dense", minimised=True) == "not finite"
+
+
 def test_minimised_metric_turns_the_verdict_around():
     results = _agreement(phm4=(1.0, 1.1, 1.2), lowrank4=(2.0, 2.1, 2.2), metric="loss")
     assert _line(results, "phm4", "lowrank4").endswith("| PHM ahead |")  # lower loss

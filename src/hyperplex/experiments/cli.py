@@ -24,7 +24,7 @@ from hyperplex.experiments.execution import save_untrained_run, train_run
 from hyperplex.experiments.plan import Plan, PlanError, load_plan
 from hyperplex.experiments.results import collect, write_results
 from hyperplex.experiments.runs import Run, validate
-from hyperplex.experiments.state import folder_status
+from hyperplex.experiments.state import DIVERGED_FILE, folder_status
 from hyperplex.guards import OutputError, check_output_folder, check_outputs
 
 __all__ = ["PROG", "add_arguments", "build_parser", "main"]
@@ -156,6 +156,10 @@ def _train_all(plan: Plan, to_train: list[Run], args: argparse.Namespace, comman
         except Exception as err:  # noqa: BLE001 - noted, the other models go on, exit 1 at the end
             failures[run.model_dir] = f"training failed: {type(err).__name__}: {err}"
             print(f"  {failures[run.model_dir]}", file=sys.stderr)
+            continue
+        if folder_status(run.model_dir) == "diverged":
+            print(f"  diverged (a non-finite loss or validation metric): recorded in {run.model_dir / DIVERGED_FILE} "
+                  "and counted in the report; not trained again", file=sys.stderr)
             continue
         if args.evaluate_each:
             evaluate_each(plan, run, args.data_root, failures, records)

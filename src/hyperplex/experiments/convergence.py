@@ -155,17 +155,9 @@ def welch_gap(a: list[float], b: list[float]) -> dict:
     if se == 0:
         return {"diff": diff, "ci95": [diff, diff], "n_a": len(a), "n_b": len(b)}
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    half = _t975(df) * se
+    half = t_quantile_975(df) * se
     return {"diff": diff, "ci95": [diff - half, diff + half], "n_a": len(a), "n_b": len(b)}
 
-
-def _t975(df: float) -> float:
-    """t_{0.975} at a fractional Welch–Satterthwaite ``df`` (scipy), else the table at ⌊df⌋ (a wider interval)."""
-    try:
-        from scipy.stats import t as student_t
-    except ImportError:
-        return t_quantile_975(max(1, math.floor(df)))
-    return float(student_t.ppf(0.975, df))
 
 
 def _files(run: dict, records: Path | None, row: str) -> Path:
@@ -182,13 +174,16 @@ def row_courses(results: dict, records: Path | None, metric: str = "bleu") -> li
     for row in results["rows"]:
         if row.get("models_from"):
             continue
-        runs = [r for r in row["runs"]
-                if r.get("status") in ("finished", "diverged") and metric in r.get("metrics", {})]
+        runs = [r for r in row["runs"] if r.get("status") == "finished" and metric in r.get("metrics", {})]
+        diverged = [r for r in row["runs"] if r.get("status") == "diverged"]  # no score, but a stop to report
         courses = [training_course(_files(r, records, row["name"]), metric) for r in runs]
+        stops = Counter(c["stop"] for c in courses) + Counter("diverged" for _ in diverged)
         seconds = [r["train_seconds"] for r in runs if r.get("train_seconds")]
         params = runs[0]["params"]["total"] if runs and runs[0].get("params") else None
         rows.append({"name": row["name"], "label": row["label"], "values": [r["metrics"][metric] for r in runs],
                      "summary": summarize([r["metrics"][metric] for r in runs]), "courses": courses,
+                     "stops": stops, "diverged": len(diverged),
+                     "diverged_at": [(r["seed"], (r.get("stability") or {}).get("nan_step")) for r in diverged],
                      "params": params, "seconds": math.fsum(seconds) / len(seconds) if seconds else None,
                      "seconds_by_device": _seconds_by_device(runs, courses),
                      "planned": len(row.get("seeds") or row["runs"])})
@@ -297,17 +292,22 @@ def convergence_section(results: dict, records: Path | None, comparisons: Sequen
         raise ValueError(f"paper_table: the paper tables quoted are {sorted(PAPER_TABLES)}, got {paper_table!r}")
     every = row_courses(results, records, metric)
     rows = {r["name"]: r for r in every if r["values"]}
+    shown = [r for r in every if r["values"] or r["diverged"]]
     lines = [f"| model | seeds | {metric} of the best checkpoint [95% interval] | steps to best | epochs to best | "
              "stopped by | parameters | training time | trained on |", "|---|---:|---:|---:|---:|---|---:|---:|---|"]
-    for r in rows.values():
-        stops = Counter(c["stop"] for c in r["courses"])
-        stopped = ", ".join(f"{k} {v}" for k, v in sorted(stops.items())) or "–"
+    for r in shown:
+        stopped = ", ".join(f"{k} {v}" for k, v in sorted(r["stops"].items())) or "–"
         step, epoch = _mean([c["best_step"] for c in r["courses"]]), _mean([c["best_epoch"] for c in r["courses"]])
         params = "–" if r["params"] is None else f"{r['params'] / 1e6:.2f}M"
         lines.append(f"| {r['label']} | {len(r['values'])}/{r['planned']} | {_interval(r['summary'])} | "
                      f"{'–' if step is None else f'{step:,.0f}'} | {'–' if epoch is None else f'{epoch:.1f}'} | "
                      f"{stopped} | {params} | {_training_time(r)} | {'; '.join(_devices(r['courses'])) or '–'} |")
-    waiting = [r["label"] for r in every if not r["values"]]
+    gone = [f"{r['label']} seed {seed}" + (f" (step {step})" if step is not None else "")
+            for r in shown for seed, step in r["diverged_at"]]
+    if gone:
+        lines += ["", f"Diverged (a non-finite loss or validation metric; no score, so not in the mean or the gaps, "
+                      f"and not retrained): {'; '.join(gone)}."]
+    waiting = [r["label"] for r in every if not r["values"] and not r["diverged"]]
     if waiting:
         lines += ["", f"No finished model yet: {'; '.join(waiting)}."]
     # The paper's column only where a gap quotes it (the LSTM translator's rows have no row in the paper's tables).

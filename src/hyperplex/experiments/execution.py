@@ -3,8 +3,9 @@
 A row with a config trains through :func:`hyperplex.train.run.train` (the ``hyperplex train`` path); a
 ``train: false`` row saves the model as training would start it through
 :meth:`hyperplex.train.trainer.Trainer.save_untrained` (the trainer's own seeding, data preparation and
-checkpoint contents). In a sweep, a NaN/inf loss is an outcome: it is recorded in ``diverged.json`` and the
-model is not trained again.
+checkpoint contents). A NaN/inf loss (the trainer's :class:`~hyperplex.train.trainer.DivergedError`) is an
+outcome of the row's settings: it is recorded in ``diverged.json``, the plan goes on with its other models, the
+model is not trained again, and the reports count it as diverged instead of leaving it out of a row unsaid.
 """
 
 from __future__ import annotations
@@ -26,17 +27,15 @@ def train_run(run: Run, resume: bool, data_root: str | None, command: str) -> No
     ``MODEL_DIR/experiment.json`` (written before training starts, so a killed run leaves its start)."""
     from hyperplex.config.experiment import load_experiment
     from hyperplex.train.run import train
-    from hyperplex.train.trainer import TrainingError
+    from hyperplex.train.trainer import DivergedError
 
     cfg = load_experiment(run.row.config, run.overrides, str(run.model_dir))
     with Segment(run.model_dir, command, machine_info(device_name(cfg)), resume=resume) as segment:
         try:
             train(run.row.config, run.overrides, str(run.model_dir), data_root, resume=resume)
             segment["status"] = "finished"
-        except TrainingError as err:
-            if not run.row.sweep_of:
-                raise
-            # In a stability sweep a NaN/inf loss is a result: record it and do not train this model again.
+        except DivergedError as err:
+            # a result of the row's settings, as a finished score is: recorded, not retried
             step = re.search(r"at step (\d+)", str(err))
             segment["status"] = "diverged"
             atomic_write_text(run.model_dir / DIVERGED_FILE, json.dumps(

@@ -122,7 +122,7 @@ def _run_item(plan: Plan, row: Row, run: Run, data_root: str | None, failures: d
         item["record"] = str(run.record)
     if run.model_dir in failures:
         item["error"] = failures[run.model_dir]
-    if row.sweep_of and item["status"] in ("finished", "diverged"):
+    if (row.sweep_of and item["status"] == "finished") or item["status"] == "diverged":
         item["stability"] = stability(run.files)
     if item["status"] != "finished":
         return item

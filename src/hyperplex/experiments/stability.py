@@ -1,4 +1,5 @@
-"""Training stability of one model of a sweep row, from its ``metrics.csv`` and ``diverged.json``."""
+"""Training stability of one model (of a sweep row, or one that diverged), from its ``metrics.csv`` and
+``diverged.json``."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def stability(model_dir: Path) -> dict:
     """Training stability of one model from ``metrics.csv`` (train ``loss``, ``grad_norm``, ``grad_norm_max``
     per ``log_every`` window) and ``diverged.json``: ``nan_step`` (the step whose loss was not finite, or
     None), ``loss_first`` / ``loss_last`` (first and last logged window), ``loss_above_start``,
-    ``diverged`` (either), ``grad_norm_median`` (of the window means), ``grad_norm_max`` and ``spikes``
+    ``diverged`` (either), ``grad_norm_median`` (of the window means), ``grad_norm_max`` (of the finite windows'
+    maxima) and ``spikes``
     (windows whose max norm is > :data:`SPIKE_FACTOR` × that median, or not finite)."""
     from hyperplex.train.plots import read_metrics_csv
 
@@ -34,5 +36,7 @@ def stability(model_dir: Path) -> dict:
     above = len(loss) >= 2 and not loss[-1] <= loss[0]  # a NaN last window counts as above
     return {"nan_step": nan_step, "loss_first": loss[0] if loss else None, "loss_last": loss[-1] if loss else None,
             "loss_above_start": above, "diverged": nan_step is not None or marker.is_file() or above,
-            "grad_norm_median": median, "grad_norm_max": max(peaks, default=None),
+            "grad_norm_median": median,
+            # of the finite windows (max() keeps or drops a NaN by where it falls); "spikes" counts the others
+            "grad_norm_max": max((v for v in peaks if math.isfinite(v)), default=None),
             "spikes": sum(1 for v in peaks if not math.isfinite(v) or (median and v > SPIKE_FACTOR * median))}

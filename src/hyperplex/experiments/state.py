@@ -1,8 +1,8 @@
 """The state of one model of a plan, read from its folder or from its record.
 
 A model folder is ``new`` (absent or empty), ``partial`` (files but no ``last.safetensors``),
-``unfinished`` (a checkpoint whose trainer state is not finished), ``finished`` or ``diverged`` (a sweep
-model whose loss became NaN/inf: ``diverged.json``, an outcome that is not retried). A *record*
+``unfinished`` (a checkpoint whose trainer state is not finished), ``finished`` or ``diverged`` (a model
+whose loss or validation metric became NaN/inf: ``diverged.json``, an outcome that is not retried). A *record*
 (:mod:`hyperplex.experiments.records`) keeps a finished model's small files without its checkpoint and
 says in ``record.json`` what the folder's checkpoint said.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 __all__ = ["DIVERGED_FILE", "RECORD_FILE", "PLAN_MARK", "NOT_HEALED", "folder_status", "read_record", "trained"]
 
-#: Per model folder of a sweep row whose training stopped at a NaN/inf loss.
+#: Per model folder whose training stopped at a NaN/inf loss or validation metric.
 DIVERGED_FILE = "diverged.json"
 #: Per record folder: status, trained or not (key ``healed``), and the checkpoint's SHA-256.
 RECORD_FILE = "record.json"
@@ -26,7 +26,7 @@ NOT_HEALED = "not healed"
 
 def folder_status(model_dir: Path) -> str:
     """``new`` / ``partial`` / ``unfinished`` / ``finished`` from ``last.safetensors``'s trainer state;
-    ``diverged`` when a sweep run stopped at a non-finite loss (``diverged.json``)."""
+    ``diverged`` when a run stopped at a non-finite loss (``diverged.json``)."""
     from hyperplex.train.checkpoint import checkpoint_info
 
     if (model_dir / DIVERGED_FILE).is_file():

@@ -220,14 +220,12 @@ def seed_values(row: dict, metric: str) -> list[float]:
 
 
 def welch_p(a: list[float], b: list[float]) -> float | None:
-    """Two-sided p-value of Welch's t-test (scipy), ``None`` without scipy, with n < 2 on a side, or when
-    both sides have zero spread."""
+    """Two-sided p-value of Welch's t-test (scipy), ``None`` with n < 2 on a side or when both sides have zero
+    spread."""
     if len(a) < 2 or len(b) < 2 or (min(a) == max(a) and min(b) == max(b)):  # no spread: t is undefined
         return None
-    try:
-        from scipy.stats import ttest_ind
-    except ImportError:
-        return None
+    from scipy.stats import ttest_ind
+
     p = float(ttest_ind(a, b, equal_var=False).pvalue)
     return p if math.isfinite(p) else None
 
@@ -240,6 +238,8 @@ def verdict(phm: dict, other: dict, other_role: str, minimised: bool = False) ->
     if phm["n"] < 2 or other["n"] < 2:
         return "n=1: no interval"
     (a_lo, a_hi), (b_lo, b_hi) = phm["ci95"], other["ci95"]
+    if not all(math.isfinite(v) for v in (a_lo, a_hi, b_lo, b_hi)):  # a NaN fails every comparison below
+        return "not finite"
     if a_lo <= b_hi and b_lo <= a_hi:
         return "within the spread"
     phm_higher = a_lo > b_hi

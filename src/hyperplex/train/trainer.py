@@ -50,6 +50,11 @@ class TrainingError(RuntimeError):
     """Training cannot go on (e.g. the loss became NaN); the message says where and what was kept."""
 
 
+class DivergedError(TrainingError):
+    """The training loss or a validation metric became NaN/inf: an outcome of the run's settings (a plan records
+    it as ``diverged``), unlike the other training errors."""
+
+
 @dataclass
 class TrainState:
     """Everything besides tensors that an exact resume needs (stored in the checkpoint)."""
@@ -603,12 +608,12 @@ class Trainer:
             raise self._nonfinite(f"loss became {global_loss} on another process {where}, the step's batches "
                                   f"from {state.batch_index + 1})", saved_by=state.step)
 
-    def _nonfinite(self, what: str, saved_by: int) -> TrainingError:
+    def _nonfinite(self, what: str, saved_by: int) -> DivergedError:
         """The error that stops training at a NaN/inf; ``saved_by``: the latest step ``last`` can hold."""
         last = self.model_dir / LAST
         kept = f"the last good checkpoint {last} (step ≤ {saved_by}) is intact" if last.exists() \
             else "no checkpoint had been written yet"
-        return TrainingError(f"{what}; training stopped, {kept}. Try a lower training.lr, "
+        return DivergedError(f"{what}; training stopped, {kept}. Try a lower training.lr, "
                              f"training.clip_grad_norm or fp32")
 
     def _validate_and_save(self, model, optimizer, state: TrainState, manager, metrics) -> dict[str, float]:
@@ -633,7 +638,7 @@ class Trainer:
             dist.broadcast(flag, src=0)
             state.finished = bool(flag[0].item())
             if flag[1].item() and error is None:
-                error = TrainingError("rank 0 stopped training: its validation metrics were not finite")
+                error = DivergedError("rank 0 stopped training: its validation metrics were not finite")
         if error is not None:
             raise error
         return values

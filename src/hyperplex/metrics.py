@@ -58,28 +58,30 @@ def _check_pairs(hypotheses: Sequence[str], references: Sequence[str], what: str
                 raise ValueError(f"{what}: {name}[{i}] is {type(s).__name__}, expected a detokenised str")
 
 
-def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> BleuResult:
+def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], lowercase: bool = False) -> BleuResult:
     """Corpus BLEU of detokenised ``hypotheses`` against one detokenised reference each.
 
-    sacreBLEU defaults: ``13a`` tokenisation, mixed case, exponential smoothing.
+    sacreBLEU defaults: ``13a`` tokenisation, mixed case, exponential smoothing; ``lowercase`` compares
+    lower-cased text (the signature then says ``case:lc``), as a model trained on lower-cased data is scored.
 
     Raises:
         ValueError: different lengths, empty input, or non-string items.
     """
     _check_pairs(hypotheses, references, "corpus_bleu")
-    metric = BLEU()
+    metric = BLEU(lowercase=lowercase)
     result = metric.corpus_score(list(hypotheses), [list(references)])
     return BleuResult(float(result.score), str(metric.get_signature()), str(result))
 
 
-def corpus_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> ChrfResult:
-    """Corpus chrF (sacreBLEU defaults: character 6-grams, β = 2, no word n-grams) on detokenised text.
+def corpus_chrf(hypotheses: Sequence[str], references: Sequence[str], lowercase: bool = False) -> ChrfResult:
+    """Corpus chrF (sacreBLEU defaults: character 6-grams, β = 2, no word n-grams) on detokenised text;
+    ``lowercase`` as for :func:`corpus_bleu`.
 
     Raises:
         ValueError: different lengths, empty input, or non-string items.
     """
     _check_pairs(hypotheses, references, "corpus_chrf")
-    metric = CHRF()
+    metric = CHRF(lowercase=lowercase)
     result = metric.corpus_score(list(hypotheses), [list(references)])
     return ChrfResult(float(result.score), str(metric.get_signature()), str(result))
 

@@ -46,6 +46,19 @@ def test_word_detokenize_pretokenised_text():
     assert WordTokenizer().detokenize(["Hi", ",", "(", "you", ")", "!"]) == "Hi, (you)!"
 
 
+def test_an_unknown_word_is_written_as_one_token_for_bleu():
+    """``<unk>`` comes out as sentencepiece's ⁇, which sacreBLEU's 13a tokeniser keeps whole: a literal "<unk>" is
+    three tokens there, lengthening the hypothesis (hyp_len 7 against 5 here) and lowering its BLEU."""
+    from hyperplex.metrics import corpus_bleu
+
+    hypothesis = WordTokenizer().detokenize(["ein", "<unk>", "mann", "geht", "."])
+    assert hypothesis == "ein \u2047 mann geht."
+    assert WordTokenizer(split_punctuation=False).detokenize(["a", "<unk>"]) == "a \u2047"
+    assert CharTokenizer().detokenize(["1", "<unk>", "2"]) == "1\u20472"
+    bleu = corpus_bleu([hypothesis], ["ein alter mann geht."])
+    assert "hyp_len = 5 ref_len = 5" in bleu.text and round(bleu.score, 2) == 42.73
+
+
 def test_char_tokenizer():
     tok = CharTokenizer()
     assert tok.tokenize("y=691,x=-999,y*x") == list("y=691,x=-999,y*x")

@@ -52,6 +52,17 @@ def test_evaluate_each_fills_the_caches_the_report_reads(tmp_path, monkeypatch, 
     caches = {p.name: json.loads(p.read_text()) for p in folder.glob("evaluation-*.json")}
     assert set(caches) == {"evaluation-dense.json", "evaluation-dense_beam1.json"}
     assert "evaluated for row 'dense_beam1'" in capsys.readouterr().err
+    # the scored text sits beside each cache (not in it) and re-scores to the cached BLEU without the model
+    from hyperplex.inference.load import load_model
+    from hyperplex.metrics import corpus_bleu
+
+    _, task, _ = load_model(str(folder), "last", None)
+    for row in ("dense", "dense_beam1"):
+        assert "hypotheses" not in caches[f"evaluation-{row}.json"]["result"]
+        hypotheses = (folder / f"hypotheses-{row}.txt").read_text().splitlines()
+        assert len(hypotheses) == len(task.dev_refs) == 16
+        assert corpus_bleu(hypotheses, task.dev_refs).score == caches[f"evaluation-{row}.json"]["result"]["metrics"][
+            "bleu"]
     calls = []
     # the report must not re-evaluate
     monkeypatch.setattr(evaluation, "evaluate_model", lambda *a, **k: calls.append(a))

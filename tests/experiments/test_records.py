@@ -20,8 +20,11 @@ def test_records_let_a_plan_be_reported_without_its_model_folders(tmp_path, monk
     record = records / "dense" / "seed1"
     info = json.loads((record / "record.json").read_text())
     assert info["status"] == "finished" and info["healed"] is True
-    assert {"config.yaml", "experiment.json", "train.log", "evaluation-dense.json",
-            "evaluation-dense_beam1.json"} <= set(info["files"]) and not list(record.glob("*.safetensors"))
+    assert {"config.yaml", "experiment.json", "train.log", "evaluation-dense.json", "evaluation-dense_beam1.json",
+            "hypotheses-dense.txt", "hypotheses-dense_beam1.txt"} <= set(info["files"])
+    assert not list(record.glob("*.safetensors"))
+    scored = (out / "dense" / "seed1" / "hypotheses-dense.txt").read_bytes()
+    assert (record / "hypotheses-dense.txt").read_bytes() == scored
     evaluated = json.loads((out / "dense" / "seed1" / "evaluation-dense.json").read_text())["result"]
     import shutil
     shutil.rmtree(out / "dense" / "seed1")  # the machine that trained seed 1 is gone

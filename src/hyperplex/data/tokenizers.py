@@ -68,6 +68,10 @@ _WORD_RE = re.compile(rf"\d+(?:[.,:]\d+)+|\w{_LETTER}*(?:['’\-]\w{_LETTER}*)*(
                       rf"|[^\w\s{_MARK}\u200d][{_MARK}]*(?:\u200d[^\w\s][{_MARK}]*)*|\S")
 _NO_SPACE_BEFORE = set(".,!?;:%)]}»”’…'")
 _NO_SPACE_AFTER = set("([{«“„‘¿¡$#")
+#: How detokenised text writes an unknown word: sentencepiece's surface for its unknown piece, one token to
+#: sacreBLEU's 13a tokeniser (which splits a literal "<unk>" into three tokens that lengthen the hypothesis and
+#: never match, so every <unk> of a word-level model would cost it BLEU that its BPE twin does not lose).
+UNK_SURFACE = "\u2047"
 
 
 class WordTokenizer(Tokenizer):
@@ -95,7 +99,9 @@ class WordTokenizer(Tokenizer):
 
     def detokenize(self, tokens: Sequence[str]) -> str:
         """Join with spaces, re-attaching closing punctuation to the left and opening brackets to
-        the right; straight double quotes alternate between opening and closing."""
+        the right; straight double quotes alternate between opening and closing. ``<unk>`` is written
+        :data:`UNK_SURFACE` (``⁇``), as sentencepiece writes its unknown piece."""
+        tokens = [UNK_SURFACE if token == UNK else token for token in tokens]
         if not self.split_punctuation:
             return " ".join(tokens)
         out: list[str] = []
@@ -125,7 +131,8 @@ class CharTokenizer(Tokenizer):
         return list(text)
 
     def detokenize(self, tokens: Sequence[str]) -> str:
-        return "".join(tokens)
+        """The characters joined; ``<unk>`` (an unseen character) written :data:`UNK_SURFACE`."""
+        return "".join(UNK_SURFACE if token == UNK else token for token in tokens)
 
 
 class SentencePieceTokenizer(Tokenizer):

@@ -25,7 +25,8 @@ __all__ = ["evaluate_model", "evaluation_key", "cached_evaluation", "evaluate_ea
 
 def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval_overrides: list[str],
                    eval_split: str = "", quality: dict | None = None) -> dict:
-    """``{"metrics", "params", "signatures", "beam_size"}`` of one model folder: the steps of
+    """``{"metrics", "params", "signatures", "beam_size"}`` (and, for translation, ``"hypotheses"``: the scored
+    text, one line per sentence of the split) of one model folder: the steps of
     :func:`hyperplex.inference.verbs.evaluate` (load, validation split or the file ``eval_split``, the configured
     beam) with ``eval_overrides`` (``testing.*``) applied to the saved config first, and
     :func:`~hyperplex.models.params.parameter_breakdown` of the loaded model. With a plan's ``quality``
@@ -45,11 +46,14 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
     if eval_split:  # relative paths are read from the data root, as `hyperplex evaluate --split FILE`
         task.use_evaluation_file(eval_split)
     metrics = score(cfg, task, model)
+    hypotheses = getattr(task, "hypotheses", None)  # translation: the text the metrics scored
     breakdown = parameter_breakdown(model)
     signatures = dict(task.signatures) if isinstance(task, SignsMetrics) else {}  # sacreBLEU's, translation only
     result: dict[str, Any] = {"metrics": {k: float(v) for k, v in metrics.items()}, "params": breakdown,
                               "signatures": signatures,
                               "beam_size": cfg.testing.beam_size if cfg.data.task == "translation" else None}
+    if hypotheses is not None:
+        result["hypotheses"] = list(hypotheses)
     if quality:
         scores = quality_metrics.evaluate_quality(task, model, quality, data_root)
         result["quality_details"] = scores.pop("quality_details")
@@ -77,7 +81,8 @@ def evaluation_key(run: Run, row: Row, checkpoint: str, quality: dict | None = N
 
 
 def cached_evaluation(run: Run, row: Row, checkpoint: str, data_root: str | None, quality: dict | None = None) -> dict:
-    """:func:`evaluate_model`, cached in ``MODEL_DIR/evaluation-<row>.json`` until the checkpoint file (or the
+    """:func:`evaluate_model`, cached in ``MODEL_DIR/evaluation-<row>.json`` (a translation's scored text in
+    ``hypotheses-<row>.txt`` beside it) until the checkpoint file (or the
     plan's ``quality`` settings) change; a recorded model's evaluation is read from its record. A
     ``train: false`` model has only ``last``."""
     if not run.row.train:
@@ -91,6 +96,9 @@ def cached_evaluation(run: Run, row: Row, checkpoint: str, data_root: str | None
         if saved.get("key") == key:
             return saved["result"]
     result = evaluate_model(run.model_dir, checkpoint, data_root, row.eval_overrides, row.eval_split, quality)
+    hypotheses = result.pop("hypotheses", None)
+    if hypotheses is not None:  # beside the scores, so that a record can be re-scored without its checkpoint
+        atomic_write_text(run.model_dir / f"hypotheses-{row.name}.txt", "".join(f"{h}\n" for h in hypotheses))
     atomic_write_text(cache, json.dumps({"key": key, "result": result}, indent=1))
     return result
 

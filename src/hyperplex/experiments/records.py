@@ -1,7 +1,8 @@
 """Records (``--records DIR``): a finished model's small files kept without its checkpoint.
 
 ``DIR/ROW/seedK/`` holds the model folder's ``config.yaml``, ``experiment.json``, ``train.log``,
-``metrics.csv``, ``diverged.json`` and every ``evaluation-<row>.json``, plus ``record.json`` (status,
+``metrics.csv``, ``diverged.json``, every ``evaluation-<row>.json`` and ``hypotheses-<row>.txt`` (a translation's
+scored text, so that a record can be re-scored without its checkpoint), plus ``record.json`` (status,
 ``healed``: trained or not, the SHA-256 of ``last.safetensors``): enough to report the model on a machine without
 its checkpoint (a later session, another machine), not to load it. Committed under ``experiments/records/``,
 they let a plan span sessions.
@@ -41,6 +42,7 @@ def write_record(run: Run, records: Path, plan_name: str | None = None) -> Path 
     target = records / run.row.name / f"seed{run.seed}"
     names = [n for n in RECORD_FILES if (run.model_dir / n).is_file()]
     names += sorted(p.name for p in run.model_dir.glob("evaluation-*.json"))
+    names += sorted(p.name for p in run.model_dir.glob("hypotheses-*.txt"))  # the evaluated text, re-scorable
     last = run.model_dir / "last.safetensors"
     digest = hashlib.sha256(last.read_bytes()).hexdigest() if last.is_file() else None
     info = {"status": status, "healed": trained(run.model_dir) if last.is_file() else True,

@@ -23,7 +23,7 @@ from hyperplex.data.arithmetic import FILE_SUFFIXES as ARITHMETIC_SUFFIXES
 from hyperplex.data.arithmetic import generate_arithmetic
 from hyperplex.data.datasets import Seq2SeqDataset
 from hyperplex.data.readers import DataError, DropReport, read_parallel
-from hyperplex.data.vocab import BOS_INDEX, EOS, EOS_INDEX, PAD_INDEX, UNK, UNK_INDEX
+from hyperplex.data.vocab import BOS_INDEX, EOS_INDEX, PAD_INDEX, UNK, UNK_INDEX
 from hyperplex.metrics import corpus_bleu, corpus_chrf, perplexity
 from hyperplex.tasks.common import (
     carve_random,
@@ -53,6 +53,7 @@ class TranslationTask(Task):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.signatures: dict[str, str] = {}  # sacreBLEU signatures of the last validation
+        self.hypotheses: list[str] | None = None  # and the text it scored
         # The arithmetic task is judged by exact match; translation by BLEU.
         self.metrics = ("accuracy", "bleu", "chrf", "loss", "ppl") if self.cfg.data.format == "arithmetic" \
             else ("bleu", "chrf", "accuracy", "loss", "ppl")
@@ -225,8 +226,11 @@ class TranslationTask(Task):
         hypotheses = self.translate_ids(model, self.dev_set.src_ids, beam_size=beam_size,
                                         src_tokens=self.dev_src_tokens, progress=progress)
         refs = self.dev_refs
+        self.hypotheses = hypotheses  # the last validation's text, in the split's order: what was scored
         exact = sum(h.strip() == r.strip() for h, r in zip(hypotheses, refs)) / len(refs)
-        bleu, chrf = corpus_bleu(hypotheses, refs), corpus_chrf(hypotheses, refs)
+        # with data.lowercase the references were lower-cased (as the model's text is): the signatures say so
+        case = self.cfg.data.lowercase
+        bleu, chrf = corpus_bleu(hypotheses, refs, lowercase=case), corpus_chrf(hypotheses, refs, lowercase=case)
         if self.signatures != {"bleu": bleu.signature, "chrf": chrf.signature}:
             self.signatures = {"bleu": bleu.signature, "chrf": chrf.signature}
             self.log.info(f"sacreBLEU signatures: BLEU {bleu.signature}; chrF {chrf.signature}")
@@ -306,7 +310,8 @@ class TranslationTask(Task):
                 if te.replace_unk and hyp.attention is not None:
                     source = src_tokens[index] if src_tokens is not None else \
                         self.src_vocab.decode(src_ids[index], strip_specials=True)
-                    tokens = replace_unk(tokens, list(source) + [EOS], hyp.attention, unk_token=UNK,
+                    # the source's words only: attention on its </s> column would copy "</s>" into the text
+                    tokens = replace_unk(tokens, list(source), hyp.attention, unk_token=UNK,
                                          dictionary=dictionary)
                 outputs[index] = tokens
                 attentions[index] = hyp.attention

@@ -190,6 +190,42 @@ def test_folder_saved_before_split_seed_keeps_its_seed_carve(tmp_path):
     assert _lines_of(new.dev_set) == sorted(carve_random(list(range(36)), 0.25, 1)[1])
 
 
+def test_carve_grouped_keeps_every_copy_of_a_text_and_every_hypothesis_of_a_premise_on_one_side(tmp_path):
+    """``data.carve: grouped`` holds out whole groups of examples sharing their first text (25% of the 12 texts here,
+    each 3 times: 9 lines); ``random`` puts copies of a validation text into training. For a pair task the group is
+    the premise: every hypothesis of a held-out premise is held out with it."""
+    from hyperplex.config.experiment import build_experiment
+    from hyperplex.tasks import build_task
+
+    grouped = _carving_task(tmp_path, LINES, seed=1, split_seed=2, carve="grouped", model_dir="g")
+    grouped.prepare(fresh=True)
+    dev, train = _lines_of(grouped.dev_set), _lines_of(grouped.train_set)
+    assert len(dev) == 9 and sorted(dev + train) == list(range(36))
+    assert not {LINES[i] for i in dev} & {LINES[i] for i in train}
+    again = _carving_task(tmp_path, LINES, seed=7, split_seed=2, carve="grouped", model_dir="g2")
+    again.prepare(fresh=True)
+    assert _lines_of(again.dev_set) == dev  # the split_seed's split, whatever the model seed
+    shared = _carving_task(tmp_path, LINES, seed=1, split_seed=2, carve="random", model_dir="r")
+    shared.prepare(fresh=True)
+    assert {LINES[i] for i in _lines_of(shared.dev_set)} & {LINES[i] for i in _lines_of(shared.train_set)}
+
+    records = [{"premise": f"premise {p}", "hypothesis": f"hypothesis {p} {h}", "label": label}
+               for p in range(8) for h, label in enumerate(["entailment", "neutral", "contradiction"])]
+    path = tmp_path / "nli.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg = build_experiment({"seed": 1, "model_dir": str(tmp_path / "nli"), "training": {"max_steps": 1},
+                            "data": {"task": "pair_classification", "format": "jsonl", "train": str(path),
+                                     "dev_fraction": 0.25, "carve": "grouped",
+                                     "labels": ["entailment", "neutral", "contradiction"]},
+                            "model": {"architecture": "decomposable_attention", "embedding_dim": 8,
+                                      "hidden_size": 8, "dropout": 0.0}})
+    (tmp_path / "nli").mkdir()
+    task = build_task(cfg, tmp_path / "nli", None)
+    train, held = task._carve([{**task._record(r), "label": r["label"]} for r in records], 1)
+    assert len(held) == 6 and len(train) == 18  # 2 of the 8 premises, with their 3 hypotheses each
+    assert not {r["a"] for r in held} & {r["a"] for r in train}
+
+
 def test_carve_sentences_through_the_task(tmp_path, caplog):
     import logging
 

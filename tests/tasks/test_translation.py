@@ -34,7 +34,8 @@ def test_char_level_arithmetic_overfits_to_exact_match(tmp_path, linear):
     assert metrics["chrf"] == pytest.approx(100.0)  # (BLEU is 0 on one-word targets: no 4-grams)
 
 
-def _word_task(tmp_path, lowercase=False):
+def _word_task(tmp_path, lowercase=False, dev=("a zebra is walking\nthe giraffe is eating\n",
+                                               "Ein Zebra geht\ndie Giraffe isst\n")):
     """A tiny word-level LSTM translation task (parallel files in ``tmp_path``) and its untrained model."""
     import logging
 
@@ -44,8 +45,8 @@ def _word_task(tmp_path, lowercase=False):
     tmp_path.mkdir(exist_ok=True)
     (tmp_path / "train.en").write_text("a man is walking\na dog is running\nthe woman is eating\n" * 4)
     (tmp_path / "train.de").write_text("ein mann geht\nein hund rennt\ndie frau isst\n" * 4)
-    (tmp_path / "dev.en").write_text("a zebra is walking\nthe giraffe is eating\n")
-    (tmp_path / "dev.de").write_text("Ein Zebra geht\ndie Giraffe isst\n")
+    (tmp_path / "dev.en").write_text(dev[0])
+    (tmp_path / "dev.de").write_text(dev[1])
     cfg = build_experiment({
         "seed": 1, "model_dir": str(tmp_path / "m"),
         "data": {"task": "translation", "format": "parallel", "train": str(tmp_path / "train"),
@@ -92,3 +93,12 @@ def test_lower_cased_data_is_scored_case_insensitively_and_its_signature_says_so
     lower.validate(model)
     assert "case:mixed" in cased.signatures["bleu"] and "case:mixed" in cased.signatures["chrf"]
     assert "case:lc" in lower.signatures["bleu"] and "case:lc" in lower.signatures["chrf"]
+
+
+def test_an_evaluation_split_with_an_empty_side_is_refused_naming_the_lines(tmp_path):
+    """Dropping the pair would score fewer lines than the files hold (and misalign the saved hypotheses)."""
+    from hyperplex.data.readers import DataError
+
+    with pytest.raises(DataError, match=r"pairs of .*dev: pair\(s\) 2, 3 \(line numbers\) have an empty source or "
+                                        r"reference"):
+        _word_task(tmp_path, dev=("a zebra is walking\n\nthe giraffe\n", "Ein Zebra geht\ndie Giraffe\n\n"))

@@ -51,10 +51,12 @@ class DataConfig:
                                                  "that runs with different seeds share one split. A model folder whose "
                                                  "config has no `split_seed` carved with its "
                                                  "`seed`, and still does when resumed or evaluated"})
-    carve: Literal["random", "sentences"] = field(default="random", metadata={
-        "help": "how `dev_fraction` is carved (classification): random = random examples; sentences = SST-2 style "
-                "phrase files: validation is drawn from the whole sentences (texts inside no other text of the "
-                "file) and every training text contained in a validation sentence is dropped (no leak)"})
+    carve: Literal["random", "grouped", "sentences"] = field(default="random", metadata={
+        "help": "how `dev_fraction` is carved (classification): random = random examples; grouped = whole groups of "
+                "examples that share their first text (a premise with all its hypotheses, every copy of a repeated "
+                "text; `dev_fraction` of the groups), so that no validation text is also trained on; sentences = "
+                "SST-2 style phrase files: validation is drawn from the whole sentences (texts inside no other text "
+                "of the file) and every training text contained in a validation sentence is dropped (no leak)"})
     exclude: list[str] = field(default_factory=list, metadata={
         "help": "distillation: evaluation files whose sentences are never trained on (text, one per line; .jsonl: "
                 "the question/answer/premise/hypothesis/sentence/text fields; .tsv: the sentence or text column), "

@@ -212,10 +212,32 @@ class LabelledTextTask(Task):
     def _carve(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
         """(train, dev) records: ``data.dev_fraction`` of the training file held out with ``seed``
         (``data.split_seed``): whole sentences without their phrases in training for ``data.carve:
-        sentences`` (:meth:`_carve_sentences`), else :meth:`_carve_random`."""
+        sentences`` (:meth:`_carve_sentences`), whole groups sharing a first text for ``grouped``
+        (:meth:`_carve_grouped`), else :meth:`_carve_random`."""
         if self.cfg.data.carve == "sentences":
             return self._carve_sentences(train, seed)
+        if self.cfg.data.carve == "grouped":
+            return self._carve_grouped(train, seed)
         return self._carve_random(train, seed)
+
+    def _carve_grouped(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
+        """Whole groups of examples with the same first text (case-folded as ``data.lowercase`` says, spaces
+        collapsed) held out together: an NLI premise with every hypothesis written for it, every copy of a repeated
+        text. With ``random``, SNLI's validation premises are nearly all in training, beside the premise's other
+        hypotheses and their labels."""
+        d = self.cfg.data
+        keys = [" ".join(lowercase_if(d, self._texts(r)[0]).split()) for r in train]
+        groups = sorted(set(keys))
+        try:
+            _, dev_groups = carve_random(groups, d.dev_fraction, seed)
+        except DataError as err:
+            raise DataError(f"{d.train}: data.carve grouped: {err} groups") from None
+        held = set(dev_groups)
+        kept = [r for r, k in zip(train, keys) if k not in held]
+        dev = [r for r, k in zip(train, keys) if k in held]
+        self.log.info(f"carved {len(dev)} of {len(train)} examples as validation: {len(held)} of {len(groups)} groups "
+                      f"sharing a first text (dev_fraction {d.dev_fraction} of the groups, split_seed {seed})")
+        return kept, dev
 
     def _carve_sentences(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
         """``data.carve: sentences`` is for single-text phrase files, so refused here."""
@@ -449,6 +471,10 @@ class RankingTask(PairClassificationTask):
 
     def _known_labels(self) -> list[str]:
         return list(self.RELEVANCE)
+
+    def _carve_grouped(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
+        """A ranking is always carved by question (:meth:`_carve_random`)."""
+        return self._carve_random(train, seed)
 
     def _carve_random(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
         """Whole questions held out, never half a ranking."""

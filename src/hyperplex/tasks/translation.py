@@ -74,6 +74,10 @@ class TranslationTask(Task):
                                 data_file(d.dev, self.data_root, d.tgt, "data.dev"))
         elif d.dev_fraction > 0:
             train, dev = carve_random(train, d.dev_fraction, split_seed)
+            blank = [p for p in dev if not (p[0].strip() and p[1].strip())]
+            if blank:  # the training pool's own empty pairs: dropped as training drops them, not an error
+                dev = [p for p in dev if p[0].strip() and p[1].strip()]
+                self.log.info(f"validation pairs carved from data.train: dropped {len(blank)} with an empty side")
         else:
             raise DataError("no validation data: set data.dev or data.dev_fraction")
         return train, dev
@@ -110,7 +114,8 @@ class TranslationTask(Task):
         if not src_ids:
             raise DataError(f"no training pairs left after filtering ({report})")
         self.train_set = Seq2SeqDataset(src_ids, tgt_ids)
-        self._set_evaluation_pairs(dev, "validation pairs")
+        self._set_evaluation_pairs(dev, f"validation pairs of {d.dev}" if d.dev else
+                                   "validation pairs carved from data.train")
         self.log.info(f"vocabularies: source {len(self.src_vocab)}, target {len(self.tgt_vocab)}; "
                       f"{len(self.train_set)} training / {len(self.dev_set)} validation pairs")
 
@@ -138,18 +143,22 @@ class TranslationTask(Task):
         self.dev_refs = [pairs[i][1] for i in kept]
 
     def _encode_pairs(self, pairs, drop_long: bool, what: str = "training pairs"):
-        """(source ids, target ids, source tokens, kept pair indices, DropReport) of ``pairs``; empty pairs are
-        dropped, and with ``drop_long`` pairs with a side over ``data.max_length`` tokens. A side longer than
-        the model's positions (:meth:`token_limit`) is cut to fit, with a warning naming the pairs."""
+        """(source ids, target ids, source tokens, kept pair indices, DropReport) of ``pairs``. With ``drop_long``
+        (training) empty pairs are dropped, and so are pairs with a side over ``data.max_length`` tokens; an
+        evaluation split is scored whole, so an empty side there raises :class:`DataError` naming the pairs (a
+        dropped pair would score fewer lines than the file holds, and misalign the saved hypotheses with it). A
+        side longer than the model's positions (:meth:`token_limit`) is cut to fit, with a warning naming the
+        pairs."""
         d = self.cfg.data
         # training pairs over data.max_length are dropped; evaluation pairs of a model without positions are cut
         limit = self.token_limit() or (None if drop_long else UNPOSITIONED_LINE_LIMIT)
-        src_ids, tgt_ids, src_tokens, kept, cut = [], [], [], [], []
+        src_ids, tgt_ids, src_tokens, kept, cut, empty = [], [], [], [], [], []
         report = DropReport(total=len(pairs), max_length=d.max_length if drop_long else None, source=what)
         for i, (s, t) in enumerate(pairs):
             s_tok, t_tok = self.src_tok.tokenize(s), self.tgt_tok.tokenize(t)
             if not s_tok or not t_tok:
                 report.empty += 1
+                empty.append(i + 1)
                 continue
             if drop_long and (len(s_tok) > d.max_length or len(t_tok) > d.max_length):
                 report.too_long += 1
@@ -161,6 +170,10 @@ class TranslationTask(Task):
             tgt_ids.append(self.tgt_vocab.encode(t_tok))
             src_tokens.append(s_tok)
             kept.append(i)
+        if empty and not drop_long:
+            shown = ", ".join(map(str, empty[:10])) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
+            raise DataError(f"{what}: pair(s) {shown} (line numbers) have an empty source or reference, which an "
+                            f"evaluation split cannot score; remove or fill those lines in both files")
         if cut:
             self.log.warning(self._cut_message(cut, f"{what}: pair", "cut to fit (the references are scored whole)"))
         return src_ids, tgt_ids, src_tokens, kept, report

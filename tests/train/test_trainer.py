@@ -208,7 +208,41 @@ def test_the_best_checkpoint_agrees_with_the_run_after_a_kill_that_lost_steps(tm
     assert best["step"] == best_step and best["best_metric"] == pytest.approx(best_loss, rel=1e-5)
     final = load_checkpoint(model_dir / "last.safetensors").extra["trainer"]
     assert final["step"] == (28 if last_at_validation else 16) and final["best_metric"] == best["best_metric"]
-    assert "deleted the best checkpoints of steps 20" in (model_dir / "train.log").read_text()
+    assert "deleted the best checkpoints of steps 20, written after step" in (model_dir / "train.log").read_text()
+
+
+def test_a_fresh_run_in_a_folder_a_killed_run_left_without_last_ignores_its_best_files(tmp_path, monkeypatch):
+    """converge.sh's trainer killed before it ever wrote ``last`` (``last_at_validation`` false) leaves best files and
+    logs but nothing to resume, so the next call trains that folder from step 0: the killed run's best file (step 9,
+    made the best by far; the new run validates at 4, 8 and 12) is deleted, not kept as the new run's best, and
+    metrics.csv holds the new run's rows only."""
+    from hyperplex.train.trainer import Trainer
+
+    config = write_tiny_config(tmp_path, max_steps=12, validation_every=4, last_at_validation=False, keep_best=1,
+                               early_stopping_metric="loss", patience=100)
+    model_dir, step, record = tmp_path / "run", Trainer._step, Trainer._record_validation
+
+    def best_by_far_at_9(self, model, optimizer, state, manager, metrics, values):
+        record(self, model, optimizer, state, manager, metrics, {**values, "loss": 1e-3} if state.step == 9 else values)
+
+    def killed_after_10(self, loop, group, num_batches, state, throughput):
+        done = step(self, loop, group, num_batches, state, throughput)
+        if state.step == 10:
+            raise Killed
+        return done
+
+    monkeypatch.setattr(Trainer, "_record_validation", best_by_far_at_9)
+    monkeypatch.setattr(Trainer, "_step", killed_after_10)
+    with pytest.raises(Killed):
+        train(str(config), ["--training.validation_every=3"], model_dir=str(model_dir))
+    assert not (model_dir / "last.safetensors").exists() and (model_dir / "best-9.safetensors").exists()
+    monkeypatch.undo()
+    train(str(config), model_dir=str(model_dir))
+    assert [s for s, _ in dev_values(model_dir, "loss")] == [4, 8, 12]
+    best_step, best_loss = min(dev_values(model_dir, "loss"), key=lambda row: (row[1], row[0]))
+    best = load_checkpoint(model_dir / "best.safetensors").extra["trainer"]
+    assert best["step"] == best_step and best["best_metric"] == pytest.approx(best_loss, rel=1e-5)
+    assert "deleted the best checkpoints of steps 9, written after step 0" in (model_dir / "train.log").read_text()
 
 
 def test_ddp_two_processes_match_one_process(tmp_path):

@@ -175,15 +175,16 @@ class Trainer:
             extra["grad_scaler"] = self._scaler.state_dict()
         return extra
 
-    def _checkpoints(self, resume_step: int | None, state: TrainState) -> CheckpointManager:
-        """The folder's checkpoint manager; on a resume, without the best files of steps after ``last``'s."""
+    def _checkpoints(self, start: int, state: TrainState) -> CheckpointManager:
+        """The folder's checkpoint manager, without the best files of steps after ``start`` (``last``'s step on a
+        resume, 0 for a fresh run)."""
         manager = CheckpointManager(self.model_dir, keep_best=self.tcfg.keep_best, metric_mode=self.mode,
-                                    metric_name=self.metric, resume_step=resume_step)
+                                    metric_name=self.metric, resume_step=start)
         if manager.dropped_steps:
-            self.log.info(f"resume: deleted the best checkpoints of steps {', '.join(map(str, manager.dropped_steps))}"
-                          f", written after step {resume_step} by a run that stopped before it saved "
-                          f"{LAST} again; this run trains those steps anew")
-        if resume_step is not None and state.best_metric is not None and manager.best_metric != state.best_metric:
+            self.log.info(f"deleted the best checkpoints of steps {', '.join(map(str, manager.dropped_steps))}, "
+                          f"written after step {start} by a run that stopped before it saved {LAST}"
+                          f"{' again' if self.resume else ''}; this run trains those steps anew")
+        if self.resume and state.best_metric is not None and manager.best_metric != state.best_metric:
             self.log.warning(f"resume: {LAST} holds best {self.metric} {state.best_metric}, the best checkpoint "
                              f"kept is {manager.best_metric} (a folder written before best files were saved "
                              f"ahead of {LAST}); early stopping goes on from {LAST}'s")
@@ -253,7 +254,10 @@ class Trainer:
             state = TrainState()
             if self.rank == 0:
                 atomic_write_text(self.model_dir / "config.yaml", dump_yaml(experiment_dict(self.cfg)))
-        manager = self._checkpoints(state.step if self.resume else None, state) if self.rank == 0 else None
+        # a fresh run starts at step 0: the best files and logs of a run killed in this folder before its first
+        # `last` (a GPU call's trainer, killed with last_at_validation=false) are not this run's
+        start = state.step if self.resume else 0
+        manager = self._checkpoints(start, state) if self.rank == 0 else None
         total_steps = self._log_start(model, state)
         train_model: nn.Module = model
         if self.world > 1:
@@ -263,7 +267,7 @@ class Trainer:
             # dynamic: batches of a token budget differ in rows and lengths, so one graph for every shape instead of
             # a first graph for the first shape and a second, dynamic one as soon as the next batch differs
             train_model = cast(nn.Module, torch.compile(train_model, dynamic=True))
-        metrics = MetricsWriter(self.model_dir, state.step if self.resume else None) if self.rank == 0 else None
+        metrics = MetricsWriter(self.model_dir, start) if self.rank == 0 else None
         loop = _Loop(model, train_model, optimizer, schedule, self._scaler, manager, metrics,
                      self._progress_bar(total_steps, state), InterruptFlag())
         try:

@@ -73,7 +73,7 @@ def test_accuracy():
 #   q1: ranked scores 0.9(0) 0.8(1) 0.1(0)            AP = 1/2,            RR = 1/2
 #   q2: ranked 0.7(1) 0.6(0) 0.5(1) 0.4(1)            AP = (1 + 2/3 + 3/4)/3, RR = 1
 #   q3: no positive                                    skipped
-#   q4: tie 0.3(0), 0.3(1) — input order kept          AP = 1/2,            RR = 1/2
+#   q4: tie 0.3(0), 0.3(1) — the wrong answer first   AP = 1/2,            RR = 1/2
 GROUPS = ["q1", "q2", "q1", "q3", "q2", "q1", "q2", "q3", "q2", "q4", "q4"]
 SCORES = [0.9, 0.5, 0.1, 0.2, 0.7, 0.8, 0.6, 0.3, 0.4, 0.3, 0.3]
 LABELS = [0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1]
@@ -89,10 +89,14 @@ def test_map_mrr_hand_computed():
                       "skipped": 1}
 
 
-def test_ties_keep_input_order():
-    # the same tie with the positive listed first ranks it first
-    assert mean_reciprocal_rank(["q", "q"], [0.3, 0.3], [1, 0]) == 1.0
+def test_ties_rank_the_wrong_answers_first_whatever_the_input_order():
+    # a tie is ranked pessimistically, so the order the candidates come in (WikiQA's lists the answer early) cannot
+    # lift a model that scores them alike
+    assert mean_reciprocal_rank(["q", "q"], [0.3, 0.3], [1, 0]) == 0.5
     assert mean_reciprocal_rank(["q", "q"], [0.3, 0.3], [0, 1]) == 0.5
+    constant = ranking_metrics(["q"] * 4 + ["r"] * 3, [1.0] * 7, [1, 0, 0, 0, 0, 1, 0])
+    assert constant["map"] == pytest.approx((1 / 4 + 1 / 3) / 2)  # each answer last among its tied candidates
+    assert mean_reciprocal_rank(["q", "q", "q"], [0.9, 0.3, 0.3], [0, 1, 0]) == pytest.approx(1 / 3)
 
 
 def test_ranking_accepts_tensors():

@@ -132,7 +132,7 @@ def accuracy(predictions, labels) -> float:
 def _ranked_groups(groups: Sequence[Hashable], scores, labels, what: str) -> tuple[list[list[int]], int]:
     """Group candidates by question; return each question's relevance list in rank order, and the skipped count.
 
-    Candidates are sorted by descending score; ties keep their input order (a stable sort).
+    Candidates are sorted by descending score; among tied scores the wrong answers come first (pessimistic).
     """
     score_array, label_array = _as_array(scores, f"{what}: scores"), _as_array(labels, f"{what}: labels")
     groups = groups.tolist() if hasattr(groups, "tolist") else list(groups)  # tensors/arrays → hashable ids
@@ -152,7 +152,9 @@ def _ranked_groups(groups: Sequence[Hashable], scores, labels, what: str) -> tup
         members.setdefault(g, []).append(i)
     ranked, skipped = [], 0
     for idx in members.values():
-        order = sorted(idx, key=lambda i: -score_array[i])  # stable: ties stay in input order
+        # ties pessimistically: input order would reward WikiQA's file order, where the answer tends to come early
+        # (a model scoring every candidate alike would get its dev MAP 0.673 from that order alone)
+        order = sorted(idx, key=lambda i: (-score_array[i], label_array[i]))
         relevance = [int(label_array[i]) for i in order]
         if any(relevance):
             ranked.append(relevance)
@@ -185,9 +187,10 @@ def ranking_metrics(groups: Sequence[Hashable], scores, labels) -> dict:
         scores: length ``N`` model scores, higher = more relevant.
         labels: length ``N``, 1 for a correct answer, 0 otherwise.
 
-    Each question's candidates are ranked by descending score; **ties keep their input order**
-    (a stable sort), which is deterministic but favours whatever the input order is — models with
-    continuous scores rarely tie. AP = mean over the question's positives of precision at that
+    Each question's candidates are ranked by descending score; **among tied scores the wrong answers
+    rank first** (pessimistic, and independent of the input order, which in WikiQA tends to list the
+    answer early) — models with continuous scores rarely tie, a collapsed model or low precision
+    does. AP = mean over the question's positives of precision at that
     positive's rank; RR = 1 / rank of the first positive. **Questions without any positive answer
     are excluded** from both averages, as in the WikiQA evaluation (Yang et al. 2015) — their AP is
     undefined.

@@ -354,3 +354,19 @@ def test_an_int8_model_takes_the_inputs_its_float_model_takes_and_names_a_wrong_
         torch.testing.assert_close(got, model(x.unsqueeze(0)).squeeze(0))  # the same as one row
         with pytest.raises(ValueError, match=r"expected input with last dimension 64, got shape \(2, 63\)"):
             model(torch.randn(2, 63))
+
+
+def test_an_int8_layers_output_depends_on_its_batch_so_scorers_run_it_a_sentence_at_a_time():
+    """PyTorch's dynamic int8 quantises each input with one scale for the whole tensor: a row's output changes when a
+    row of larger values shares its call. ``has_int8_layers`` is what the scorers check before batching."""
+    from hyperplex.int8.layers import has_int8_layers
+
+    model = plain_model().eval()
+    int8 = quantize(plain_model().eval())
+    assert has_int8_layers(int8) and not has_int8_layers(model)
+    weight = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
+    layer = QuantizedLinear.from_weight(weight, None)
+    row = torch.randn(1, 32, generator=torch.Generator().manual_seed(2))
+    alone, beside = layer(row), layer(torch.cat([row, 5 * row.abs()]))[:1]
+    exact = row @ weight.T
+    assert (beside - exact).abs().max() > 2 * (alone - exact).abs().max()  # the larger row coarsened its step

@@ -169,3 +169,27 @@ def test_an_int8_model_counts_the_parameters_of_its_float_model():
     int8 = quantize(copy.deepcopy(model))
     assert sum(p.numel() for p in int8.parameters()) < expected  # what the column counted before
     assert total_parameters(int8) == total_parameters(model) == expected
+
+
+def test_an_int8_sentence_encoder_is_scored_one_sentence_per_forward():
+    """Its dynamic int8 layers quantise each call's input as one tensor, so a batch's other sentences would change a
+    sentence's embedding (and so the scores); a float encoder keeps the batch size asked for."""
+    from torch import nn
+
+    from hyperplex.int8 import QuantizedLinear
+    from hyperplex.scoring.quality import sentence_transformer_embedder
+
+    class Encoder(nn.Module):
+        def __init__(self, layer):
+            super().__init__()
+            self.layer, self.sizes = layer, []
+
+        def encode(self, sentences, batch_size, **options):
+            self.sizes.append(batch_size)
+            return torch.zeros(len(sentences), 4)
+
+    float_encoder = Encoder(nn.Linear(4, 4))
+    int8_encoder = Encoder(QuantizedLinear.from_weight(torch.eye(4), None))
+    for encoder in (float_encoder, int8_encoder):
+        assert sentence_transformer_embedder(encoder, batch_size=64)(["a", "b", "c"]).shape == (3, 4)
+    assert float_encoder.sizes == [64] and int8_encoder.sizes == [1]

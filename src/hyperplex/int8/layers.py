@@ -34,7 +34,7 @@ from hyperplex.layers.phm import PHMLinear
 
 __all__ = [
     "QuantizedLinear", "QuantizedLowRankLinear", "QuantizedPHMLinear", "QuantizationError", "PHM_PATHS",
-    "quantized_engine", "is_int8_module", "quantized_layers", "layer_entry", "empty_layer",
+    "quantized_engine", "is_int8_module", "has_int8_layers", "quantized_layers", "layer_entry", "empty_layer",
 ]
 
 #: How :class:`QuantizedPHMLinear` computes: ``"int8"`` (the input blocks against the stacked int8
@@ -333,6 +333,13 @@ def empty_layer(entry: dict) -> nn.Module:
     if entry["kind"] == "lowrank":
         return QuantizedLowRankLinear(d, k, entry["rank"], bias=bias).eval()
     return QuantizedLinear(d, k, bias_=bias, dtype=torch.qint8).eval()
+
+
+def has_int8_layers(model: nn.Module) -> bool:
+    """Whether ``model`` holds a dynamic-quantised layer. Such a layer quantises each input per call with one scale
+    for the whole tensor, so a sentence's output depends on the other sentences (and the padding) of its batch:
+    scorers run such a model one sentence per forward, which is also how it is deployed at batch 1."""
+    return any(is_int8_module(module) for module in model.modules())
 
 
 def quantized_layers(model: nn.Module) -> dict[str, QuantizedPHMLinear | QuantizedLowRankLinear | QuantizedLinear]:

@@ -64,7 +64,14 @@ Embedder = Callable[[list[str]], Tensor]
 
 
 def sentence_transformer_embedder(model, batch_size: int = 32) -> Embedder:
-    """``embed`` for a ``SentenceTransformer`` (its own ``encode``, no normalisation added)."""
+    """``embed`` for a ``SentenceTransformer`` (its own ``encode``, no normalisation added); an int8 model encodes one
+    sentence per forward (:func:`~hyperplex.int8.layers.has_int8_layers`: with batches, its scores would depend on
+    which sentences share a batch)."""
+    from hyperplex.int8.layers import has_int8_layers
+
+    if has_int8_layers(model):
+        batch_size = 1
+
     def embed(sentences: list[str]) -> Tensor:
         return model.encode(list(sentences), batch_size=batch_size, convert_to_tensor=True,
                             show_progress_bar=False).detach().cpu().float()

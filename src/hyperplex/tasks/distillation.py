@@ -248,9 +248,12 @@ class DistillationTask(Task):
 
     @torch.no_grad()
     def embed_dev(self, model: nn.Module) -> tuple[Tensor, Tensor]:
-        """``(N, E)`` student and teacher embeddings of the dev sentences (the teacher's computed once)."""
+        """``(N, E)`` student and teacher embeddings of the dev sentences (the teacher's computed once); an int8 student
+        one sentence per forward (:func:`~hyperplex.int8.layers.has_int8_layers`)."""
+        from hyperplex.int8.layers import has_int8_layers
+
         device = next(model.parameters()).device
-        size = max(1, self.cfg.testing.batch_size)
+        size = 1 if has_int8_layers(model) else max(1, self.cfg.testing.batch_size)
         batches = [self._batch(self.dev_set[i:i + size], list(range(i, i + size)))
                    for i in range(0, len(self.dev_set), size)]
         targets = self._dev_targets

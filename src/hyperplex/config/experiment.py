@@ -329,16 +329,24 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
 #: is refused with the new name instead: ``renamed_keys``). ``include`` is ``targets``, the one selection
 #: vocabulary of conversion, int8 and adapters.
 SAVED_KEY_RENAMES = {"pretrained_student": {"include": "targets"}}
+#: Model keys added with a default that changed what is computed: a saved config without one was made before it,
+#: with the value here (``balance_factors``: the SVD split's factors as fitted, unbalanced), so it compares as such
+#: against a plan instead of taking today's default.
+SAVED_KEY_BEFORE = {"pretrained_student": {"balance_factors": False}}
 
 
 def upgrade_saved_config(raw: dict) -> None:
-    """Rename, in place, the model keys of :data:`SAVED_KEY_RENAMES` in the config of a saved model folder."""
+    """In place, in the config of a saved model folder: rename the model keys of :data:`SAVED_KEY_RENAMES`, and give
+    the keys of :data:`SAVED_KEY_BEFORE` that it lacks the value they had before they existed."""
     model = raw.get("model")
     if not isinstance(model, dict):
         return
-    for old, new in SAVED_KEY_RENAMES.get(model.get("architecture", ""), {}).items():
+    architecture = model.get("architecture", "")
+    for old, new in SAVED_KEY_RENAMES.get(architecture, {}).items():
         if old in model and new not in model:
             model[new] = model.pop(old)
+    for key, before in SAVED_KEY_BEFORE.get(architecture, {}).items():
+        model.setdefault(key, before)
 
 
 def resume_experiment(model_dir: str | Path, path: str | Path, overrides: list[str] | None = None) -> tuple[

@@ -269,7 +269,12 @@ def test_a_saved_folder_config_with_include_is_read_as_targets():
 
     raw = {"model": {"architecture": "pretrained_student", "include": ["*encoder.layer*"]}}
     upgrade_saved_config(raw)
-    assert raw == {"model": {"architecture": "pretrained_student", "targets": ["*encoder.layer*"]}}
+    # a folder saved before model.balance_factors existed was healed with the factors as fitted
+    assert raw == {"model": {"architecture": "pretrained_student", "targets": ["*encoder.layer*"],
+                             "balance_factors": False}}
+    balanced = {"model": {"architecture": "pretrained_student", "balance_factors": True}}
+    upgrade_saved_config(balanced)
+    assert balanced == {"model": {"architecture": "pretrained_student", "balance_factors": True}}
     other = {"model": {"architecture": "transformer", "include": ["x"]}}
     upgrade_saved_config(other)
     assert other == {"model": {"architecture": "transformer", "include": ["x"]}}

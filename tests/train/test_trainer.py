@@ -126,6 +126,34 @@ class Killed(BaseException):
     """A SIGKILL's stand-in: nothing after it runs, no handler saves anything."""
 
 
+def killed_after(at: int):
+    """``Trainer._step`` (as it is when called) that raises :class:`Killed` once step ``at`` is done."""
+    from hyperplex.train.trainer import Trainer
+
+    step = Trainer._step
+
+    def patched(self, loop, group, num_batches, state, throughput):
+        done = step(self, loop, group, num_batches, state, throughput)
+        if state.step == at:
+            raise Killed
+        return done
+
+    return patched
+
+
+def best_by_far_at(at: int):
+    """``Trainer._record_validation`` that records a validation loss of 1e-3 at step ``at``: the best by far."""
+    from hyperplex.train.trainer import Trainer
+
+    record = Trainer._record_validation
+
+    def patched(self, model, optimizer, state, manager, metrics, values):
+        values = {**values, "loss": 1e-3} if state.step == at else values
+        record(self, model, optimizer, state, manager, metrics, values)
+
+    return patched
+
+
 @pytest.mark.parametrize("last_at_validation", [True, False])
 def test_the_best_checkpoint_agrees_with_the_run_after_a_kill_that_lost_steps(tmp_path, monkeypatch,
                                                                               last_at_validation):
@@ -144,13 +172,9 @@ def test_the_best_checkpoint_agrees_with_the_run_after_a_kill_that_lost_steps(tm
     config = write_tiny_config(tmp_path, max_steps=28, validation_every=4, last_at_validation=last_at_validation,
                                keep_best=1, early_stopping_metric="loss", lr=1e-2, patience=100)
     model_dir = tmp_path / "run"
-    step, record = Trainer._step, Trainer._record_validation
+    step, kill_after_21 = Trainer._step, killed_after(21)
     save_last, save_if_best = CheckpointManager.save_last, CheckpointManager.save_if_best
     writes_at_20: list[str] = []
-
-    def best_by_far_at_20(self, model, optimizer, state, manager, metrics, values):
-        values = {**values, "loss": 1e-3} if state.step == 20 else values
-        record(self, model, optimizer, state, manager, metrics, values)
 
     def spied_last(self, model_state, optimizer_state=None, extra=None, rng=True):
         if extra["trainer"]["step"] == 20:
@@ -172,20 +196,14 @@ def test_the_best_checkpoint_agrees_with_the_run_after_a_kill_that_lost_steps(tm
             loop.interrupts.signal_number = signal.SIGTERM
         return done
 
-    def killed_after_21(self, loop, group, num_batches, state, throughput):
-        done = step(self, loop, group, num_batches, state, throughput)
-        if state.step == 21:
-            raise Killed
-        return done
-
-    monkeypatch.setattr(Trainer, "_record_validation", best_by_far_at_20)
+    monkeypatch.setattr(Trainer, "_record_validation", best_by_far_at(20))
     monkeypatch.setattr(CheckpointManager, "save_last", spied_last)
     monkeypatch.setattr(CheckpointManager, "save_if_best", spied_best)
     if not last_at_validation:
         monkeypatch.setattr(Trainer, "_step", sigterm_at_8)
         with pytest.raises(TrainingInterrupted):
             train(str(config), model_dir=str(model_dir))
-        monkeypatch.setattr(Trainer, "_step", killed_after_21)
+        monkeypatch.setattr(Trainer, "_step", kill_after_21)
     with pytest.raises(Killed):
         train(str(config), model_dir=str(model_dir), resume=not last_at_validation)
     resumed_from = load_checkpoint(model_dir / "last.safetensors").extra["trainer"]["step"]
@@ -220,19 +238,9 @@ def test_a_fresh_run_in_a_folder_a_killed_run_left_without_last_ignores_its_best
 
     config = write_tiny_config(tmp_path, max_steps=12, validation_every=4, last_at_validation=False, keep_best=1,
                                early_stopping_metric="loss", patience=100)
-    model_dir, step, record = tmp_path / "run", Trainer._step, Trainer._record_validation
-
-    def best_by_far_at_9(self, model, optimizer, state, manager, metrics, values):
-        record(self, model, optimizer, state, manager, metrics, {**values, "loss": 1e-3} if state.step == 9 else values)
-
-    def killed_after_10(self, loop, group, num_batches, state, throughput):
-        done = step(self, loop, group, num_batches, state, throughput)
-        if state.step == 10:
-            raise Killed
-        return done
-
-    monkeypatch.setattr(Trainer, "_record_validation", best_by_far_at_9)
-    monkeypatch.setattr(Trainer, "_step", killed_after_10)
+    model_dir = tmp_path / "run"
+    monkeypatch.setattr(Trainer, "_record_validation", best_by_far_at(9))
+    monkeypatch.setattr(Trainer, "_step", killed_after(10))
     with pytest.raises(Killed):
         train(str(config), ["--training.validation_every=3"], model_dir=str(model_dir))
     assert not (model_dir / "last.safetensors").exists() and (model_dir / "best-9.safetensors").exists()

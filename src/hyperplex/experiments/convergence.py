@@ -159,7 +159,6 @@ def welch_gap(a: list[float], b: list[float]) -> dict:
     return {"diff": diff, "ci95": [diff - half, diff + half], "n_a": len(a), "n_b": len(b)}
 
 
-
 def _files(run: dict, records: Path | None, row: str) -> Path:
     recorded = records / row / f"seed{run['seed']}" if records else None
     if recorded is not None and recorded.is_dir():

@@ -30,6 +30,7 @@ from hyperplex.data.tokenizers import Tokenizer
 from hyperplex.data.vocab import PAD_INDEX, Vocabulary
 from hyperplex.metrics import accuracy, ranking_metrics
 from hyperplex.tasks.common import (
+    carve_groups,
     carve_random,
     carve_seed,
     data_file,
@@ -226,17 +227,17 @@ class LabelledTextTask(Task):
         text. With ``random``, SNLI's validation premises are nearly all in training, beside the premise's other
         hypotheses and their labels."""
         d = self.cfg.data
-        keys = [" ".join(lowercase_if(d, self._texts(r)[0]).split()) for r in train]
-        groups = sorted(set(keys))
+        def key(record: dict) -> str:
+            return " ".join(lowercase_if(d, self._texts(record)[0]).split())
+
+        keys = [key(r) for r in train]
         try:
-            _, dev_groups = carve_random(groups, d.dev_fraction, seed)
+            kept, dev = carve_groups(train, keys, d.dev_fraction, seed)
         except DataError as err:
             raise DataError(f"{d.train}: data.carve grouped: {err} groups") from None
-        held = set(dev_groups)
-        kept = [r for r, k in zip(train, keys) if k not in held]
-        dev = [r for r, k in zip(train, keys) if k in held]
-        self.log.info(f"carved {len(dev)} of {len(train)} examples as validation: {len(held)} of {len(groups)} groups "
-                      f"sharing a first text (dev_fraction {d.dev_fraction} of the groups, split_seed {seed})")
+        self.log.info(f"carved {len(dev)} of {len(train)} examples as validation: {len({key(r) for r in dev})} of "
+                      f"{len(set(keys))} groups sharing a first text (dev_fraction {d.dev_fraction} of the groups, "
+                      f"split_seed {seed})")
         return kept, dev
 
     def _carve_sentences(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
@@ -478,10 +479,7 @@ class RankingTask(PairClassificationTask):
 
     def _carve_random(self, train: list[dict], seed: int) -> tuple[list[dict], list[dict]]:
         """Whole questions held out, never half a ranking."""
-        groups = sorted({r["group"] for r in train})
-        _, dev_groups = carve_random(groups, self.cfg.data.dev_fraction, seed)
-        held = set(dev_groups)
-        return [r for r in train if r["group"] not in held], [r for r in train if r["group"] in held]
+        return carve_groups(train, [r["group"] for r in train], self.cfg.data.dev_fraction, seed)
 
     def _labels_and_groups(self, kept: list[dict]) -> tuple[list, list[int] | None]:
         """(relevance score of each record, its integer question id)."""

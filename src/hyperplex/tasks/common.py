@@ -44,6 +44,14 @@ def carve_random(examples: list, fraction: float, seed: int) -> tuple[list, list
     return [examples[i] for i in keep], [examples[i] for i in dev]
 
 
+def carve_groups(examples: list, keys: list, fraction: float, seed: int) -> tuple[list, list]:
+    """(train, dev): a seeded random ``fraction`` of the distinct ``keys`` (one per example) held out with every
+    example of each, so that no group is split between the two."""
+    _, dev_keys = carve_random(sorted(set(keys)), fraction, seed)
+    held = set(dev_keys)
+    return [e for e, k in zip(examples, keys) if k not in held], [e for e, k in zip(examples, keys) if k in held]
+
+
 def carve_seed(cfg: ExperimentConfig, model_dir: Path, fresh: bool) -> int:
     """The seed of the carved validation split: ``data.split_seed``, except for a model folder whose
     saved ``config.yaml`` predates that key (``fresh`` False): those runs carved with ``seed``, so

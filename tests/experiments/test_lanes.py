@@ -87,3 +87,54 @@ def test_a_signal_to_the_lane_stops_its_model_and_starts_no_other(tmp_path):
         assert len(lines) == 2 and "--rows tm --seeds 1" in lines[0] and lines[1] == "saved-on-TERM", lines
         assert f"stopped by SIG{sent.name[3:]} in tiny_converged tm seed 1; the same command resumes it" in err
         assert "phm4" not in out and "FAILED" not in err
+
+
+def collect(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run collect.sh from a checkout laid out like this one (a plan file, a records folder) on a lane's copy."""
+    checkout = tmp_path / "checkout"
+    (checkout / "experiments" / "lanes").mkdir(parents=True, exist_ok=True)
+    (checkout / "experiments" / "records").mkdir(exist_ok=True)
+    shutil.copy(ROOT / "experiments" / "lanes" / "collect.sh", checkout / "experiments" / "lanes" / "collect.sh")
+    (checkout / "experiments" / "tiny_converged.yaml").write_text("name: tiny_converged\n")
+    return subprocess.run(["bash", str(checkout / "experiments" / "lanes" / "collect.sh"), *args],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+
+
+def finished(copy: Path, row: str, seed: int, record: str = '{"status": "finished"}') -> Path:
+    model = copy / "experiments" / "records" / "tiny_converged" / row / f"seed{seed}"
+    model.mkdir(parents=True)
+    (model / "record.json").write_text(record)
+    (model / "train.log").write_text(f"{row} {seed}\n")
+    return model
+
+
+def test_collect_copies_finished_models_and_never_writes_over_a_record(tmp_path):
+    copy = tmp_path / "copy"
+    finished(copy, "tm", 1)
+    finished(copy, "phm4", 1, '{"status": "finished", "seed": 1}')
+    (copy / "experiments" / "records" / "tiny_converged" / "tm" / "seed2").mkdir()  # unfinished: no record.json
+    records = tmp_path / "checkout" / "experiments" / "records" / "tiny_converged"
+    (records / "phm4" / "seed1").mkdir(parents=True)
+    (records / "phm4" / "seed1" / "record.json").write_text('{"status": "finished", "seed": "other"}')
+    done = collect(tmp_path, "copy", "tiny_converged")
+    assert done.returncode == 1, done.stderr  # the differing record is named, and left as it was
+    assert (records / "tm" / "seed1" / "train.log").read_text() == "tm 1\n"
+    assert not (records / "tm" / "seed2").exists()
+    assert "phm4/seed1 is in" in done.stderr and "differs" in done.stderr
+    assert (records / "phm4" / "seed1" / "record.json").read_text() == '{"status": "finished", "seed": "other"}'
+    again = collect(tmp_path, "copy", "tiny_converged")
+    assert again.returncode == 1 and "0 model(s) copied" in again.stdout
+
+
+def test_collect_into_a_staging_folder_leaves_the_records_alone(tmp_path):
+    copy = tmp_path / "copy"
+    finished(copy, "tm", 3)
+    staging = tmp_path / "checkout" / "experiments" / "retrain"
+    staging.mkdir(parents=True)
+    done = collect(tmp_path, "--into", "checkout/experiments/retrain", "copy", "tiny_converged")
+    assert done.returncode == 0, done.stderr
+    assert (staging / "tiny_converged" / "tm" / "seed3" / "record.json").is_file()
+    assert list((tmp_path / "checkout" / "experiments" / "records").iterdir()) == []
+    missing = collect(tmp_path, "--into", "nowhere", "copy", "tiny_converged")
+    assert missing.returncode == 2 and "--into: no folder nowhere" in missing.stderr
+    assert collect(tmp_path, "copy", "no_such_plan").returncode == 2

@@ -32,6 +32,7 @@ INTEGRATION_MODULES = {
     "tests/experiments/test_cli.py",  # the plan runner as a script
     "tests/experiments/test_demo.py",  # `hyperplex demo` in a child
     "tests/experiments/test_lanes.py",  # lane.sh in bash, with a stand-in interpreter
+    "tests/experiments/test_retrain.py",  # lanes.sh in bash
     "tests/layers/test_native.py",  # builds the C++ kernel
     "tests/train/test_process.py",  # DDP under torchrun
     "tests/test_typing.py",  # mypy over the package, the scripts and torch's annotations (~2 min)

@@ -14,6 +14,7 @@ from hyperplex.experiments.convergence import (
     mean_best_curve,
     row_courses,
     training_course,
+    paired_gap,
     welch_gap,
 )
 
@@ -77,6 +78,21 @@ def test_welch_gap_matches_scipy():
     assert welch_gap([2.0, 2.0], [1.0, 1.0])["ci95"] == [1.0, 1.0]
 
 
+def test_paired_gap_matches_scipy_over_the_common_seeds():
+    stats = pytest.importorskip("scipy.stats")
+    a, b = {1: 30.1, 2: 31.4, 3: 29.8, 4: 30.0}, {1: 27.0, 2: 28.9, 3: 26.2, 5: 27.7}
+    gap = paired_gap(a, b)
+    reference = stats.ttest_rel([30.1, 31.4, 29.8], [27.0, 28.9, 26.2]).confidence_interval(0.95)
+    assert gap["n"] == 3 and gap["diff"] == pytest.approx((3.1 + 2.5 + 3.6) / 3)
+    assert gap["ci95"] == pytest.approx([reference.low, reference.high], rel=1e-9)
+    assert paired_gap({1: 2.0}, {1: 1.5}) == {"diff": 0.5, "ci95": None, "n": 1}
+    assert paired_gap({1: 2.0}, {2: 1.5}) == {"diff": None, "ci95": None, "n": 0}
+    # a shift shared by both rows' seed k (the same batches) cancels in the pairs, not in Welch's interval
+    shared = {1: -1.0, 2: 0.0, 3: 1.0}
+    left, right = {k: 30 + v for k, v in shared.items()}, {k: 29 + v + 0.01 * k for k, v in shared.items()}
+    assert paired_gap(left, right)["ci95"][0] > 0 > welch_gap(list(left.values()), list(right.values()))["ci95"][0]
+
+
 def _results(tmp_path):
     records = tmp_path / "records"
     runs = {}
@@ -108,7 +124,9 @@ def test_the_section_reports_each_row_and_the_gap_beside_the_papers(tmp_path):
     assert "| PHM-Tm n=8 − Transformer |" not in text
     assert "| PHM-Tm n=4 | 3/4 | 30.67 [" in text and "| early stopping 3 | 5.00M | 10 min |" in text
     gap = welch_gap([29.5, 31.0, 31.5], [30.5, 31.5, 32.5])
-    assert f"| PHM-Tm n=4 − Transformer | {gap['diff']:+.2f} [{gap['ci95'][0]:+.2f}, {gap['ci95'][1]:+.2f}]" in text
+    paired = paired_gap({1: 29.5, 2: 31.0, 3: 31.5}, {1: 30.5, 2: 31.5, 3: 32.5})
+    assert (f"| PHM-Tm n=4 − Transformer | {gap['diff']:+.2f} [{gap['ci95'][0]:+.2f}, {gap['ci95'][1]:+.2f}] | "
+            f"{paired['diff']:+.2f} [{paired['ci95'][0]:+.2f}, {paired['ci95'][1]:+.2f}] (3) |") in text
     diffs = [x - y for x, y in zip(PAPER_TABLE2["PHM-Tm n=4"], PAPER_TABLE2["Transformer"])]
     assert f"{min(diffs):+.2f} … {max(diffs):+.2f} (mean {math.fsum(diffs) / 7:+.2f})" in text
 
@@ -135,10 +153,13 @@ def test_a_diverged_seed_is_counted_and_named_not_dropped_unsaid(tmp_path):
 def test_the_papers_column_appears_only_when_a_gap_quotes_the_paper(tmp_path):
     records, results = _results(tmp_path)
     gap = welch_gap([29.5, 31.0, 31.5], [30.5, 31.5, 32.5])
-    ours = f"| PHM-Tm n=4 − Transformer | {gap['diff']:+.2f} [{gap['ci95'][0]:+.2f}, {gap['ci95'][1]:+.2f}] |"
+    paired = paired_gap({1: 29.5, 2: 31.0, 3: 31.5}, {1: 30.5, 2: 31.5, 3: 32.5})
+    ours = (f"| PHM-Tm n=4 − Transformer | {gap['diff']:+.2f} [{gap['ci95'][0]:+.2f}, {gap['ci95'][1]:+.2f}] | "
+            f"{paired['diff']:+.2f} [{paired['ci95'][0]:+.2f}, {paired['ci95'][1]:+.2f}] (3) |")
     plain = convergence_section(json.loads(json.dumps(results)), records, [("phm4", "tm", "")])
     assert "Table 2" not in plain and ours + "\n" in plain  # a style-transfer plan quotes no translation table
-    assert "| gap | ours: difference of mean bleu [95% Welch interval] |\n|---|---:|\n" in plain
+    assert ("| gap | ours: difference of mean bleu [95% Welch interval] | ours: mean of the per-seed differences "
+            "[95% interval] (seeds) |\n|---|---:|---:|\n") in plain
     quoted = convergence_section(json.loads(json.dumps(results)), records, [("phm4", "tm", ""),
                                                                               ("phm4", "tm", "PHM-Tm n=4")])
     assert "the paper's Table 2" in quoted and ours + " – |" in quoted  # the unquoted gap gets a dash there

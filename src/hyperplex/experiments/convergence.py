@@ -3,7 +3,9 @@
 A plan whose rows train until the validation metric stops improving (``training.patience``) is read
 from its ``results.json`` and its records (``metrics.csv``, ``train.log`` of each model): the best
 validation value and the step and epoch that reached it, why training stopped (early stopping, a step
-or epoch cap, divergence), and the differences between rows' means with a 95% Welch interval. The
+or epoch cap, divergence), and the differences between rows' means with a 95% Welch interval and, over the
+seeds both rows finished, a 95% interval of the per-seed differences (seed k of every row trains on the same
+batches in the same order, so the rows' seeds are paired by design and not independent). The
 paper's own gaps (its Table 2 for translation, its Table 4 for style transfer) are quoted beside them, marked
 as the paper's, on its data. ``--figure`` draws the
 rows' validation curves: each row's mean over seeds of the best value reached by each step (what a checkpoint
@@ -23,7 +25,8 @@ from hyperplex.experiments.intervals import summarize, t_quantile_975
 from hyperplex.experiments.state import DIVERGED_FILE
 from hyperplex.fileio import atomic_write
 
-__all__ = ["PAPER_TABLE2", "PAPER_TABLE4", "PAPER_TABLES", "best_by", "training_course", "welch_gap", "row_courses",
+__all__ = ["PAPER_TABLE2", "PAPER_TABLE4", "PAPER_TABLES", "best_by", "training_course", "welch_gap", "paired_gap",
+           "row_courses",
            "convergence_section", "mean_best_curve", "convergence_figure"]
 
 #: Zhang et al. (ICLR 2021), Table 2, BLEU on seven corpora — quoted from the paper, never measured here.
@@ -159,6 +162,22 @@ def welch_gap(a: list[float], b: list[float]) -> dict:
     return {"diff": diff, "ci95": [diff - half, diff + half], "n_a": len(a), "n_b": len(b)}
 
 
+def paired_gap(a: dict[int, float], b: dict[int, float]) -> dict:
+    """The mean over the seeds in both ``a`` and ``b`` (seed → value) of ``a[seed] − b[seed]``, with a two-sided
+    95% t interval on n − 1 degrees of freedom: ``{"diff", "ci95", "n"}`` (``ci95`` None under two common seeds).
+    Seed k of every row of a plan draws the same batches in the same order (the batch order is the seed's), so
+    the two rows' values are not independent samples; their per-seed differences are."""
+    common = sorted(set(a) & set(b))
+    diffs = [a[seed] - b[seed] for seed in common]
+    if not diffs:
+        return {"diff": None, "ci95": None, "n": 0}
+    diff = math.fsum(diffs) / len(diffs)
+    if len(diffs) < 2:
+        return {"diff": diff, "ci95": None, "n": 1}
+    half = t_quantile_975(len(diffs) - 1) * summarize(diffs)["std"] / math.sqrt(len(diffs))
+    return {"diff": diff, "ci95": [diff - half, diff + half], "n": len(diffs)}
+
+
 def _files(run: dict, records: Path | None, row: str) -> Path:
     recorded = records / row / f"seed{run['seed']}" if records else None
     if recorded is not None and recorded.is_dir():
@@ -180,6 +199,7 @@ def row_courses(results: dict, records: Path | None, metric: str = "bleu") -> li
         seconds = [r["train_seconds"] for r in runs if r.get("train_seconds")]
         params = runs[0]["params"]["total"] if runs and runs[0].get("params") else None
         rows.append({"name": row["name"], "label": row["label"], "values": [r["metrics"][metric] for r in runs],
+                     "by_seed": {r["seed"]: r["metrics"][metric] for r in runs if "seed" in r},
                      "summary": summarize([r["metrics"][metric] for r in runs]), "courses": courses,
                      "stops": stops, "diverged": len(diverged),
                      "diverged_at": [(r["seed"], (r.get("stability") or {}).get("nan_step")) for r in diverged],
@@ -313,14 +333,17 @@ def convergence_section(results: dict, records: Path | None, comparisons: Sequen
     comparisons = [(*c, PAPER_BASELINE)[:4] for c in comparisons]
     quoted = any(paper for _, _, paper, _ in comparisons)
     paper_head = f" {_PAPER_HEADS[paper_table]} |" if quoted else ""
-    lines += ["", f"| gap | ours: difference of mean {metric} [95% Welch interval] |{paper_head}",
-              "|---|---:|" + ("---|" if quoted else "")]
+    lines += ["", f"| gap | ours: difference of mean {metric} [95% Welch interval] | ours: mean of the per-seed "
+                  f"differences [95% interval] (seeds) |{paper_head}",
+              "|---|---:|---:|" + ("---|" if quoted else "")]
     table = PAPER_TABLES[paper_table]
     for name, base, paper, paper_base in comparisons:
         if name not in rows or base not in rows:
             continue
         gap = welch_gap(rows[name]["values"], rows[base]["values"])
-        line = f"| {rows[name]['label']} − {rows[base]['label']} | {_gap_text(gap)} |"
+        paired = paired_gap(rows[name]["by_seed"], rows[base]["by_seed"])
+        line = (f"| {rows[name]['label']} − {rows[base]['label']} | {_gap_text(gap)} | {_gap_text(paired)} "
+                f"({paired['n']}) |")
         lines.append(line + (f" {_paper_gap(table, paper, paper_base) if paper else '–'} |" if quoted else ""))
     if at_steps:
         lines += _course_table(rows, comparisons, sorted(set(at_steps)), metric)

@@ -87,6 +87,19 @@ def test_reverse_source_keeps_memory_in_source_order():
     torch.testing.assert_close(reversed_.encode(src, src_lengths)["memory"], expected)
 
 
+def test_reverse_source_reverses_the_words_and_keeps_a_closing_eos_last():
+    model = _model(reverse_source=True)
+    src = torch.tensor([[5, 6, 7, 3, 0], [8, 9, 10, 4, 3], [6, 3, 0, 0, 0], [7, 8, 9, 0, 0]])  # the last has no </s>
+    lengths = torch.tensor([4, 5, 2, 3])
+    seen = []
+    model.src_embed.register_forward_hook(lambda module, args, out: seen.append(args[0].clone()))
+    memory = model.encode(src, lengths)["memory"]
+    assert seen[0].tolist() == [[7, 6, 5, 3, 0], [4, 10, 9, 8, 3], [6, 3, 0, 0, 0], [9, 8, 7, 0, 0]]
+    # memory comes back in source order: a sentence's state for a word is where the word is in the source
+    alone = model.encode(torch.tensor([[5, 6, 7, 3]]), torch.tensor([4]))["memory"]
+    torch.testing.assert_close(memory[:1, :4], alone)
+
+
 def test_phm_switch_makes_every_linear_map_phm():
     dense = _model(attention="local-p", tgt_vocab=16)
     phm = _model(attention="local-p", linear=LinearSpec("phm", n=4), tgt_vocab=16)

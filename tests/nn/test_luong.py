@@ -47,22 +47,40 @@ def test_one_step_at_a_time_equals_all_steps(name):
 
 def test_local_p_hand_computed():
     # Zero query: scores are 0 and W_p h = 0, so p_t = S_len · sigmoid(0) = S_len / 2 whatever the
-    # weights; D = 2, σ = 1, so a_ts ∝ exp(−(s − p_t)² / 2) over |s − p_t| ≤ 2 within the sentence.
+    # weights; D = 2, σ = 1, so a_ts ∝ exp(−(s − p_t)² / 2) over the 2D + 1 = 5 positions |s − round(p_t)| ≤ 2
+    # within the sentence.
     attention = make_attention("local-p", 2, 2, window=2).double()
     memory = torch.arange(10, dtype=torch.double).view(2, 5, 1).expand(2, 5, 2).contiguous()
     mask = torch.tensor([[True] * 4 + [False], [True] * 5])
     context, weights = attention(torch.zeros(2, 2, dtype=torch.double), memory, mask)
     e = math.exp
     row0 = [e(-2), e(-0.5), 1, e(-0.5), 0]  # S_len = 4: p = 2, s = 4 is padding
-    row1 = [0, e(-1.125), e(-0.125), e(-0.125), e(-1.125)]  # S_len = 5: p = 2.5, s = 0 outside the window
+    # S_len = 5: p = 2.5, the window centred on round(2.5) = 2 (half to even): s = 0 … 4, five positions, where
+    # |s − p_t| ≤ D would hold four
+    row1 = [e(-3.125), e(-1.125), e(-0.125), e(-0.125), e(-1.125)]
     expected = torch.tensor([[w / sum(row) for w in row] for row in (row0, row1)], dtype=torch.double)
     torch.testing.assert_close(weights, expected)
     torch.testing.assert_close(context[:, 0], (expected * memory[..., 0]).sum(-1))
     # eq. 3.9 literally: window softmax (uniform here) times the Gaussian, not renormalised
     literal = make_attention("local-p", 2, 2, window=2, normalize=False).double()
     _, w_literal = literal(torch.zeros(2, 2, dtype=torch.double), memory, mask)
-    torch.testing.assert_close(w_literal, torch.tensor([[w / 4 for w in row0], [w / 4 for w in row1]],
+    torch.testing.assert_close(w_literal, torch.tensor([[w / 4 for w in row0], [w / 5 for w in row1]],
                                                        dtype=torch.double))
+
+
+def test_local_p_window_holds_2d_plus_1_positions_away_from_the_edges():
+    """Thesis eq. 3.7: the local alignment vector has 2D + 1 entries, whatever the fraction of p_t."""
+    torch.manual_seed(0)
+    D, S = 3, 30
+    attention = make_attention("local-p", 4, 4, window=D).double()
+    query = torch.randn(1, 50, 4, dtype=torch.double)
+    memory = torch.randn(1, S, 4, dtype=torch.double)
+    mask = torch.ones(1, S, dtype=torch.bool)
+    _, weights = attention(query, memory, mask)
+    p = attention.position(query, torch.arange(50), torch.tensor([S]))[0]
+    inside = (p >= D) & (p <= S - 1 - D)  # windows the sentence's edges do not clip
+    assert inside.sum() > 10 and (p[inside] % 1).std() > 0.1  # fractions of every kind
+    assert ((weights[0, inside] > 0).sum(-1) == 2 * D + 1).all()
 
 
 def test_local_p_with_fixed_weights():
@@ -76,7 +94,7 @@ def test_local_p_with_fixed_weights():
     mem = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.5], [0.2, 0.2], [9.0, 9.0]]  # last is padding
     S_len = 5
     p = S_len / (1 + math.exp(-math.tanh(h[0])))
-    unnorm = [math.exp(h[0] * m[0] + h[1] * m[1] - (s - p) ** 2 / 2) if s < S_len and abs(s - p) <= 2 else 0.0
+    unnorm = [math.exp(h[0] * m[0] + h[1] * m[1] - (s - p) ** 2 / 2) if s < S_len and abs(s - round(p)) <= 2 else 0.0
               for s, m in enumerate(mem)]
     expected = torch.tensor([[u / sum(unnorm) for u in unnorm]], dtype=torch.double)
     _, weights = attention(torch.tensor([h], dtype=torch.double), torch.tensor([mem], dtype=torch.double),

@@ -72,7 +72,8 @@ class RNNTranslatorConfig(ModelConfig):
     input_feeding: bool = field(default=True, metadata={
         "help": "feed h̃_{t-1} into the decoder input at step t (thesis §3.5); default true"})
     reverse_source: bool = field(default=False, metadata={
-        "help": "reverse each source sentence before encoding (thesis §4.1 does); default false"})
+        "help": "reverse each source sentence's words before encoding, a closing </s> staying last (thesis "
+                "§4.1 does); default false"})
     tie_embeddings: bool = field(default=False, metadata={
         "help": "share the target embedding matrix with the (dense) output projection; needs "
                 "embedding_dim == hidden_size; default false"})
@@ -179,10 +180,15 @@ class RNNTranslator(nn.Module):
         src_lengths = src_lengths.to(src.device)
         self._check_source(src, src_lengths)
         mask = lengths_to_mask(src_lengths, src.shape[1])  # (B, S)
-        tokens = reverse_padded(src, src_lengths) if self.config.reverse_source else src
+        words = src_lengths
+        if self.config.reverse_source:
+            # the words are reversed and a closing </s> stays last, the end-of-input marker (Sutskever et al.)
+            last = src.gather(1, (src_lengths - 1).clamp(min=0)[:, None])[:, 0]
+            words = src_lengths - (last == self.eos_index).long()
+        tokens = reverse_padded(src, words) if self.config.reverse_source else src
         memory, (h, c) = self.encoder(self.drop(self.src_embed(tokens)), src_lengths)  # (B, S, H)
         if self.config.reverse_source:
-            memory = reverse_padded(memory, src_lengths)  # back to source order
+            memory = reverse_padded(memory, words)  # back to source order
         state = {"memory": memory, "mask": mask, "src_lengths": src_lengths,
                  "hidden": self._bridge(h).transpose(0, 1), "cell": self._bridge(c).transpose(0, 1)}  # (B, Ld, H)
         if self.config.input_feeding:

@@ -1,8 +1,8 @@
 """Luong et al. (2015) attention: global (dot, general, concat) and local (local-m, local-p).
 
 Thesis ch. 3 (002): ``a_t = align(h_t, h̄_s) = softmax_s score(h_t, h̄_s)`` (eq. 3.1/3.6),
-``c_t = Σ_s a_ts h̄_s`` (eq. 3.3). Local attention looks only at the window
-``[p_t − D, p_t + D]`` (eq. 3.7), clipped at the sentence edges: local-m sets ``p_t = t``;
+``c_t = Σ_s a_ts h̄_s`` (eq. 3.3). Local attention looks only at a window of ``2D + 1`` positions
+(eq. 3.7), ``[round(p_t) − D, round(p_t) + D]``, clipped at the sentence edges: local-m sets ``p_t = t``;
 local-p predicts ``p_t = S · sigmoid(v_pᵀ tanh(W_p h_t))`` (eq. 3.8) with ``S`` the true source
 length and weights the alignment by ``exp(−(s − p_t)² / 2σ²)``, ``σ = D/2`` (eq. 3.9).
 
@@ -182,8 +182,12 @@ class LuongAttention(nn.Module):
                 lengths = mask.sum(1)
             steps = step + torch.arange(T, device=query.device)
             p = self.position(query, steps, lengths)  # (B, T)
-            distance = torch.arange(S, device=query.device, dtype=query.dtype) - p[..., None]  # (B, T, S)
-            valid = valid & (distance.abs() <= self.window)  # eq. 3.7 window, clipped by the mask
+            positions = torch.arange(S, device=query.device, dtype=query.dtype)
+            distance = positions - p[..., None]  # (B, T, S)
+            # eq. 3.7's window of 2D + 1 positions, centred on the position nearest p_t (a window of |s − p_t| ≤ D
+            # around a real p_t holds only 2D), clipped by the mask; the Gaussian below is centred on p_t itself
+            centre = torch.round(p.detach())[..., None]
+            valid = valid & ((positions - centre).abs() <= self.window)
             if self.gaussian:
                 sigma = self.window / 2.0  # thesis: σ = D/2
                 log_prior = -distance.square() / (2 * sigma**2)  # eq. 3.9

@@ -17,8 +17,8 @@ component          parameters whose qualified name …
 ``other``          anything else
 =================  ==========================================================================
 
-``total_without_embeddings = total − embeddings`` is what Tay et al. Table 3 and the PHM paper
-Table 2 report ("Parameter size excludes word embeddings"); see ``docs/parameter_counts.md``.
+``total_without_embeddings = total − embeddings`` is what Tay et al. Table 3 reports ("Parameter size excludes
+word embeddings") and what the PHM paper's Table 2 column reproduces; see ``docs/parameter_counts.md``.
 """
 
 from __future__ import annotations

@@ -8,14 +8,14 @@ paper row                       config
 ==============================  ===========================================================
 Transformer (Tm)                ``linear: {kind: dense}``
 PHM-Tm n (PHM paper §4.2)       ``linear: {kind: phm, n: N}``, ``attention_type: dot``
-PHM-Tm† n (PHM Table 2 †)       same plus ``rescale: 1.41421356`` (parameters ×2, see ``rescale`` help)
+PHM-Tm† n (PHM Table 2 †)       same plus ``rescale: 1.41421356`` (non-embedding parameters ×2, see ``rescale`` help)
 Quaternion Tm (full)            ``linear: {kind: quaternion}``, ``attention_type: hamilton``
 Quaternion Tm (partial)         same plus ``linear_scope: attention``
 ==============================  ===========================================================
 
 The Quaternion rows use Hamilton attention (Tay et al. eq. 4) because that is the model Tay et al.
-§3.3 define, and the PHM paper's Quaternion-Tm BLEU scores (Table 2) are copied from Tay et al.
-Table 3; ``attention_type: dot`` gives "quaternion projections + ordinary attention". The PHM-Tm rows
+§3.3 define, and the PHM paper's Quaternion-Tm BLEU (Table 2) on the three corpora of Tay et al.'s
+Table 3 (En-Vi, En-Ro, En-Et) is Tay et al.'s; ``attention_type: dot`` gives "quaternion projections + ordinary attention". The PHM-Tm rows
 use ordinary attention (PHM §4.2 keeps ``softmax(QKᵀ/√d_k)V``). Parameter counts do not depend on
 the attention type (the Hamilton product in attention has no parameters, Tay et al. §3.3).
 """
@@ -51,7 +51,7 @@ class TransformerConfig(ModelConfig):
                                                           "hidden; 0.1"})
     attention_dropout: float = field(default=0.0, metadata={"help": "dropout on attention weights; default 0.0"})
     pre_norm: bool = field(default=True, metadata={"help": "true: x + f(LN(x)) and a final LayerNorm (Tensor2Tensor, "
-                                                           "used by both papers); false: LN(x + f(x)) "
+                                                           "Tay et al.'s framework); false: LN(x + f(x)) "
                                                            "(Vaswani et al.)"})
     tie_embeddings: bool = field(default=True, metadata={"help": "decoder input embedding = output projection weight "
                                                                  "(as Tensor2Tensor); default true"})

@@ -86,7 +86,7 @@ class MultiHeadAttention(nn.Module):
         linear: :class:`LinearSpec` of the projections (dense if ``None``).
         self_attention: ``True``: one ``d → 3d`` projection for Q, K, V; ``False`` (cross-attention):
             ``q_proj`` ``d → d`` and one ``d → 2d`` ``kv_proj`` for the memory.
-        bias: biases in the projections (Tensor2Tensor, used by both papers, has none).
+        bias: biases in the projections (Tensor2Tensor, Tay et al.'s framework, has none).
 
     Shape (:meth:`forward`): ``query (B, T, d)``, ``memory (B, S, d)`` → ``(B, T, d)``, weights
     ``(B, T, S)`` averaged over heads, new cache ``(keys, values)`` each ``(B, H, S', d_k)``.

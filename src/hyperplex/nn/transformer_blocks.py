@@ -6,8 +6,8 @@ Transformers differ only in the :class:`LinearSpec` they are given.
   (attention projections and FFN) uses the model's spec (*Quaternion Transformer (full)*, and the
   PHM-Transformer of PHM §4.2); ``"attention"`` — only the attention projections, the FFN stays dense
   (*partial*). See :func:`scoped_specs`.
-* ``pre_norm``: ``x + f(LN(x))`` with a final LayerNorm (Tensor2Tensor's default, which both papers
-  used) or post-norm ``LN(x + f(x))`` (Vaswani et al.).
+* ``pre_norm``: ``x + f(LN(x))`` with a final LayerNorm (Tensor2Tensor's default, Tay et al.'s
+  framework) or post-norm ``LN(x + f(x))`` (Vaswani et al.).
 * Positions: sinusoidal (Vaswani et al. §3.5), added to embeddings scaled by ``√d``.
 * The decoder supports incremental decoding: per-layer self-attention caches ``(B, H, t, d_k)`` and
   cross-attention keys/values projected once from the memory.

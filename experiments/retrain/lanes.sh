@@ -28,12 +28,12 @@ lstm_rows="no_attention global_general global_dot global_dot_input_feeding local
 chain_a=(
   "27a17b3 snli $(seeds "1 2 3" "$snli_rows")"
   "4799b04 agreement $(seeds "1 2 3" "$agreement_rows")"
-  "00af6d6 multi30k_lstm $(seeds 1 "no_attention global_general global_dot global_dot_input_feeding local_p_input_feeding local_p_input_feeding_phm2")"
-  "00af6d6 multi30k_lstm_converged dense:3 phm4:3 lowrank4:3"
+  "2ae24ed multi30k_lstm $(seeds 1 "no_attention global_general global_dot global_dot_input_feeding local_p_input_feeding local_p_input_feeding_phm2")"
+  "2ae24ed multi30k_lstm_converged dense:3 phm4:3 lowrank4:3"
 )
 chain_b=(
-  "00af6d6 multi30k_lstm $(seeds "2 3" "$lstm_rows")local_p_input_feeding_phm4:1 local_p_input_feeding_lowrank4:1"
-  "00af6d6 multi30k_lstm_converged phm4:1 dense:1 lowrank4:1 dense:2 phm4:2 lowrank4:2"
+  "2ae24ed multi30k_lstm $(seeds "2 3" "$lstm_rows")local_p_input_feeding_phm4:1 local_p_input_feeding_lowrank4:1"
+  "2ae24ed multi30k_lstm_converged phm4:1 dense:1 lowrank4:1 dense:2 phm4:2 lowrank4:2"
 )
 
 export_copy() {  # COMMIT: the frozen copy, with the old records of every plan re-trained from it removed from it

@@ -11,8 +11,9 @@
 # experiments/gpu/converge.sh trains the models beside them until --deadline-s seconds after the start (less a
 # margin to pack its records), --parallel N of them at a time (default: all at once; the next one named starts when
 # one ends); converge.sh keeps the Triton kernel off (HYPERPLEX_TRITON=0) unless told otherwise.
-# The budgets add up to 535 s (under 9 minutes). `--skip` leaves out steps whose code has not changed since their
-# last GPU record (kernel, bench_phm, bench_transformer, bench_compress, bench_adapters, tests), which gives their
+# The budgets add up to 575 s (under 10 minutes). `--skip` leaves out steps whose code has not changed since their
+# last GPU record (kernel, bench_phm, bench_transformer, bench_transformer_small, bench_compress, bench_adapters,
+# tests), which gives their
 # time to --converge. `--device cpu --quick` with TRITON_INTERPRET=1 is the dry run on a machine without a GPU. See
 # benchmarks/gpu/README.md.
 set -u
@@ -53,9 +54,9 @@ if [ -n "$CONVERGE$MODELS" ]; then
 fi
 for name in ${SKIP//,/ }; do
     case "$name" in
-        kernel|bench_phm|bench_transformer|bench_compress|bench_adapters|tests) ;;
+        kernel|bench_phm|bench_transformer|bench_transformer_small|bench_compress|bench_adapters|tests) ;;
         *) echo "check.sh: --skip: unknown step '$name' (expected kernel, bench_phm, bench_transformer," \
-                "bench_compress, bench_adapters, tests, comma-separated)" >&2; exit 2 ;;
+                "bench_transformer_small, bench_compress, bench_adapters, tests, comma-separated)" >&2; exit 2 ;;
     esac
 done
 case "$PARALLEL" in
@@ -174,29 +175,34 @@ step() {
 }
 
 if [ $QUICK = 1 ]; then
-    B_TEST=240; B_KERNEL=60; B_PHM=40; B_TRANS=40; B_COMP=40; B_ADAPT=40
+    B_TEST=240; B_KERNEL=60; B_PHM=40; B_TRANS=40; B_TRANS_SMALL=40; B_COMP=40; B_ADAPT=40
     TESTS=(tests/layers/test_triton_phm.py tests/cuda -k "not minilm and not tiny_bert and not training_on_cuda")
     KERNEL=(--quick)
     PHM=(--quick --sizes 256 --ns 4 --rows 1 --mode warm --phases infer)
     TRANS=(--quick)
+    TRANS_SMALL=(--quick)
     COMP=(--quick --batch-sizes 1 --variants phm4 --sentences 4 --rounds 1)
     ADAPT=(--quick --sizes 384x1536 --variants 4:full --rows 1 --repeats 2)
 else
-    # worst cases 355 s for the speed steps, 180 s for the tests. On an H200 they took kernel 14 s (with two fused
+    # worst cases 395 s for the speed steps, 180 s for the tests. On an H200 they took kernel 14 s (with two fused
     # variants; now eight, each compiled once per point, ≈ 0.5 s a compilation), bench_phm 25, bench_transformer
     # 63, adapters 21, tests 133; bench_compress ran past 70 s (a fresh process per model and memory sample),
     # hence its share
-    B_TEST=180; B_KERNEL=75; B_PHM=35; B_TRANS=85; B_COMP=130; B_ADAPT=30
+    B_TEST=180; B_KERNEL=75; B_PHM=35; B_TRANS=85; B_TRANS_SMALL=40; B_COMP=130; B_ADAPT=30
     # the slowest (model conversions, a training run) last, so that a timeout costs the fewest results
     TESTS=(tests/layers/test_triton_phm.py tests/cuda/test_phm_paths.py tests/cuda/test_train_cuda.py
            tests/cuda/test_models_cuda.py --durations=10)
     KERNEL=()
     # warm only: a 4096² float32 weight (64 MiB) already exceeds the card's L2, so every call reads it from memory
     PHM=(--sizes 1024 4096 --ns 4 16 --rows 1 64 1024 --mode warm --repeats 5 --budget-s 1)
-    # the PHM paper's Table 3: its shape, the base plan's 8k joint BPE and 4,096-token batches, and the seconds to
-    # decode a set of Multi30k validation's size (1,014 sentences, ≈ 15 BPE tokens each way), beam 4, α 0.6
-    TRANS=(--shape table3 --batch 256 --vocab 8000 --src-len 15 --tgt-len 16 --steps 10 --sentences 4
+    # the PHM paper's Table 3 (seconds per 100 training steps, seconds to decode a set, beam 4, α 0.6) at the base
+    # shape (6+6 layers, d 512), with the base plan's 8k joint BPE and 4,096-token batches and a set of Multi30k
+    # validation's size (1,014 sentences, ≈ 15 BPE tokens each way); then at the small shape (2+2, d 256), the one
+    # the paper's App. B.2 gives for IWSLT'14 De-En, where it measured its Table 3
+    TRANS=(--shape base --batch 256 --vocab 8000 --src-len 15 --tgt-len 16 --steps 10 --sentences 4
            --decode-len 16 --set-sentences 1014 --set-batch 64 --repeats 2)
+    TRANS_SMALL=(--shape cpu --batch 256 --vocab 8000 --src-len 15 --tgt-len 16 --steps 10 --sentences 4
+                 --decode-len 16 --set-sentences 1014 --set-batch 64 --repeats 2)
     # one memory sample: each is a fresh process per model (torch, sentence-transformers, CUDA, the model), and on
     # CUDA the allocator's figures that matter do not vary between processes as the host heap does
     COMP=(--batch-sizes 1 32 --variants phm4 lowrank4 --sentences 32 --rounds 3 --memory-samples 1)
@@ -207,6 +213,8 @@ step kernel "$B_KERNEL" kernel.log "$PY" benchmarks/gpu/bench_kernel.py --device
     ${KERNEL[@]+"${KERNEL[@]}"}
 step bench_phm "$B_PHM" phm.log "$PY" benchmarks/bench_phm.py --device "$DEVICE" ${PHM[@]+"${PHM[@]}"}
 step bench_transformer "$B_TRANS" transformer.log "$PY" benchmarks/bench_transformer.py --device "$DEVICE" ${TRANS[@]+"${TRANS[@]}"}
+step bench_transformer_small "$B_TRANS_SMALL" transformer-small.log "$PY" benchmarks/bench_transformer.py \
+    --device "$DEVICE" ${TRANS_SMALL[@]+"${TRANS_SMALL[@]}"}
 if [ -n "$MINILM" ]; then
     step bench_compress "$B_COMP" compress.log "$PY" benchmarks/bench_compress.py --device "$DEVICE" --model "$MINILM" \
         ${COMP[@]+"${COMP[@]}"}

@@ -34,7 +34,8 @@ def test_skipped_steps_are_reported_and_not_run(tmp_path):
     """``--skip`` leaves steps out (their time goes to --converge) and says so in the summary, one row each."""
     import sys
 
-    steps = ["kernel", "bench_phm", "bench_transformer", "bench_compress", "bench_adapters", "tests"]
+    steps = ["kernel", "bench_phm", "bench_transformer", "bench_transformer_small", "bench_compress", "bench_adapters",
+             "tests"]
     out = tmp_path / "out"
     command = ["bash", "benchmarks/gpu/check.sh", "--device", "cpu", "--quick", "--skip", ",".join(steps)]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,

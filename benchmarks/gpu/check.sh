@@ -175,7 +175,7 @@ step() {
 }
 
 if [ $QUICK = 1 ]; then
-    B_TEST=240; B_KERNEL=60; B_PHM=40; B_TRANS=40; B_TRANS_SMALL=40; B_COMP=40; B_ADAPT=40
+    B_TEST=240; B_KERNEL=60; B_PHM=40; B_TRANS=40; B_TRANS_SMALL=60; B_COMP=40; B_ADAPT=40
     TESTS=(tests/layers/test_triton_phm.py tests/cuda -k "not minilm and not tiny_bert and not training_on_cuda")
     KERNEL=(--quick)
     PHM=(--quick --sizes 256 --ns 4 --rows 1 --mode warm --phases infer)

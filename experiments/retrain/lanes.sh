@@ -83,10 +83,11 @@ status)
     done
     ;;
 collect)
-    for step in "${chain_a[@]}" "${chain_b[@]}"; do
-        read -r commit plan _ <<< "$step"
-        [[ -d $lanes/code-$commit ]] && bash experiments/lanes/collect.sh --into experiments/retrain "$lanes/code-$commit" "$plan"
-    done | sort -u
+    for step in "${chain_a[@]}" "${chain_b[@]}"; do read -r commit plan _ <<< "$step"; echo "$commit $plan"; done \
+        | sort -u | while read -r commit plan; do
+            [[ ! -d $lanes/code-$commit ]] \
+                || bash experiments/lanes/collect.sh --into experiments/retrain "$lanes/code-$commit" "$plan"
+        done
     ;;
 list)
     for step in "${chain_a[@]}"; do read -r commit plan models <<< "$step"; for m in $models; do echo "a $commit $plan $m"; done; done

@@ -90,6 +90,24 @@ def test_a_set_is_written_whole_or_not_at_all(tmp_path):
     assert listing(tmp_path) == {"a.txt": b"a1", "b.json": b"b1"}
 
 
+def test_a_set_whose_second_folder_refuses_names_that_folders_file(tmp_path, monkeypatch):
+    """The failing file is named, not the one staged before it (a records folder that is read-only)."""
+    ok, blocked = tmp_path / "out", tmp_path / "records"
+    ok.mkdir(), blocked.mkdir()
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        if os.path.dirname(os.fspath(path)) == str(blocked):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    with pytest.raises(WriteError, match=r"records/results.json: cannot write \(Read-only file system\); nothing"):
+        write_set([(ok / "results.md", lambda t: Path(t).write_text("x")),
+                   (blocked / "results.json", lambda t: Path(t).write_text("y"))])
+    assert listing(ok) == {} and listing(blocked) == {}
+
+
 @pytest.mark.parametrize("name", ["", " ", ".", "..", "a/b", "..\\x", "a\x00", "tab\there", None, 3])
 def test_names_that_are_not_one_plain_path_component_are_refused(name):
     with pytest.raises(ValueError, match="plan.yaml: row"):

@@ -163,9 +163,10 @@ def write_set(items: Sequence[tuple[str | os.PathLike, Callable[[str], object]]]
     was; :class:`~hyperplex.fileio.WriteError` names the file."""
     staged: list[tuple[str, str, str]] = []
     replaced: list[str] = []
+    current = os.fspath(items[0][0]) if items else ""  # the file being staged or replaced, for the message
     try:
         for path, write in items:
-            path = os.fspath(path)
+            path = current = os.fspath(path)
             tmp_dir = temporary_sibling(path)
             os.mkdir(tmp_dir)
             tmp = os.path.join(tmp_dir, os.path.basename(path))
@@ -182,6 +183,7 @@ def write_set(items: Sequence[tuple[str | os.PathLike, Callable[[str], object]]]
                 raise WriteError(f"{path}: cannot write ({err.strerror or err}); nothing of this set was "
                                  f"replaced") from err
         for _, tmp, path in staged:
+            current = path
             os.replace(tmp, path)  # a rename within one folder: fails only in exotic cases, never for space
             replaced.append(path)
         for directory in {os.path.dirname(os.path.abspath(path)) for _, _, path in staged}:
@@ -191,8 +193,7 @@ def write_set(items: Sequence[tuple[str | os.PathLike, Callable[[str], object]]]
             raise
         done = (f"{len(replaced)} of {len(staged)} files were replaced" if replaced
                 else "nothing of this set was replaced")
-        raise WriteError(f"{staged[-1][2] if staged else os.fspath(items[0][0])}: cannot write "
-                         f"({err.strerror or err}); {done}") from err
+        raise WriteError(f"{current}: cannot write ({err.strerror or err}); {done}") from err
     finally:
         for tmp_dir, _, _ in staged:
             shutil.rmtree(tmp_dir, ignore_errors=True)

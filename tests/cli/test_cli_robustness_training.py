@@ -256,6 +256,8 @@ def test_heads_that_do_not_divide_d_model_are_named(world, tmp_path, capsys):
     ("--training.lr=.inf", "training.lr: expected a finite float, got inf"),
     ("--training.batch_size=1.5", "training.batch_size: expected int, got float 1.5"),
     ("--training.device=cuda:0", "CUDA is not available"),
+    ("--training.device=mps", "unknown device 'mps' (expected auto, cpu, cuda or cuda:N)"),
+    ("--training.device=meta", "unknown device 'meta' (expected auto, cpu, cuda or cuda:N)"),
 ])
 def test_bad_training_values_are_refused_before_anything_is_written(world, tmp_path, capsys, override, expected):
     if "cuda" in override and torch.cuda.is_available():

@@ -80,8 +80,16 @@ def test_load_experiment_applies_overrides_and_names_the_file(tmp_path):
     path.write_text(yaml.safe_dump(RAW))
     cfg = load_experiment(path, ["--training.lr=3e-4", "model.linear.n=4"], model_dir=str(tmp_path / "m"))
     assert cfg.training.lr == 3e-4 and cfg.model.linear.n == 4 and cfg.model_dir == str(tmp_path / "m")
-    with pytest.raises(ConfigError, match=rf"^{path}: unknown config key 'training.lrr'"):
+    # a bad key or value given as an override is blamed on the override, with the file it was laid over
+    with pytest.raises(ConfigError, match=rf"^override --training.lrr=1: unknown config key 'training.lrr'.* \(on top "
+                                          rf"of {path}\)$"):
         load_experiment(path, ["--training.lrr=1"])
+    with pytest.raises(ConfigError, match=r"^override --training.lr=fast: training.lr: expected float"):
+        load_experiment(path, ["--training.lr=fast"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**RAW, "training": {**RAW.get("training", {}), "lrr": 1}}))
+    with pytest.raises(ConfigError, match=rf"^{bad}: unknown config key 'training.lrr'"):  # the file's own key
+        load_experiment(bad, ["--training.lr=3e-4"])
     no_dir = tmp_path / "n.yaml"
     no_dir.write_text(yaml.safe_dump({k: v for k, v in RAW.items() if k != "model_dir"}))
     with pytest.raises(ConfigError, match="no model folder"):

@@ -3,6 +3,8 @@ do not churn when a plan is reported again."""
 
 import json
 
+import pytest
+
 from hyperplex.experiments import cli
 from hyperplex.experiments.cli import main
 
@@ -47,14 +49,15 @@ def test_records_let_a_plan_be_reported_without_its_model_folders(tmp_path, monk
     saved = json.loads(cache.read_text())
     saved["key"]["eval_overrides"] = ["--testing.beam_size=3"]
     cache.write_text(json.dumps(saved))
-    assert main([str(plan), "--out", str(out), "--report-only", "--records", str(records)]) == 0
+    assert main([str(plan), "--out", str(out), "--report-only", "--records", str(records)]) == 1  # a failed model
     beam1 = json.loads((out / "results.json").read_text())["rows"][1]["runs"][0]
     assert "holds no evaluation for row 'dense_beam1'" in beam1["error"]
     # a record of another config is refused like a folder of another config
     config = (record / "config.yaml").read_text()
     (record / "config.yaml").write_text(config.replace("kind: dense", "kind: phm"))
     assert main([str(plan), "--out", str(out), "--report-only", "--records", str(records)]) == 1
-    assert "holds a run with a different config" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds a run with a different config" in err and "delete the record or use another --records" in err
 
 
 def test_a_second_report_leaves_an_unchanged_record_as_it_is(tmp_path, write_plan):
@@ -106,6 +109,59 @@ def test_a_records_folder_of_another_plan_is_refused_and_left_as_it_was(tmp_path
     assert "(" + str(records / "results.json") + ")" in capsys.readouterr().err
 
 
+def test_a_records_folder_of_rows_this_plan_lacks_is_refused_without_results_json(tmp_path, capsys, write_plan):
+    """An older records folder carries neither results.json nor plan.json: its row folders still say whose it is."""
+    plan = write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml",
+                                        "overrides": ["--model.linear.kind=dense"]}])
+    records = tmp_path / "records"
+    for row in ("transformer", "quaternion"):
+        (records / row / "seed1").mkdir(parents=True)
+        (records / row / "seed1" / "record.json").write_text("{}")
+    (records / "NOTES.md").write_text("notes")
+    before = {p.relative_to(records): p.read_bytes() for p in records.rglob("*") if p.is_file()}
+    assert main([str(plan), "--out", str(tmp_path / "out"), "--records", str(records), "--report-only"]) == 1
+    assert "holds records of rows that" in capsys.readouterr().err
+    assert {p.relative_to(records): p.read_bytes() for p in records.rglob("*") if p.is_file()} == before
+
+
+def test_a_folder_it_cannot_write_is_refused_before_anything_trains(tmp_path, capsys, write_plan, monkeypatch):
+    import os
+
+    plan = write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml",
+                                        "overrides": ["--model.linear.kind=dense"]}])
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if os.fspath(path) == str(locked)
+                        else real_access(path, mode, **kw))  # as a read-only mount answers, even to root
+    out = tmp_path / "out"
+    assert main([str(plan), "--out", str(out), "--records", str(locked / "records")]) == 1
+    err = capsys.readouterr().err
+    assert f"--records {locked / 'records'}: cannot write there ({locked}, where it would be made)" in err
+    assert not out.exists() and list(locked.iterdir()) == []
+    assert main([str(plan), "--out", str(locked / "out")]) == 1
+    assert f"--out {locked / 'out'}: cannot write there" in capsys.readouterr().err
+
+
+def test_a_failed_evaluation_is_a_failed_plan_not_a_quiet_gap(tmp_path, capsys, write_plan, monkeypatch):
+    from hyperplex.experiments import results
+
+    plan = write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml",
+                                        "overrides": ["--model.linear.kind=dense"]}])
+    out = tmp_path / "out"
+    assert main([str(plan), "--out", str(out), "--seeds", "1", "--no-report"]) == 0
+
+    def broken(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(results, "cached_evaluation", broken)
+    assert main([str(plan), "--out", str(out), "--seeds", "1", "--report-only"]) == 1
+    err = capsys.readouterr().err
+    assert "dense seed 1: evaluation failed: OSError: [Errno 30] Read-only file system" in err
+    report = json.loads((out / "results.json").read_text())
+    assert report["rows"][0]["runs"][0]["error"].startswith("evaluation failed: OSError")
+
+
 def test_training_on_cuda_without_a_gpu_is_refused_before_anything_trains(tmp_path, capsys, write_plan, monkeypatch):
     import torch
 
@@ -119,3 +175,14 @@ def test_training_on_cuda_without_a_gpu_is_refused_before_anything_trains(tmp_pa
     assert not out.exists()
     # reporting GPU-trained models on a CPU is fine: nothing would train
     assert main([str(plan), "--out", str(out), "--override=--training.device=cuda", "--report-only"]) == 0
+
+
+@pytest.mark.parametrize("device", ["mps", "meta", "tpu"])
+def test_a_device_the_trainer_does_not_know_is_refused_before_anything_trains(tmp_path, capsys, write_plan, device):
+    plan = write_plan(tmp_path, rows=[{"name": "dense", "config": "tiny.yaml",
+                                        "overrides": ["--model.linear.kind=dense"]}])
+    out, records = tmp_path / "out", tmp_path / "records"
+    assert main([str(plan), "--out", str(out), "--records", str(records),
+                 f"--override=--training.device={device}"]) == 1
+    assert f"row 'dense': training.device: unknown device {device!r}" in capsys.readouterr().err
+    assert not out.exists() and not records.exists()

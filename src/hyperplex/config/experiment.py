@@ -284,6 +284,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None,
                     model_dir: str | None = None) -> ExperimentConfig:
     """Read ``path``, apply dotted ``overrides`` and ``model_dir``, validate everything."""
     raw = load_yaml(path)
+    given = flatten(parse_overrides(overrides)) if overrides else {}
     if overrides:
         raw = merge(raw, parse_overrides(overrides))
     if model_dir:
@@ -291,7 +292,12 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None,
     try:
         cfg = build_experiment(raw)
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+        message = str(err)
+        # a bad key or value that came from the command line is the override's, not the file's
+        blamed = [key for key in given if message.startswith(f"{key}:") or f"'{key}'" in message]
+        if blamed:
+            raise ConfigError(f"override --{blamed[0]}={given[blamed[0]]}: {message} (on top of {path})") from None
+        raise ConfigError(f"{path}: {message}") from None
     if not cfg.model_dir:
         raise ConfigError(f"{path}: no model folder: set `model_dir:` in the config or pass --model-dir DIR")
     return cfg

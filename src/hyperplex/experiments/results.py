@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -128,8 +129,9 @@ def _run_item(plan: Plan, row: Row, run: Run, data_root: str | None, failures: d
         return item
     try:
         item.update(cached_evaluation(run, row, plan.checkpoint, data_root, plan.quality))
-    except Exception as err:  # noqa: BLE001 - reported in the table's notes
-        item["error"] = f"evaluation failed: {type(err).__name__}: {err}"
+    except Exception as err:  # noqa: BLE001 - reported in the table's notes, and the plan exits 1
+        item["error"] = failures[run.model_dir] = f"evaluation failed: {type(err).__name__}: {err}"
+        print(f"{row.name} seed {run.seed}: {item['error']}", file=sys.stderr)
     item["train_seconds"], item["train_time_source"] = training_time(run.files) if run.row.train \
         else (None, "not trained")
     seen.add(item, run.files)

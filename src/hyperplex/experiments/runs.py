@@ -9,6 +9,7 @@ created: a typo fails before hours of training, not after.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,7 +101,7 @@ def validate(plan: Plan, rows: list[str] | None, seeds: list[int] | None, out: P
     Returns (runs to train, all runs of the plan, resolved config of each row)."""
     rows = _selected_rows(plan, rows)
     _check_selected_seeds(plan, seeds)
-    errors: list[str] = check_records_plan(plan, records)
+    errors: list[str] = _writable("--out", out) + check_records_plan(plan, records)
     resolved: dict[str, object] = {}
     all_runs: dict[Path, Run] = {}
     for row in plan.rows:
@@ -210,7 +211,13 @@ def check_records_plan(plan: Plan, records: Path | None) -> list[str]:
     another plan, so that records of two plans are never mixed (rows of the same name would otherwise pass)."""
     if records is None:
         return []
-    errors = []
+    errors = _writable("--records", records)
+    rows = {row.name for row in plan.rows}
+    foreign = sorted({record.parent.parent.name for record in records.glob(f"*/seed*/{RECORD_FILE}")} - rows)
+    if foreign:  # a folder written before results.json and plan.json named their plan
+        errors.append(f"--records {records} holds records of rows that {plan.path} does not have "
+                      f"({', '.join(foreign[:5])}{', …' if len(foreign) > 5 else ''}): another plan's records? Use a "
+                      f"folder of this plan's own, e.g. experiments/records/{plan.name}")
     for name, key in (("results.json", lambda d: d["plan"]["name"]), (PLAN_MARK, lambda d: d["plan"])):
         path = records / name
         if not path.is_file():
@@ -226,16 +233,41 @@ def check_records_plan(plan: Plan, records: Path | None) -> list[str]:
     return errors
 
 
+def _writable(flag: str, folder: Path) -> list[str]:
+    """A folder the run will write into (or the nearest existing folder above it, where it would be made) must be
+    writable now, not after hours of training."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return [f"{flag} {folder}: {existing} is not a folder"]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == folder else f" ({existing}, where it would be made)"
+        return [f"{flag} {folder}: cannot write there{where}: read-only or no permission"]
+    return []
+
+
 def _check_devices(plan: Plan, runs: list[Run], resolved: dict) -> list[str]:
-    """A model that would train on CUDA needs a GPU here; said before anything trains, not hours later."""
+    """A model that would train on CUDA needs a GPU here, and a device must be one the trainer knows; said before
+    anything trains, not hours later."""
     import torch
 
-    wants = sorted({run.row.name for run in runs if run.row.name in resolved
-                    and str(resolved[run.row.name].training.device).startswith("cuda")})
-    if not wants or torch.cuda.is_available():
-        return []
-    return [f"{plan.path}: rows {wants} ask for training.device=cuda but this machine has no CUDA device "
-            "(torch.cuda.is_available() is false): run them on a GPU, or drop the override to train on the CPU"]
+    from hyperplex.train.process import resolve_device
+
+    devices = {run.row.name: str(resolved[run.row.name].training.device) for run in runs if run.row.name in resolved}
+    errors = []
+    for row, device in sorted(devices.items()):
+        if device != "auto" and not device.startswith("cuda"):
+            try:
+                resolve_device(device)
+            except ValueError as err:
+                errors.append(f"{plan.path}: row {row!r}: {err}")
+    wants = sorted(row for row, device in devices.items() if device.startswith("cuda"))
+    if wants and not torch.cuda.is_available():
+        errors.append(f"{plan.path}: rows {wants} ask for training.device=cuda but this machine has no CUDA device "
+                      "(torch.cuda.is_available() is false): run them on a GPU, or drop the override to train on "
+                      "the CPU")
+    return errors
 
 
 def _check_task(plan: Plan, cfg, where: str) -> list[str]:
@@ -257,17 +289,17 @@ def _check_folder(run: Run, config: str, resume: bool) -> list[str]:
     from hyperplex.config.experiment import experiment_dict, load_experiment
 
     errors = []
+    remedy = ("delete the record or use another --records" if run.record
+              else "delete the folder or use another --out")
     if run.status in ("finished", "unfinished", "diverged") and (run.files / "config.yaml").is_file():
         wanted = load_yaml_text(dump_yaml(experiment_dict(load_experiment(config, run.overrides,
                                                                           str(run.model_dir)))))
         diff = config_diff(saved_config(run.files), wanted)
         if diff:
-            errors.append(f"{run.files} holds a run with a different config ({'; '.join(diff[:4])}); delete "
-                          "the folder or use another --out")
+            errors.append(f"{run.files} holds a run with a different config ({'; '.join(diff[:4])}); {remedy}")
     if run.status == "finished" and trained(run.files) != run.row.train:
         errors.append(f"{run.files} holds a {'trained' if trained(run.files) else 'not trained (train: false)'} "
-                      f"model but row {run.row.name!r} says train: {str(run.row.train).lower()}; delete the "
-                      "folder or use another --out")
+                      f"model but row {run.row.name!r} says train: {str(run.row.train).lower()}; {remedy}")
     if run.status == "unfinished" and not resume:
         errors.append(f"{run.model_dir} holds an unfinished run: pass --resume to continue it (or delete it)")
     return errors

@@ -61,7 +61,9 @@ def resolve_device(name: str, rank: int = 0) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"training.device: unknown device {name!r} (expected auto, cpu, cuda or cuda:N)") from None
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):  # mps, xpu, meta: no path of the trainer is built for them
+        raise ValueError(f"training.device: unknown device {name!r} (expected auto, cpu, cuda or cuda:N)")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"training.device is {name!r} but CUDA is not available on this machine")
     return device

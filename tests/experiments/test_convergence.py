@@ -12,9 +12,9 @@ from hyperplex.experiments.convergence import (
     convergence_figure,
     convergence_section,
     mean_best_curve,
+    paired_gap,
     row_courses,
     training_course,
-    paired_gap,
     welch_gap,
 )
 

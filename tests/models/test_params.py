@@ -1,8 +1,9 @@
 """The papers' #Params columns, reproduced from their configurations (docs/parameter_counts.md).
 
-Assumptions (Tensor2Tensor, Tay et al.'s framework, whose conventions the PHM paper's counts follow): pre-norm layers with a final LayerNorm, no
-biases in the attention projections, FFN with biases, fused Q/K/V (PHM §4.2 Φ), one learned rule
-per PHM layer, word embeddings (and the output layer tied to them) not counted.
+Assumptions (Tensor2Tensor, Tay et al.'s framework, whose conventions the PHM paper's counts
+follow): pre-norm layers with a final LayerNorm, no biases in the attention projections, FFN with
+biases, fused Q/K/V (PHM §4.2 Φ), one learned rule per PHM layer, word embeddings (and the output
+layer tied to them) not counted.
 """
 
 import math

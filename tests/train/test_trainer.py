@@ -566,3 +566,105 @@ def test_a_checkpoint_that_no_longer_fits_the_code_names_the_version_that_wrote_
     before = last.read_bytes()
     assert main(["train", str(config), "--model-dir", str(model_dir), "--resume", "--training.max_steps=8"]) == 1
     assert last.read_bytes() == before  # nothing written over the checkpoint that could not be resumed
+
+
+def _folder_state(model_dir: Path) -> dict[str, tuple[bytes, int | None]]:
+    """Every file of a model folder but ``train.log``: its bytes and modification time (the lock file's time
+    left out: every run takes the lock, and it holds nothing between runs)."""
+    from hyperplex.fileio import LOCK_NAME
+
+    return {str(p.relative_to(model_dir)): (p.read_bytes(), None if p.name == LOCK_NAME else p.stat().st_mtime_ns)
+            for p in sorted(model_dir.rglob("*")) if p.is_file() and p.name != "train.log"}
+
+
+def _last_log_line(model_dir: Path) -> str:
+    return (model_dir / "train.log").read_text().splitlines()[-1]
+
+
+@pytest.mark.parametrize("first,again,stopped,advice", [
+    # a lower max_steps: the run stopped at 3, the limit it reached was its own 3, not the 2 asked for now
+    ({"max_steps": 3, "validation_every": 3}, ["--training.max_steps=2"],
+     "reached training.max_steps=3 at step 3", "raise training.max_steps, e.g. --training.max_steps=N with N > 3"),
+    # early stopping: a larger max_steps changes nothing, the setting to change is patience
+    ({"lr": 1e-9, "max_steps": 100, "validation_every": 2, "patience": 2}, ["--training.max_steps=20"],
+     "early stopping: accuracy did not improve for training.patience=2 validations at step 6",
+     "raise training.patience, e.g. --training.patience=N with N > 2"),
+    ({"max_steps": 0, "max_epochs": 1, "validation_every": 0}, [],
+     "completed training.max_epochs=1 epochs at step 8", "raise training.max_epochs, e.g. --training.max_epochs=N "
+                                                        "with N > 1"),
+])
+def test_a_resume_that_trains_nothing_leaves_the_folder_and_names_the_limit_that_stopped_the_run(
+        tmp_path, first, again, stopped, advice):
+    """Was: such a resume wrote its changed budget into config.yaml (a plan then took the trained model for another
+    config's), and its message named the new limit as the one reached and always advised raising max_steps."""
+    config, model_dir = write_tiny_config(tmp_path, **first), tmp_path / "m"
+    train(str(config), model_dir=str(model_dir))
+    before = _folder_state(model_dir)
+    saved = yaml.safe_load((model_dir / "config.yaml").read_text())["training"]
+    assert train(str(model_dir / "config.yaml"), again, model_dir=str(model_dir), resume=True) == {}
+    assert _folder_state(model_dir) == before
+    assert yaml.safe_load((model_dir / "config.yaml").read_text())["training"] == saved
+    line = _last_log_line(model_dir)
+    assert f"that run had already finished ({stopped}); nothing to do. To train on, {advice}" in line, line
+    assert line.endswith("The model folder is left as it was")
+
+
+def test_a_raised_budget_continues_a_finished_run_and_says_where_it_had_stopped(tmp_path, capsys):
+    config, model_dir = write_tiny_config(tmp_path, max_steps=3, validation_every=3), tmp_path / "m"
+    train(str(config), model_dir=str(model_dir))
+    train(str(config), ["--training.max_steps=5"], model_dir=str(model_dir), resume=True)
+    lines = (model_dir / "train.log").read_text().splitlines()
+    assert any(line.endswith("that run had finished (reached training.max_steps=3 at step 3); the new budget "
+                             "continues it with training.max_steps=5") for line in lines)
+    assert load_checkpoint(model_dir / "last.safetensors").extra["trainer"]["step"] == 5
+    assert yaml.safe_load((model_dir / "config.yaml").read_text())["training"]["max_steps"] == 5
+    # each trainer process opens its part of the log with a start line (what experiments.timing splits at)
+    from hyperplex.train.logs import RUN_START
+
+    starts = [i for i, line in enumerate(lines) if f" INFO {RUN_START}: " in line]
+    resumed = next(i for i, line in enumerate(lines) if "resumed from" in line)
+    first_end = next(i for i, line in enumerate(lines) if "finished at step 3" in line)
+    assert starts == [0, first_end + 1] and starts[1] < resumed
+    assert "new run in" in lines[0] and "resuming in" in lines[starts[1]]
+    assert RUN_START not in capsys.readouterr().err  # the log file's marker, not the terminal's
+
+
+def test_an_interrupted_run_past_a_lowered_limit_is_refused_not_trained_a_step_more(tmp_path, monkeypatch):
+    from hyperplex.train.checkpoint import CheckpointError
+    from hyperplex.train.trainer import Trainer
+
+    config, model_dir = write_tiny_config(tmp_path, max_steps=8, validation_every=2), tmp_path / "m"
+    monkeypatch.setattr(Trainer, "_step", killed_after(5))  # its last checkpoint: the validation at step 4
+    with pytest.raises(Killed):
+        train(str(config), model_dir=str(model_dir))
+    monkeypatch.undo()
+    assert load_checkpoint(model_dir / "last.safetensors").extra["trainer"]["step"] == 4
+    before = _folder_state(model_dir)
+    with pytest.raises(CheckpointError, match=r"the interrupted run is at step 4, already past training.max_steps=3: "
+                                              r"resume it with a limit of 4 or more, or with its own \(8\)"):
+        train(str(config), ["--training.max_steps=3"], model_dir=str(model_dir), resume=True)
+    assert _folder_state(model_dir) == before
+    train(str(config), ["--training.max_steps=4"], model_dir=str(model_dir), resume=True)  # at the limit: it ends
+    state = load_checkpoint(model_dir / "last.safetensors").extra["trainer"]
+    assert state["step"] == 4 and state["finished"] and state["stop_reason"] == "max_steps"
+    assert "finished at step 4" in (model_dir / "train.log").read_text()
+
+
+def test_a_checkpoint_whose_trainer_state_has_an_unknown_field_is_refused_by_name(tmp_path):
+    """Was: a bare ``TypeError: TrainState.__init__() got an unexpected keyword argument``, naming no file."""
+    from hyperplex.train.checkpoint import CheckpointError, save_checkpoint
+
+    config, model_dir = write_tiny_config(tmp_path, max_steps=2, validation_every=2), tmp_path / "m"
+    train(str(config), model_dir=str(model_dir))
+    last = model_dir / "last.safetensors"
+    ckpt = load_checkpoint(last)
+    extra = dict(ckpt.extra, written_by={**ckpt.extra["written_by"], "hyperplex": "0.3.0"},
+                 trainer={**ckpt.extra["trainer"], "new_field": 1, "other_field": "x"})
+    save_checkpoint(last, ckpt.model_state, ckpt.optimizer_state, extra)
+    before = _folder_state(model_dir)
+    with pytest.raises(CheckpointError) as caught:
+        train(str(config), ["--training.max_steps=4"], model_dir=str(model_dir), resume=True)
+    message = str(caught.value)
+    assert message.startswith(f"{last}: its trainer state has fields 'new_field', 'other_field' that hyperplex ")
+    assert "the checkpoint was written with hyperplex 0.3.0" in message
+    assert _folder_state(model_dir) == before  # the checkpoint, and config.yaml with max_steps 2, untouched

@@ -15,9 +15,10 @@ Quaternion Tm (partial)         same plus ``linear_scope: attention``
 
 The Quaternion rows use Hamilton attention (Tay et al. eq. 4) because that is the model Tay et al.
 §3.3 define, and the PHM paper's Quaternion-Tm BLEU (Table 2) on the three corpora of Tay et al.'s
-Table 3 (En-Vi, En-Ro, En-Et) is Tay et al.'s; ``attention_type: dot`` gives "quaternion projections + ordinary attention". The PHM-Tm rows
-use ordinary attention (PHM §4.2 keeps ``softmax(QKᵀ/√d_k)V``). Parameter counts do not depend on
-the attention type (the Hamilton product in attention has no parameters, Tay et al. §3.3).
+Table 3 (En-Vi, En-Ro, En-Et) is Tay et al.'s; ``attention_type: dot`` gives "quaternion projections +
+ordinary attention". The PHM-Tm rows use ordinary attention (PHM §4.2 keeps ``softmax(QKᵀ/√d_k)V``).
+Parameter counts do not depend on the attention type (the Hamilton product in attention has no parameters,
+Tay et al. §3.3).
 """
 
 from __future__ import annotations

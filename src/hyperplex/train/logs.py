@@ -9,7 +9,12 @@ from pathlib import Path
 
 from hyperplex.fileio import atomic_write
 
-__all__ = ["setup_logger", "MetricsWriter"]
+__all__ = ["RUN_START", "setup_logger", "MetricsWriter"]
+
+#: The message that opens the first line each trainer process writes to ``train.log``: a resumed run appends to the
+#: log of the runs before it, and this line is where its own part begins (``hyperplex.experiments.timing`` counts
+#: each part within its own training segment).
+RUN_START = "training process start"
 
 
 def setup_logger(model_dir: Path, rank: int) -> logging.Logger:
@@ -28,6 +33,8 @@ def setup_logger(model_dir: Path, rank: int) -> logging.Logger:
     file_handler.setFormatter(fmt)
     stream = logging.StreamHandler(sys.stderr)
     stream.setFormatter(logging.Formatter("%(message)s"))
+    # the start line marks the file's parts for the tools that read it; on a terminal it says nothing new
+    stream.addFilter(lambda record: not record.getMessage().startswith(RUN_START))
     log.addHandler(file_handler)
     log.addHandler(stream)
     return log

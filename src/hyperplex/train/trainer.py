@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import os
 import random
 import signal
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,7 +41,7 @@ from hyperplex.train.checkpoint import (
     restore_rng,
 )
 from hyperplex.train.interrupts import InterruptFlag, TrainingInterrupted
-from hyperplex.train.logs import MetricsWriter, setup_logger
+from hyperplex.train.logs import RUN_START, MetricsWriter, setup_logger
 from hyperplex.train.optim import Schedule, apply_lr, build_optimizer, build_schedule
 from hyperplex.train.process import check_writable, distributed, resolve_device
 from hyperplex.train.task import Task, metric_mode
@@ -136,6 +137,7 @@ class Trainer:
         if self.rank == 0:
             check_writable(self.model_dir)
         self.log = setup_logger(self.model_dir, self.rank)
+        self.log.info(f"{RUN_START}: pid {os.getpid()}, {'resuming' if resume else 'new run'} in {self.model_dir}")
         # 0 = hyperplex.threads' rule for this model's width and batch rows (one thread for small models)
         from hyperplex.threads import TOKENS_PER_SENTENCE, model_width, set_threads
 
@@ -247,13 +249,25 @@ class Trainer:
         # fp16's loss scale is state too: a resume goes on with the scale it stopped at, not the initial one
         self._scaler = torch.amp.GradScaler("cuda") if tcfg.precision == "fp16" else None
         if self.resume:
-            state = self._restore(model, optimizer)
-            if state.finished and not self._reopen_finished(state):
-                return {}
+            state, stopped_at = self._restore(model, optimizer)
+            if state.finished and not self._reopen_finished(state, stopped_at):
+                return {}  # the folder stays as it was: its config.yaml still describes its checkpoints
+            t = self.tcfg
+            past = {"max_steps": (state.step, t.max_steps), "max_epochs": (state.epoch - 1, t.max_epochs)}
+            for key, (done, limit) in past.items():
+                if not state.finished and limit and done > limit:
+                    # an interrupted run already past a lowered limit: training on (one step) or calling it
+                    # finished under a limit its checkpoints did not stop at would both misdescribe the folder
+                    at = f"step {done}" if key == "max_steps" else f"{done} epochs"
+                    raise CheckpointError(f"{self.model_dir}: the interrupted run is at {at}, already past "
+                                          f"training.{key}={limit}: resume it with a limit of {done} or more, or "
+                                          f"with its own ({stopped_at[key]}); the folder was left as it is")
         else:
             state = TrainState()
-            if self.rank == 0:
-                atomic_write_text(self.model_dir / "config.yaml", dump_yaml(experiment_dict(self.cfg)))
+        # written only once this run trains: a resume that trains nothing keeps the config its checkpoints were
+        # trained with, which a plan compares against its own
+        if self.rank == 0 and (not self.resume or self.resume_changes):
+            atomic_write_text(self.model_dir / "config.yaml", dump_yaml(experiment_dict(self.cfg)))
         # a fresh run starts at step 0: the best files and logs of a run killed in this folder before its first
         # `last` (a GPU call's trainer, killed with last_at_validation=false) are not this run's
         start = state.step if self.resume else 0
@@ -292,15 +306,17 @@ class Trainer:
                       f"best {self.metric} {state.best_metric}")
         return last_val
 
-    def _restore(self, model: nn.Module, optimizer) -> TrainState:
-        """``last``'s parameters, optimiser state and every RNG into this run; its trainer state returned.
-        Changed budget keys are logged and written into the folder's ``config.yaml``."""
+    def _restore(self, model: nn.Module, optimizer) -> tuple[TrainState, dict[str, int]]:
+        """``last``'s parameters, optimiser state and every RNG into this run; returns its trainer state and the
+        limits it was trained under (:meth:`_saved_limits`). Changed budget keys are logged; :meth:`train` writes
+        them into the folder's ``config.yaml`` if the run goes on."""
         log = self.log
         # on the CPU: the weights and moments are copied onto the parameters' device below, and torch puts Adam's step
         # counters where its implementation reads them: the fused one (the trainer's on CUDA) on the parameters'
         # device, the default one on the CPU (on CUDA they would cost a host sync per parameter per step)
         ckpt = load_checkpoint(self.model_dir / LAST, map_location="cpu")
         notes = self._resume_notes(ckpt.extra.get("written_by"))
+        state = self._saved_state(ckpt.extra)
         try:
             load_into(model, ckpt.model_state, self.model_dir / LAST, expected_from="the saved config.yaml")
         except CheckpointError as err:
@@ -313,7 +329,6 @@ class Trainer:
             optimizer.load_state_dict(ckpt.optimizer_state)
         if self._scaler is not None and ckpt.extra.get("grad_scaler"):
             self._scaler.load_state_dict(ckpt.extra["grad_scaler"])
-        state = TrainState(**ckpt.extra["trainer"])
         if ckpt.rng_state is None:
             raise CheckpointError(f"{self.model_dir / LAST} holds no random-number state to resume from (the trainer "
                                   f"always saves one); it was not written by `hyperplex train`")
@@ -322,25 +337,60 @@ class Trainer:
                  f"batch {state.batch_index}")
         for change in [*notes, *self.resume_changes]:
             log.info(f"resume: {change}")
-        if self.resume_changes and self.rank == 0:  # the folder's config.yaml says what the run now is
-            atomic_write_text(self.model_dir / "config.yaml", dump_yaml(experiment_dict(self.cfg)))
-        return state
+        return state, self._saved_limits(ckpt.extra, state)
 
-    def _reopen_finished(self, state: TrainState) -> bool:
+    def _saved_state(self, extra: dict) -> TrainState:
+        """The trainer state a checkpoint's ``extra`` holds. A field this version does not know (a later version
+        wrote it) is an error naming the file, the fields and that version: resuming without it would train on
+        from a state this code cannot reproduce."""
+        path = self.model_dir / LAST
+        saved = extra.get("trainer")
+        if not isinstance(saved, dict):
+            raise CheckpointError(f"{path} holds no trainer state (extra 'trainer': expected a dict, got "
+                                  f"{type(saved).__name__}); it was not written by `hyperplex train`")
+        known = {f.name for f in fields(TrainState)}
+        unknown = sorted(set(saved) - known)
+        if unknown:
+            writer = extra.get("written_by")
+            version = writer.get("hyperplex") if isinstance(writer, dict) else None
+            wrote = f"was written with hyperplex {version}" if version else "does not say which hyperplex wrote it"
+            raise CheckpointError(f"{path}: its trainer state has {'fields' if len(unknown) > 1 else 'a field'} "
+                                  f"{', '.join(map(repr, unknown))} that hyperplex {self._writer()['hyperplex']} "
+                                  f"does not know; the checkpoint {wrote}: resume it with that version, or train "
+                                  f"into a new --model-dir (the checkpoint was left as it is)")
+        return TrainState(**saved)
+
+    @staticmethod
+    def _saved_limits(extra: dict, state: TrainState) -> dict[str, int]:
+        """``max_steps``, ``max_epochs`` and ``patience`` of the run that wrote a checkpoint (its stored config),
+        which are what ended a finished run, not this run's possibly changed ones. A checkpoint without a config
+        gets the values its state stopped at."""
+        training = (extra.get("config") or {}).get("training") or {}
+        stopped = {"max_steps": state.step, "max_epochs": state.epoch - 1, "patience": state.bad_validations}
+        return {key: int(training.get(key, value) or 0) for key, value in stopped.items()}
+
+    def _reopen_finished(self, state: TrainState, stopped_at: dict[str, int]) -> bool:
         """Whether a finished run goes on after a resume (its budget was raised); ``state`` is reopened if so.
-        A run still finished under the current limits is logged as such, with how to extend it."""
-        if not state.stop_reason:  # a checkpoint without a recorded stop reason: the limit that ends it now
-            state.stop_reason = self._budget_reached(state) or "patience"
+        ``stopped_at``: the limits the run was trained under. A run still finished under the current limits is
+        logged as such, naming the setting that ends it and how to extend it."""
+        if not state.stop_reason:  # a checkpoint without a recorded stop reason: the limit that ended it then
+            state.stop_reason = self._budget_reached(state, stopped_at) or "patience"
         if state.stop_reason == "patience" and self.tcfg.patience and state.bad_validations >= self.tcfg.patience:
             reason = "patience"
         else:
             reason = self._budget_reached(state)
+        stopped = f"{self._stop_message(state, stopped_at)} at step {state.step}"
         if reason:
-            self.log.info(f"that run had already finished ({self._stop_message(state)} at step {state.step}); "
-                          f"nothing to do. To train on, raise the limit, e.g. --training.max_steps=N with "
-                          f"N > {state.step}")
+            also = "" if reason == state.stop_reason else \
+                f"; training.{reason}={getattr(self.tcfg, reason)} ends it there too"
+            self.log.info(f"that run had already finished ({stopped}); nothing to do{also}. To train on, "
+                          f"{self._extend_advice(reason, state)}. The model folder is left as it was")
             return False
-        self.log.info(f"that run had finished ({self._stop_message(state)}); the new budget continues it")
+        if state.stop_reason in ("max_steps", "max_epochs", "patience"):
+            now = f" with training.{state.stop_reason}={getattr(self.tcfg, state.stop_reason)}"
+        else:
+            now = ""
+        self.log.info(f"that run had finished ({stopped}); the new budget continues it{now}")
         state.finished, state.stop_reason = False, ""
         if state.bad_validations >= (self.tcfg.patience or float("inf")):
             state.bad_validations = 0
@@ -373,6 +423,11 @@ class Trainer:
         tcfg = self.tcfg
         last_val: dict[str, float] = {}
         throughput = _Throughput()
+        reason = self._budget_reached(state)
+        if reason and not state.finished:  # resumed exactly at its (new) limit: it ends here, not a step later
+            state.stop_reason, state.finished = reason, True
+            if loop.manager:
+                loop.manager.save_last(model_state(loop.model), loop.optimizer.state_dict(), self._extra(state))
         while not state.finished:
             batches = self.task.train_batches(state.epoch)
             if not batches:
@@ -548,24 +603,44 @@ class Trainer:
         state.epoch += 1
         state.batch_index = 0
 
-    def _budget_reached(self, state: TrainState) -> str:
-        """Which limit ends the run at ``state`` ("" while none does); re-evaluated after a resume, so a
-        resumed run with a larger budget goes on."""
+    def _limits(self, limits: dict[str, int] | None = None) -> dict[str, int]:
+        """``limits``, or this run's ``max_steps``, ``max_epochs`` and ``patience``."""
+        if limits is not None:
+            return limits
         t = self.tcfg
-        if t.max_steps and state.step >= t.max_steps:
+        return {"max_steps": t.max_steps, "max_epochs": t.max_epochs, "patience": t.patience}
+
+    def _budget_reached(self, state: TrainState, limits: dict[str, int] | None = None) -> str:
+        """Which limit ends the run at ``state`` ("" while none does), under this run's limits or ``limits``;
+        re-evaluated after a resume, so a resumed run with a larger budget goes on."""
+        t = self._limits(limits)
+        if t["max_steps"] and state.step >= t["max_steps"]:
             return "max_steps"
-        if t.max_epochs and state.epoch > t.max_epochs:
+        if t["max_epochs"] and state.epoch > t["max_epochs"]:
             return "max_epochs"
-        if t.patience and state.bad_validations >= t.patience:
+        if t["patience"] and state.bad_validations >= t["patience"]:
             return "patience"
         return ""
 
-    def _stop_message(self, state: TrainState) -> str:
-        t = self.tcfg
-        return {"max_steps": f"reached training.max_steps={t.max_steps}",
-                "max_epochs": f"completed training.max_epochs={t.max_epochs} epochs",
-                "patience": f"early stopping: {self.metric} did not improve for training.patience={t.patience} "
+    def _stop_message(self, state: TrainState, limits: dict[str, int] | None = None) -> str:
+        """What ended the run, with the value of the setting that did (this run's, or ``limits``')."""
+        t = self._limits(limits)
+        return {"max_steps": f"reached training.max_steps={t['max_steps']}",
+                "max_epochs": f"completed training.max_epochs={t['max_epochs']} epochs",
+                "patience": f"early stopping: {self.metric} did not improve for training.patience={t['patience']} "
                             f"validations"}.get(state.stop_reason, "stopped")
+
+    @staticmethod
+    def _extend_advice(reason: str, state: TrainState) -> str:
+        """How to lift the limit ``reason`` that ends a finished run at ``state``."""
+        if reason == "max_epochs":
+            done = state.epoch - 1
+            return f"raise training.max_epochs, e.g. --training.max_epochs=N with N > {done}"
+        if reason == "patience":
+            return (f"raise training.patience, e.g. --training.patience=N with N > {state.bad_validations} "
+                    f"(validations without improvement so far), or turn early stopping off with "
+                    f"--training.patience=0")
+        return f"raise training.max_steps, e.g. --training.max_steps=N with N > {state.step}"
 
     def _log_budget(self, state: TrainState, steps_per_epoch: int) -> int | None:
         """State at the start which limit will end the run; return the expected last step (None if unknown)."""

@@ -66,7 +66,13 @@ def test_plan_keys_are_checked_like_every_config(tmp_path):
              ({"rows": [row, {"name": "b", "model_of": "a"}]}, "config key 'rows[1].model_of' is now called "
                                                              "'models_from'"),
              ({"rows": [{**row, "sweep": {"key": "training.lr", "valus": [1, 2]}}]},
-              "unknown config key 'rows[0].sweep.valus'; did you mean 'values'?")]
+              "unknown config key 'rows[0].sweep.valus'; did you mean 'values'?"),
+             # a report's command lines carry the overrides: each must be what `hyperplex train` takes
+             ({"rows": [{**row, "overrides": ["model.linear.n=4"]}]},
+              "rows[0]: row 'a': overrides: 'model.linear.n=4' is not of the form --section.key=value"),
+             ({"budget": ["--training.max_steps"]}, "budget: '--training.max_steps' is not of the form"),
+             ({"rows": [row, {"name": "b", "models_from": "a", "eval_overrides": ["testing.beam_size=1"]}]},
+              "rows[1]: row 'b': eval_overrides: 'testing.beam_size=1' is not of the form")]
     for extra, message in cases:
         path.write_text(yaml.safe_dump({"title": "t", "metrics": ["loss"], "rows": [row], **extra}))
         with pytest.raises(PlanError, match=re.escape(f"{path}: {message}")):

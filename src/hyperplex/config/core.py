@@ -297,8 +297,8 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
         return cls(**kwargs)
     except ConfigError:
         raise
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"{section}: {err}") from None
+    except (ValueError, TypeError) as err:  # a top-level file's own checks need no class name before them
+        raise ConfigError(f"{prefix}: {err}" if prefix else str(err)) from None
 
 
 def to_dict(obj: Any) -> Any:

@@ -45,6 +45,15 @@ class PlanError(ValueError):
     """A plan that cannot run; the message names the plan file, the row and what is expected."""
 
 
+def _check_override_form(items: list[str], where: str) -> None:
+    """A plan's overrides are written into the command lines of its report, so each must be what ``hyperplex
+    train`` takes: ``--section.key=value``."""
+    for item in items:
+        if not isinstance(item, str) or not item.startswith("--") or "=" not in item:
+            raise ValueError(f"{where}: {item!r} is not of the form --section.key=value (as `hyperplex train` "
+                             "takes it)")
+
+
 def _check_seeds(seeds: list[int], key: str) -> None:
     if not seeds:
         raise ValueError(f"{key}: expected a non-empty list of integer seeds like [1, 2, 3]")
@@ -107,6 +116,8 @@ class RowSpec:
         if bool(self.config) == bool(self.models_from):
             raise ValueError(f"row {self.name!r}: give exactly one of `config:` (train models) or `models_from:` "
                              "(evaluate the models of another row)")
+        _check_override_form(self.overrides, f"row {self.name!r}: overrides")
+        _check_override_form(self.eval_overrides, f"row {self.name!r}: eval_overrides")
         for item in self.eval_overrides:
             if not item.lstrip("-").startswith("testing."):
                 raise ValueError(f"row {self.name!r}: eval_overrides may only set testing.* keys (the model is "
@@ -146,6 +157,7 @@ class PlanFile:
         if not self.title or not self.rows:
             raise ValueError("missing `title:` or `rows:` (a plan needs a title and a non-empty list of rows)")
         _check_seeds(self.seeds, "seeds")
+        _check_override_form(self.budget, "budget")
         if not 0 <= self.digits <= 6:
             raise ValueError(f"digits must be an integer 0…6, got {self.digits!r}")
         known = sorted({m for ms in TASK_METRICS.values() for m in ms} | set(quality_metrics.QUALITY_METRICS))

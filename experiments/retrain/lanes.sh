@@ -21,11 +21,9 @@ data=${HYPERPLEX_DATA:-$(cd .. && pwd)/shared/data}
 python=${HYPERPLEX_PYTHON:-$checkout/.venv/bin/python}
 
 seeds() { local s r; for s in $1; do for r in $2; do printf '%s ' "$r:$s"; done; done; }
-agreement_rows="transformer phm2 phm4 phm8 quaternion lowrank4 lowrank8"
 lstm_rows="no_attention global_general global_dot global_dot_input_feeding local_p_input_feeding local_p_input_feeding_phm2 local_p_input_feeding_phm4 local_p_input_feeding_lowrank4"
 # One list per line: COMMIT PLAN MODEL...; the two chains take about the same time.
 chain_a=(
-  "4799b04 agreement $(seeds "1 2 3" "$agreement_rows")"
   "2ae24ed multi30k_lstm $(seeds 1 "no_attention global_general global_dot global_dot_input_feeding local_p_input_feeding local_p_input_feeding_phm2")"
   "2ae24ed multi30k_lstm_converged dense:3 phm4:3 lowrank4:3"
 )

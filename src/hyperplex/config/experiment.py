@@ -284,9 +284,10 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None,
                     model_dir: str | None = None) -> ExperimentConfig:
     """Read ``path``, apply dotted ``overrides`` and ``model_dir``, validate everything."""
     raw = load_yaml(path)
-    given = flatten(parse_overrides(overrides)) if overrides else {}
-    if overrides:
-        raw = merge(raw, parse_overrides(overrides))
+    parsed = parse_overrides(overrides) if overrides else {}
+    given = flatten(parsed)
+    if parsed:
+        raw = merge(raw, parsed)
     if model_dir:
         raw["model_dir"] = model_dir
     try:

@@ -20,7 +20,6 @@ lanes=${LANES:-/work/lanes}
 data=${HYPERPLEX_DATA:-$(cd .. && pwd)/shared/data}
 python=${HYPERPLEX_PYTHON:-$checkout/.venv/bin/python}
 
-seeds() { local s r; for s in $1; do for r in $2; do printf '%s ' "$r:$s"; done; done; }
 # One list per line: COMMIT PLAN MODEL...; the two chains take about the same time.
 chain_a=(
   "2ae24ed multi30k_lstm_converged dense:3 phm4:3 lowrank4:3 phm4:2"

@@ -12,11 +12,13 @@ from hyperplex.config import (
     dump_yaml,
     from_dict,
     load_yaml,
+    located,
     merge,
     parse_overrides,
     reference_markdown,
     to_dict,
 )
+from hyperplex.config.core import key_lines
 
 
 @dataclass
@@ -50,23 +52,45 @@ def test_from_dict_converts_and_round_trips_through_to_dict():
     assert from_dict(Outer, to_dict(cfg)) == cfg
 
 
-@pytest.mark.parametrize("raw,message", [
-    ({"rat": 1.0}, "unknown config key 'rat'; did you mean 'rate'?"),
-    ({"inner": {"sise": 1}}, "unknown config key 'inner.sise'; did you mean 'size'?"),
-    ({"mode": "slwo"}, "mode: 'slwo' is not one of 'fast', 'slow' (did you mean 'slow'?)"),
-    ({"rate": "fast"}, "rate: expected float, got str 'fast'"),
-    ({"rate": float("nan")}, "rate: expected a finite float, got nan"),
-    ({"flag": "yes please"}, "flag: expected bool (true/false), got 'yes please'"),
-    ({"maybe": 1.5}, "maybe: expected int | null, got 1.5"),
-    ({"inner": {"size": 0}}, "inner: size must be ≥ 1, got 0"),
-    ({"inner": {"names": "a"}}, "inner.names: expected list of str, got str 'a'"),
-    ({"inner": 3}, "inner: expected a mapping, got int 3"),
-    ({"speed": 1.0}, "config key 'speed' is now called 'rate': rename it (its values mean the same)"),
+@pytest.mark.parametrize("raw,message,key", [
+    ({"rat": 1.0}, "unknown config key 'rat'; did you mean 'rate'?", "rat"),
+    ({"inner": {"sise": 1}}, "unknown config key 'inner.sise'; did you mean 'size'?", "inner.sise"),
+    ({"mode": "slwo"}, "mode: 'slwo' is not one of 'fast', 'slow' (did you mean 'slow'?)", "mode"),
+    ({"rate": "fast"}, "rate: expected float, got str 'fast'", "rate"),
+    ({"rate": float("nan")}, "rate: expected a finite float, got nan", "rate"),
+    ({"flag": "yes please"}, "flag: expected bool (true/false), got 'yes please'", "flag"),
+    ({"maybe": 1.5}, "maybe: expected int | null, got 1.5", "maybe"),
+    ({"inner": {"size": 0}}, "inner: size must be ≥ 1, got 0", "inner.size"),
+    ({"inner": {"names": "a"}}, "inner.names: expected list of str, got str 'a'", "inner.names"),
+    ({"inner": 3}, "inner: expected a mapping, got int 3", "inner"),
+    ({"speed": 1.0}, "config key 'speed' is now called 'rate': rename it (its values mean the same)", "speed"),
 ])
-def test_from_dict_errors_name_the_key_and_what_was_expected(raw, message):
+def test_from_dict_errors_name_the_key_and_what_was_expected(raw, message, key):
     with pytest.raises(ConfigError) as caught:
         from_dict(Outer, raw)
-    assert str(caught.value) == message
+    assert str(caught.value) == message and caught.value.key == key
+
+
+def test_a_bad_list_item_is_its_own_key():
+    with pytest.raises(ConfigError, match=r"^inner.names\[1\]: expected str") as caught:
+        from_dict(Outer, {"inner": {"names": ["a", 2]}})
+    assert caught.value.key == "inner.names[1]"
+
+
+def test_key_lines_give_each_key_its_line_and_located_starts_the_message(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("# a comment\nrate: 1\ninner:\n\n  size: 0   # too small\n  names:\n    - a\n    - 2\n"
+                    "base: {deep: &b {x: 1}}\nother: *b\n")
+    lines = key_lines(path)
+    assert {k: lines[k] for k in ("rate", "inner", "inner.size", "inner.names", "inner.names[1]", "base.deep.x")} == {
+        "rate": 2, "inner": 3, "inner.size": 5, "inner.names": 6, "inner.names[1]": 8, "base.deep.x": 9}
+    assert "other.x" not in lines  # an alias's node is walked once, where it is defined
+    with pytest.raises(ConfigError) as caught:
+        from_dict(Outer, {"rate": 1, "inner": {"size": 1, "names": ["a", 2]}})
+    assert located(path, caught.value) == f"{path}:8"
+    assert located(path, ConfigError("no key")) == str(path)  # nothing to point at: the file alone
+    assert located(path, ConfigError("x", key="nowhere")) == str(path)  # a key the file does not write
+    assert key_lines(tmp_path / "missing.yaml") == {} and key_lines(tmp_path) == {}
 
 
 def test_scientific_notation_strings_and_integral_floats_are_accepted():

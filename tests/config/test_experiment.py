@@ -88,7 +88,8 @@ def test_load_experiment_applies_overrides_and_names_the_file(tmp_path):
         load_experiment(path, ["--training.lr=fast"])
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**RAW, "training": {**RAW.get("training", {}), "lrr": 1}}))
-    with pytest.raises(ConfigError, match=rf"^{bad}: unknown config key 'training.lrr'"):  # the file's own key
+    line = next(i for i, text in enumerate(bad.read_text().splitlines(), 1) if text.strip().startswith("lrr:"))
+    with pytest.raises(ConfigError, match=rf"^{bad}:{line}: unknown config key 'training.lrr'"):  # the file's key
         load_experiment(bad, ["--training.lr=3e-4"])
     no_dir = tmp_path / "n.yaml"
     no_dir.write_text(yaml.safe_dump({k: v for k, v in RAW.items() if k != "model_dir"}))
@@ -136,3 +137,11 @@ def test_data_root_and_data_paths(tmp_path, monkeypatch):
     assert resolve_data_path("corpus/train", str(tmp_path)) == tmp_path / "corpus" / "train"
     assert resolve_data_path(str(tmp_path / "abs"), "/elsewhere") == tmp_path / "abs"
     assert resolve_data_path("x/y", None) == Path("x/y")
+
+
+def test_a_sections_own_check_points_at_the_line_of_the_key_it_names(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**RAW, "training": {"max_steps": 10, "lr": -1.0}}))
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.strip().startswith("lr:"))
+    with pytest.raises(ConfigError, match=rf"^{path}:{line}: training: lr must be > 0, got -1.0$"):
+        load_experiment(path)

@@ -22,6 +22,15 @@ def test_evaluation_equals_inference_evaluate_and_params_breakdown(done):
     assert item["params"] == parameter_breakdown(model)
 
 
+def test_a_bad_eval_override_names_its_testing_key(done):
+    from hyperplex.config import ConfigError
+
+    item = done[3]["rows"][1]["runs"][1]
+    with pytest.raises(ConfigError, match=r"^unknown config key 'testing.beam_sise'; did you mean 'beam_size'") as err:
+        evaluation.evaluate_model(item["model_dir"], "last", None, ["--testing.beam_sise=2"])
+    assert err.value.key == "testing.beam_sise"
+
+
 def test_eval_split_row_scores_a_file_like_hyperplex_evaluate(tmp_path, write_plan):
     from hyperplex.data.arithmetic import generate_arithmetic
     from hyperplex.inference.verbs import evaluate

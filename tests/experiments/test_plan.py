@@ -75,7 +75,7 @@ def test_plan_keys_are_checked_like_every_config(tmp_path):
               "rows[1]: row 'b': eval_overrides: 'testing.beam_size=1' is not of the form")]
     for extra, message in cases:
         path.write_text(yaml.safe_dump({"title": "t", "metrics": ["loss"], "rows": [row], **extra}))
-        with pytest.raises(PlanError, match=re.escape(f"{path}: {message}")):
+        with pytest.raises(PlanError, match=rf"{re.escape(str(path))}:\d+: {re.escape(message)}"):  # the key's line
             load_plan(path)
     path.write_text(yaml.safe_dump({"title": "t", "metrics": ["loss"], "rows": [row], "digits": 3}))
     plan = load_plan(path)

@@ -13,11 +13,12 @@ from hyperplex.config.core import (
     dump_yaml,
     from_dict,
     load_yaml,
+    located,
     merge,
     parse_overrides,
     reference_markdown,
     to_dict,
 )
 
-__all__ = ["ConfigError", "dump_yaml", "from_dict", "load_yaml", "merge", "parse_overrides", "reference_markdown",
-           "to_dict"]
+__all__ = ["ConfigError", "dump_yaml", "from_dict", "load_yaml", "located", "merge", "parse_overrides",
+           "reference_markdown", "to_dict"]

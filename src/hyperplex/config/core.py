@@ -23,7 +23,12 @@ import yaml
 
 
 class ConfigError(ValueError):
-    """A config that cannot be used; the message names the file/key and what was expected."""
+    """A config that cannot be used; the message names the file/key and what was expected. ``key`` is the
+    dotted key at fault (list items as ``key[i]``; a section for its own checks), ``None`` when none is."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 #: Values shown in error messages are cut (a few items, a few levels, 80 characters of a string), so a
@@ -144,6 +149,42 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
+def key_lines(path: str | Path) -> dict[str, int]:
+    """The 1-based line of every key of the YAML file ``path``, dotted as the config's keys are (list items
+    as ``key[i]``); ``{}`` when the file cannot be read. Each node is walked once, so aliases add nothing."""
+    try:
+        root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        return {}
+    lines: dict[str, int] = {}
+    seen: set[int] = set()
+    todo = [(root, "")]
+    while todo:
+        node, prefix = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            children = [(f"{prefix}.{k.value}" if prefix else str(k.value), k, v)
+                        for k, v in node.value if isinstance(k, yaml.ScalarNode)]
+        elif isinstance(node, yaml.SequenceNode):
+            children = [(f"{prefix}[{i}]", v, v) for i, v in enumerate(node.value)]
+        else:
+            continue
+        for dotted, at, _ in children:
+            lines.setdefault(dotted, at.start_mark.line + 1)
+        # depth first in the file's order, so that an anchored node is walked where it is defined, not at an alias
+        todo.extend((value, dotted) for dotted, _, value in reversed(children))
+    return lines
+
+
+def located(path: str | Path, err: ConfigError) -> str:
+    """``path:LINE`` when the key ``err`` names is written in ``path``, else ``path``: the start of an error
+    message about that file."""
+    line = key_lines(path).get(err.key) if err.key else None
+    return f"{path}:{line}" if line else str(path)
+
+
 def parse_overrides(items: list[str]) -> dict:
     """``["training.lr=3e-4", "model.linear.n=8"]`` → nested dict. Values are parsed as YAML scalars."""
     result: dict = {}
@@ -194,7 +235,17 @@ def _type_name(tp: Any) -> str:
 
 
 def _convert(value: Any, tp: Any, key: str) -> Any:
-    """Check/convert ``value`` against the annotation ``tp``; ``key`` is the dotted path for errors."""
+    """Check/convert ``value`` against the annotation ``tp``; ``key`` is the dotted path for errors (and the
+    :attr:`ConfigError.key` of one raised here, unless a deeper key set it first)."""
+    try:
+        return _checked(value, tp, key)
+    except ConfigError as err:
+        if err.key is None:
+            err.key = key
+        raise
+
+
+def _checked(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     if origin is Literal:
         choices = typing.get_args(tp)
@@ -272,7 +323,8 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{section}: expected a mapping, got {type(data).__name__} {_show(data)}")
+        raise ConfigError(f"{section}: expected a mapping, got {type(data).__name__} {_show(data)}",
+                          key=prefix or None)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     renamed = getattr(cls, "renamed_keys", {})
@@ -281,24 +333,27 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if key in renamed:
             raise ConfigError(f"config key {_show(dotted)} is now called {renamed[key]!r}: rename it (its values "
-                              "mean the same)")
+                              "mean the same)", key=dotted)
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"
-            raise ConfigError(f"unknown config key {_show(dotted)}{hint}")
+            raise ConfigError(f"unknown config key {_show(dotted)}{hint}", key=dotted)
         kwargs[key] = _convert(value, hints[key], dotted)
         choices = fields[key].metadata.get("choices")  # a registry-backed choice: the live table decides
         if choices is not None and kwargs[key] not in choices():
             valid = choices()
             close = difflib.get_close_matches(str(value), [str(c) for c in valid], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{dotted}: {_show(value)} is not one of {', '.join(repr(c) for c in valid)}{hint}")
+            raise ConfigError(f"{dotted}: {_show(value)} is not one of {', '.join(repr(c) for c in valid)}{hint}",
+                              key=dotted)
     try:
         return cls(**kwargs)
     except ConfigError:
         raise
     except (ValueError, TypeError) as err:  # a top-level file's own checks need no class name before them
-        raise ConfigError(f"{prefix}: {err}" if prefix else str(err)) from None
+        named = re.split(r"[\s:]", str(err), maxsplit=1)[0]  # a check of one key names it first
+        key = (f"{prefix}.{named}" if prefix else named) if named in fields else (prefix or None)
+        raise ConfigError(f"{prefix}: {err}" if prefix else str(err), key=key) from None
 
 
 def to_dict(obj: Any) -> Any:

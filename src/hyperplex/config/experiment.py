@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from hyperplex.config.core import ConfigError, from_dict, load_yaml, merge, parse_overrides, to_dict
+from hyperplex.config.core import ConfigError, from_dict, load_yaml, located, merge, parse_overrides, to_dict
 from hyperplex.config.registry import ARCHITECTURES, TASKS, ModelConfig, get_architecture, task_names
 
 
@@ -298,7 +298,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None,
         blamed = [key for key in given if message.startswith(f"{key}:") or f"'{key}'" in message]
         if blamed:
             raise ConfigError(f"override --{blamed[0]}={given[blamed[0]]}: {message} (on top of {path})") from None
-        raise ConfigError(f"{path}: {message}") from None
+        raise ConfigError(f"{located(path, err)}: {message}", key=err.key) from None
     if not cfg.model_dir:
         raise ConfigError(f"{path}: no model folder: set `model_dir:` in the config or pass --model-dir DIR")
     return cfg
@@ -374,7 +374,7 @@ def resume_experiment(model_dir: str | Path, path: str | Path, overrides: list[s
     try:
         saved = build_experiment(saved_raw)
     except ConfigError as err:
-        raise ConfigError(f"{saved_path}: {err}") from None
+        raise ConfigError(f"{located(saved_path, err)}: {err}", key=err.key) from None
     explicit = load_yaml(path)
     if overrides:
         explicit = merge(explicit, parse_overrides(overrides))
@@ -382,7 +382,7 @@ def resume_experiment(model_dir: str | Path, path: str | Path, overrides: list[s
     try:
         requested = build_experiment(merge(experiment_dict(saved), explicit))
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+        raise ConfigError(f"{located(path, err)}: {err}", key=err.key) from None
     old, new = flatten(experiment_dict(saved)), flatten(experiment_dict(requested))
     asked = flatten(explicit)
     touched = {k for k in new if any(k == a or k.startswith(a + ".") or a.startswith(k + ".") for a in asked)}

@@ -41,7 +41,7 @@ def evaluate_model(model_dir: Path, checkpoint: str, data_root: str | None, eval
     cfg, task, model = load_model(str(model_dir), checkpoint, data_root)
     if eval_overrides:
         testing = parse_overrides(eval_overrides)["testing"]
-        cfg.testing = from_dict(TestingConfig, merge(to_dict(cfg.testing), testing), "testing.")
+        cfg.testing = from_dict(TestingConfig, merge(to_dict(cfg.testing), testing), "testing")
         model = inference_form(cfg, model)  # e.g. --testing.quantize=int8 scores the int8 form
     if eval_split:  # relative paths are read from the data root, as `hyperplex evaluate --split FILE`
         task.use_evaluation_file(eval_split)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from hyperplex.config import ConfigError, from_dict, load_yaml
+from hyperplex.config import ConfigError, from_dict, load_yaml, located
 from hyperplex.scoring import plan_metrics as quality_metrics
 
 __all__ = ["PlanError", "TASK_METRICS", "SweepSpec", "RowSpec", "PlanFile", "Row", "Plan", "load_plan",
@@ -255,7 +255,8 @@ def _read_plan_file(path: Path) -> tuple[PlanFile, dict]:
         quality_metrics.check_metrics(spec.metrics, quality, str(path))
     except (ConfigError, quality_metrics.QualityError) as err:
         message = str(err)
-        raise PlanError(message if message.startswith(str(path)) else f"{path}: {message}") from None
+        start = located(path, err) if isinstance(err, ConfigError) else str(path)
+        raise PlanError(message if message.startswith(str(path)) else f"{start}: {message}") from None
     return spec, quality
 
 

@@ -17,7 +17,8 @@ def test_the_verb_validates_and_lists_the_runs(tmp_path, capsys, write_plan):
     bad = tmp_path / "bad.yaml"
     bad.write_text(plan.read_text().replace("title:", "titel:"))
     assert hyperplex_main(["experiment", str(bad), "--dry-run"]) == 1
-    assert f"{bad}: unknown config key 'titel'; did you mean 'title'?" in capsys.readouterr().err
+    line = next(i for i, text in enumerate(bad.read_text().splitlines(), 1) if text.startswith("titel:"))
+    assert f"{bad}:{line}: unknown config key 'titel'; did you mean 'title'?" in capsys.readouterr().err
 
 
 def test_the_report_records_the_command_that_was_typed(done, tmp_path):

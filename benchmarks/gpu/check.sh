@@ -233,7 +233,7 @@ if [ -n "$CONVERGE" ]; then
         C_START=$SECONDS
         OUT="$OUT" HYPERPLEX_PYTHON="$PY" bash experiments/gpu/converge.sh --plan "$CONVERGE" \
             --models "$MODELS" --budget-s "$C_BUDGET" --data .gpu/data --device "$DEVICE" \
-            ${PARALLEL:+--parallel "$PARALLEL"} \
+            ${PARALLEL:+--parallel "$PARALLEL"} --checked \
             --cpus $(( $(nproc) > 4 ? $(nproc) - 2 : 1 )) >"$OUT/converge.log" 2>&1 &  # the tests take 2 threads
         CONVERGE_PID=$!
     else

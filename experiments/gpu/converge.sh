@@ -4,10 +4,12 @@
 #   bash experiments/gpu/converge.sh --plan experiments/multi30k_converged.yaml \
 #        --models "small_transformer:1 small_phm4:1 small_lowrank4:1" [--budget-s 480] \
 #        [--data .gpu/data] [--device cuda] [--work .gpu_work] [--cpus N] [--compile on|off] [--parallel N]
-#        [--compile-cache .gpu/compile-cache.tar.gz] [--check]
+#        [--compile-cache .gpu/compile-cache.tar.gz] [--check | --checked]
 #
-# --check: validate the arguments, the models and the plan (its rows' dry run), then exit without training
-# (benchmarks/gpu/check.sh runs it first, so that a mistake costs seconds, not the call's training).
+# --check: validate the arguments, the models and the plan (its dry run for the rows and seeds named), then exit
+# without training (benchmarks/gpu/check.sh runs it first, so that a mistake costs seconds, not the call's training).
+# --checked: the caller ran --check with the same plan and models moments ago; skip the plan's dry run (seconds of
+# device time). The arguments and the skipping of recorded models are checked all the same.
 # The budget counts from the start of the script.
 #
 # Small models leave most of a GPU idle, so each model is its own `hyperplex experiment` process
@@ -49,7 +51,7 @@
 set -uo pipefail
 start=$(date +%s)  # the budget counts from here: the checks before training are part of the call
 cd "$(dirname "$0")/../.."
-check_only=""; plan=""; models=""; budget=480; data=".gpu/data"; device="cuda"; work=".gpu_work"; cpus=$(nproc); compile=""; parallel=""
+check_only=""; checked=""; plan=""; models=""; budget=480; data=".gpu/data"; device="cuda"; work=".gpu_work"; cpus=$(nproc); compile=""; parallel=""
 compile_cache=".gpu/compile-cache.tar.gz"
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -64,10 +66,12 @@ while [[ $# -gt 0 ]]; do
         --parallel) parallel=$2; shift 2 ;;
         --compile-cache) compile_cache=$2; shift 2 ;;
         --check) check_only=1; shift ;;
-        -h|--help) sed -n 2,48p "$0"; exit 0 ;;
+        --checked) checked=1; shift ;;
+        -h|--help) sed -n 2,50p "$0"; exit 0 ;;
         *) echo "converge.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
+[[ -z $check_only || -z $checked ]] || { echo "converge.sh: --check and --checked exclude each other" >&2; exit 2; }
 [[ -f $plan ]] || { echo "converge.sh: --plan: no such file '$plan'" >&2; exit 2; }
 [[ -n $models ]] || { echo "converge.sh: --models 'ROW:SEED ...' is required" >&2; exit 2; }
 [[ $budget =~ ^[0-9]+$ && $budget -ge 30 ]] || { echo "converge.sh: --budget-s must be a whole number of seconds ≥ 30, got '$budget'" >&2; exit 2; }
@@ -134,8 +138,15 @@ if [[ -z $models ]]; then
 fi
 # every model of the call is validated against the plan before anything trains
 rows=$(for m in $models; do echo "${m%%:*}"; done | sort -u | paste -sd,)
-"$python" -m hyperplex experiment "$plan" --rows "$rows" --dry-run --resume --out "$work/runs/$plan_name" > "$work/logs/validate.log" 2>&1 \
-    || { cat "$work/logs/validate.log" >&2; echo "converge.sh: the plan does not validate" >&2; exit 2; }
+seeds=$(for m in $models; do echo "${m##*:}"; done | sort -un | paste -sd,)
+if [[ -n $checked ]]; then
+    echo "converge.sh: --checked: the plan's dry run for rows $rows is skipped (the caller's --check ran it)"
+else
+    "$python" -m hyperplex experiment "$plan" --rows "$rows" --seeds "$seeds" --dry-run --resume \
+        --out "$work/runs/$plan_name" \
+        > "$work/logs/validate.log" 2>&1 \
+        || { cat "$work/logs/validate.log" >&2; echo "converge.sh: the plan does not validate" >&2; exit 2; }
+fi
 [[ -z $check_only ]] || { echo "converge.sh: --check: the plan, rows $rows and models $models are valid"; exit 0; }
 if [[ -f .gpu_resume/resume-$plan_name.tar.gz ]]; then
     mkdir -p "$work/runs/$plan_name" && tar -xzf ".gpu_resume/resume-$plan_name.tar.gz" -C "$work/runs/$plan_name"

@@ -174,6 +174,7 @@ def _converge(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> 
     (("--plan", PLAN, "--models", "small_phm4:1", "--cpus", "0"), "--cpus must be a whole number ≥ 1, got '0'"),
     (("--plan", PLAN, "--models", "small_phm4:1", "--compile", "yes"), "--compile must be on or off, got 'yes'"),
     (("--plan", PLAN, "--models", "small_phm4:1", "--parallel", "0"), "--parallel must be a whole number ≥ 1"),
+    (("--plan", PLAN, "--models", "small_phm4:1", "--check", "--checked"), "--check and --checked exclude each other"),
 ])
 def test_converge_refuses_bad_arguments_before_training(tmp_path, args, message):
     result = _converge(tmp_path, *args)
@@ -336,3 +337,18 @@ def test_check_validates_the_models_and_the_plan_and_trains_nothing(tmp_path):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     bad = _converge(tmp_path, "--plan", PLAN, "--models", "base_phm5:1", "--check")
     assert bad.returncode == 2 and "the plan does not validate" in bad.stderr and "base_phm5" in bad.stderr
+    unplanned = _converge(tmp_path, "--plan", PLAN, "--models", "base_phm4:1 base_phm4:4", "--check")
+    assert unplanned.returncode == 2 and "the plan does not validate" in unplanned.stderr
+    assert "seed 4 is not in" in unplanned.stderr
+
+
+def test_checked_skips_the_plans_dry_run_and_a_bad_row_then_fails_as_its_model(tmp_path):
+    """--checked (check.sh, after its own --check) does not dry-run the plan again; were the row wrong after all,
+    its model fails in training and the summary says so, instead of the call dying before collect."""
+    result = _converge(tmp_path, "--plan", PLAN, "--models", "base_phm5:1", "--checked", "--budget-s", "60")
+    assert "--checked: the plan's dry run for rows base_phm5 is skipped" in result.stdout
+    assert "the plan does not validate" not in result.stderr
+    assert not (tmp_path / "work" / "logs" / "validate.log").exists()
+    assert "base_phm5" in (tmp_path / "work" / "logs" / "base_phm5-seed1.log").read_text()
+    summary = (tmp_path / "out" / "converge-summary.txt").read_text()
+    assert any(line.startswith("base_phm5:1\tfailed") for line in summary.splitlines()), summary

@@ -75,6 +75,25 @@ def test_invalid_experiments_are_refused_with_the_key(change, message):
     assert message in str(caught.value)
 
 
+@pytest.mark.parametrize("change,message", [
+    ({"lr": 0.0}, "training: lr must be > 0, got 0.0"),
+    ({"eps": -1e-8}, "training: eps must be ≥ 0, got -1e-08"),
+    ({"weight_decay": -0.1}, "training: weight_decay must be ≥ 0, got -0.1"),
+    ({"momentum": -0.9}, "training: momentum must be ≥ 0, got -0.9"),
+    ({"clip_grad_norm": -1.0}, "training: clip_grad_norm must be ≥ 0, got -1.0"),
+    ({"betas": [0.9, 1.0]}, "training: betas must each be in [0, 1), got [0.9, 1.0]"),
+    ({"betas": [-0.1, 0.98]}, "training: betas must each be in [0, 1), got [-0.1, 0.98]"),
+])
+def test_optimiser_settings_torch_would_refuse_are_refused_at_the_key(change, message):
+    """Refused when the config is read, with the key, not by torch's optimiser after the data is read."""
+    with pytest.raises(ConfigError) as caught:
+        build_experiment({**RAW, "training": {**RAW.get("training", {}), **change}})
+    assert message in str(caught.value)
+    assert caught.value.key == f"training.{next(iter(change))}"
+    cfg = build_experiment({**RAW, "training": {**RAW.get("training", {}), "betas": [0.0, 0.999], "eps": 0.0}})
+    assert cfg.training.betas == [0.0, 0.999]
+
+
 def test_load_experiment_applies_overrides_and_names_the_file(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(RAW))
@@ -86,6 +105,11 @@ def test_load_experiment_applies_overrides_and_names_the_file(tmp_path):
         load_experiment(path, ["--training.lrr=1"])
     with pytest.raises(ConfigError, match=r"^override --training.lr=fast: training.lr: expected float"):
         load_experiment(path, ["--training.lr=fast"])
+    # a section's own check on an overridden value is the override's too, and the error keeps the key at fault
+    with pytest.raises(ConfigError, match=rf"^override --training.lr=-1: training: lr must be > 0.* \(on top of "
+                                          rf"{path}\)$") as caught:
+        load_experiment(path, ["--training.lr=-1"])
+    assert caught.value.key == "training.lr"
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**RAW, "training": {**RAW.get("training", {}), "lrr": 1}}))
     line = next(i for i, text in enumerate(bad.read_text().splitlines(), 1) if text.strip().startswith("lrr:"))

@@ -9,6 +9,7 @@ any key; the resolved config is saved as ``config.yaml`` in the model folder.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -172,10 +173,16 @@ class TrainingConfig:
                              "(e.g. --training.max_steps=10000)")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        # what torch's optimisers refuse, refused here, before the data is read and the model built
+        for key in ("eps", "weight_decay", "momentum", "clip_grad_norm"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be ≥ 0, got {getattr(self, key)}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if len(self.betas) != 2:
             raise ValueError(f"betas must have two values, got {self.betas}")
+        if not all(0.0 <= beta < 1.0 for beta in self.betas):
+            raise ValueError(f"betas must each be in [0, 1), got {self.betas}")
 
 
 @dataclass
@@ -280,6 +287,15 @@ def build_experiment(raw: dict) -> ExperimentConfig:
     return cfg
 
 
+def _overridden(err: ConfigError, message: str, given: dict[str, Any]) -> str | None:
+    """The override that ``err`` is about, if one is: the key at fault (``err.key``; a list item's list, a key
+    under a section given whole) when the error names it, else the first override its message names."""
+    if err.key is not None:
+        parts = re.sub(r"\[\d+\]", "", err.key).split(".")
+        return next((key for key in (".".join(parts[:i]) for i in range(len(parts), 0, -1)) if key in given), None)
+    return next((key for key in given if message.startswith(f"{key}:") or f"'{key}'" in message), None)
+
+
 def load_experiment(path: str | Path, overrides: list[str] | None = None,
                     model_dir: str | None = None) -> ExperimentConfig:
     """Read ``path``, apply dotted ``overrides`` and ``model_dir``, validate everything."""
@@ -295,9 +311,10 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None,
     except ConfigError as err:
         message = str(err)
         # a bad key or value that came from the command line is the override's, not the file's
-        blamed = [key for key in given if message.startswith(f"{key}:") or f"'{key}'" in message]
-        if blamed:
-            raise ConfigError(f"override --{blamed[0]}={given[blamed[0]]}: {message} (on top of {path})") from None
+        blamed = _overridden(err, message, given)
+        if blamed is not None:
+            raise ConfigError(f"override --{blamed}={given[blamed]}: {message} (on top of {path})",
+                              key=err.key) from None
         raise ConfigError(f"{located(path, err)}: {message}", key=err.key) from None
     if not cfg.model_dir:
         raise ConfigError(f"{path}: no model folder: set `model_dir:` in the config or pass --model-dir DIR")

@@ -58,7 +58,8 @@ SOURCE = Path(__file__).with_name("phm_stream.cpp")
 #: ``auto`` takes the streamed path in inference for at most ``STREAMED_ROW_LIMIT`` rows (tokens × batch), on a
 #: layer whose factors hold at least ``STREAMED_MIN_FACTORS`` numbers (``k·d/n``: 1 MiB in float32, e.g. 1024² at
 #: n = 4, 4096² at any n ≤ 16, 4096 → 1024 at n ≤ 16). Measured on this project's CPU (stacks of layers whose factors
-#: overflow the last-level cache, 2 threads; docs/performance.md): with ``benchmarks/bench_phm.py --mode cold --native``
+#: overflow the last-level cache, 2 threads; docs/performance.md, and the tables in benchmarks/NOTES.md, "Cold: the
+#: streamed kernel" and "Cold: where auto takes the kernel"): with ``benchmarks/bench_phm.py --mode cold --native``
 #: at 4096², 1 and 4 rows, the kernel took 0.10–0.18× the dense layer's time against the structured path's 0.15–0.35×;
 #: with ``benchmarks/probes/bench_streamed_shapes.py`` it beat ``auto``'s own path at every point of 4096 → 1024, 3072 →
 #: 768 and 1024 → 4096 that qualifies (0.10–0.30× against 0.23–0.42×), and lost at 4 rows on 3072 → 768 at n = 16

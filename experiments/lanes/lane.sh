@@ -52,8 +52,8 @@ for model in "$@"; do
         --override=--training.num_threads=1 &
     child=$!
     [[ -z $stopped ]] || kill -TERM "$child" 2>/dev/null  # a signal that came before $! was known
-    # waited on in one-second naps, not with one `wait "$child"`: a signal that lands just before a `wait` blocks
-    # can leave its trap pending until that wait returns (the whole model, hours); a nap's end runs it
+    # waited on in one-second naps, not with one `wait "$child"`: a trap that does not interrupt a wait (a signal
+    # landing as it starts) would stay pending until the model ends, hours; a nap's end runs it
     while kill -0 "$child" 2>/dev/null; do sleep 1 & wait $! 2>/dev/null; done
     wait "$child"; status=$?
     child=""

@@ -150,6 +150,20 @@ def test_a_diverged_seed_is_counted_and_named_not_dropped_unsaid(tmp_path):
     assert f"| PHM-Tm n=4 − Transformer | {gap['diff']:+.2f} [" in text and "| PHM-Tm n=16 − Transformer |" not in text
 
 
+def test_a_finished_seed_whose_score_is_not_finite_is_counted_as_diverged(tmp_path):
+    """A run recorded finished with a NaN score (a divergence the trainer did not catch) is not averaged in, which
+    would make the row's mean and every gap NaN: it is listed with the diverged seeds."""
+    records, results = _results(tmp_path)
+    results["rows"][1]["runs"][1]["metrics"]["bleu"] = float("nan")
+    rows = {r["name"]: r for r in row_courses(results, records)}
+    assert rows["phm4"]["values"] == [29.5, 31.5] and rows["phm4"]["by_seed"] == {1: 29.5, 3: 31.5}
+    assert rows["phm4"]["diverged"] == 1 and rows["phm4"]["diverged_at"] == [(2, None)]
+    text = convergence_section(results, records, [("phm4", "tm", "PHM-Tm n=4")])
+    assert "| PHM-Tm n=4 | 2/4 | 30.50 [" in text and "PHM-Tm n=4 seed 2." in text and "nan" not in text.lower()
+    gap = welch_gap([29.5, 31.5], [30.5, 31.5, 32.5])
+    assert f"| PHM-Tm n=4 − Transformer | {gap['diff']:+.2f} [{gap['ci95'][0]:+.2f}, {gap['ci95'][1]:+.2f}] |" in text
+
+
 def test_the_papers_column_appears_only_when_a_gap_quotes_the_paper(tmp_path):
     records, results = _results(tmp_path)
     gap = welch_gap([29.5, 31.0, 31.5], [30.5, 31.5, 32.5])

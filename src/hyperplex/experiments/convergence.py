@@ -178,6 +178,10 @@ def paired_gap(a: dict[int, float], b: dict[int, float]) -> dict:
     return {"diff": diff, "ci95": [diff - half, diff + half], "n": len(diffs)}
 
 
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def _files(run: dict, records: Path | None, row: str) -> Path:
     recorded = records / row / f"seed{run['seed']}" if records else None
     if recorded is not None and recorded.is_dir():
@@ -192,8 +196,11 @@ def row_courses(results: dict, records: Path | None, metric: str = "bleu") -> li
     for row in results["rows"]:
         if row.get("models_from"):
             continue
-        runs = [r for r in row["runs"] if r.get("status") == "finished" and metric in r.get("metrics", {})]
-        diverged = [r for r in row["runs"] if r.get("status") == "diverged"]  # no score, but a stop to report
+        scored = [r for r in row["runs"] if r.get("status") == "finished" and metric in r.get("metrics", {})]
+        runs = [r for r in scored if _finite(r["metrics"][metric])]
+        # no score, but a stop to report: a diverged run, and a finished one whose score is not a finite number
+        # (it would make the mean and both gaps NaN)
+        diverged = [r for r in row["runs"] if r.get("status") == "diverged"] + [r for r in scored if r not in runs]
         courses = [training_course(_files(r, records, row["name"]), metric) for r in runs]
         stops = Counter(c["stop"] for c in courses) + Counter("diverged" for _ in diverged)
         seconds = [r["train_seconds"] for r in runs if r.get("train_seconds")]

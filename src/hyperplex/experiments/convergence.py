@@ -148,7 +148,8 @@ def _trained_on(files: Path) -> list[str]:
 
 def welch_gap(a: list[float], b: list[float]) -> dict:
     """mean(a) − mean(b) with a two-sided 95% Welch interval: ``{"diff", "ci95", "n_a", "n_b"}`` (``ci95`` is
-    None with fewer than two values on a side; seeds of two rows are independent models, so not paired)."""
+    None with fewer than two values on a side, ``[diff, diff]`` when neither side varies; seeds of two rows are
+    independent models, so not paired)."""
     if len(a) < 2 or len(b) < 2:
         diff = math.fsum(a) / len(a) - math.fsum(b) / len(b) if a and b else None
         return {"diff": diff, "ci95": None, "n_a": len(a), "n_b": len(b)}

@@ -23,7 +23,8 @@ def t_quantile_975(df: float) -> float:
 
 def summarize(values: list[float]) -> dict:
     """``{"n", "mean", "std", "ci95"}`` of per-seed values: ``std`` is the sample standard deviation
-    (ddof = 1) and ``ci95 = mean ± t_{0.975,n−1}·std/√n`` (both ``None`` when n < 2)."""
+    (ddof = 1) and ``ci95 = mean ± t_{0.975,n−1}·std/√n`` (both ``None`` when n < 2; of zero width, ``[mean,
+    mean]``, when the values are all equal, where scipy's t interval is NaN)."""
     n = len(values)
     if n == 0:
         return {"n": 0, "mean": None, "std": None, "ci95": None}

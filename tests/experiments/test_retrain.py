@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from hyperplex.experiments.plan import load_plan
+
 ROOT = Path(__file__).resolve().parents[2]
 LANES = ROOT / "experiments" / "retrain" / "lanes.sh"
 
@@ -21,9 +23,12 @@ def lanes(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def trained_models(plan: str) -> Counter:
-    spec = yaml.safe_load((ROOT / "experiments" / f"{plan}.yaml").read_text())
-    rows = [row["name"] for row in spec["rows"] if "models_from" not in row]
-    return Counter(f"{row}:{seed}" for row in rows for seed in spec["seeds"])
+    """Every model the plan trains, as ``ROW:SEED``: its rows as the plan expands them (a sweep row is one row per
+    value, named as its records are), less the rows that reuse another's models."""
+    path = ROOT / "experiments" / f"{plan}.yaml"
+    seeds = yaml.safe_load(path.read_text())["seeds"]
+    rows = [row.name for row in load_plan(path).rows if not row.models_from]
+    return Counter(f"{row}:{seed}" for row in rows for seed in seeds)
 
 
 def test_the_chains_train_every_model_of_each_plan_once_from_the_copy_the_table_names():

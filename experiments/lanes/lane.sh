@@ -12,7 +12,10 @@
 # started again after the machine or the session stopped. A model that fails is logged and the lane
 # goes on with the next one; the exit status is 1 if any failed. SIGTERM or SIGINT to the lane stops it: the model
 # in training gets SIGTERM (it saves a resumable checkpoint at the end of its step), the lane waits for it and
-# exits (143 or 130) without starting the next model, so the same command resumes where it stopped.
+# exits (143 or 130) without starting the next model, so the same command resumes where it stopped. SIGINT only
+# where the lane was started with SIGINT deliverable: a shell starts its background jobs with SIGINT ignored, and
+# bash cannot trap a signal ignored on entry (experiments/retrain/lanes.sh starts its chains so and stops them by
+# SIGTERM).
 #
 # Environment: HYPERPLEX_PYTHON (default: python3) is the interpreter that has hyperplex's
 # dependencies; the package itself is taken from this copy's src/. HYPERPLEX_RECORDS_ALSO=DIR (e.g. the working
@@ -52,10 +55,8 @@ for model in "$@"; do
         --override=--training.num_threads=1 &
     child=$!
     [[ -z $stopped ]] || kill -TERM "$child" 2>/dev/null  # a signal that came before $! was known
-    # waited on in one-second naps, not with one `wait "$child"`: a trap that does not interrupt a wait (a signal
-    # landing as it starts) would stay pending until the model ends, hours; a nap's end runs it
-    while kill -0 "$child" 2>/dev/null; do sleep 1 & wait $! 2>/dev/null; done
     wait "$child"; status=$?
+    while [[ -n $stopped ]] && kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done
     child=""
     if [[ -n $stopped ]]; then
         echo "lane: $(date -u +%FT%TZ) stopped by SIG$stopped in $plan_name $row seed $seed; the same command resumes it" >&2

@@ -73,9 +73,11 @@ def test_a_signal_to_the_lane_stops_its_model_and_starts_no_other(tmp_path):
         fake.chmod(0o755)
         env = {**os.environ, "HYPERPLEX_PYTHON": str(fake)}
         env.pop("HYPERPLEX_RECORDS_ALSO", None)
+        # SIGINT deliverable in the lane even where this test runs as a background job (which ignores SIGINT, and
+        # bash cannot trap a signal ignored on entry): the lane is then as a user's foreground command is
         proc = subprocess.Popen(["bash", str(work / "copy" / "experiments" / "lanes" / "lane.sh"), "tiny_converged",
                                  "tm:1", "phm4:1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=env)
+                                env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 30
         while not started.exists() and time.monotonic() < deadline:
             time.sleep(0.05)

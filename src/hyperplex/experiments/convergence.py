@@ -197,11 +197,13 @@ def row_courses(results: dict, records: Path | None, metric: str = "bleu") -> li
     for row in results["rows"]:
         if row.get("models_from"):
             continue
-        scored = [r for r in row["runs"] if r.get("status") == "finished" and metric in r.get("metrics", {})]
-        runs = [r for r in scored if _finite(r["metrics"][metric])]
-        # no score, but a stop to report: a diverged run, and a finished one whose score is not a finite number
-        # (it would make the mean and both gaps NaN)
-        diverged = [r for r in row["runs"] if r.get("status") == "diverged"] + [r for r in scored if r not in runs]
+        runs, diverged = [], []  # diverged: no score, but a stop to report
+        for r in row["runs"]:
+            if r.get("status") == "diverged":
+                diverged.append(r)
+            elif r.get("status") == "finished" and metric in r.get("metrics", {}):
+                # a finished run whose score is not a finite number would make the mean and both gaps NaN
+                (runs if _finite(r["metrics"][metric]) else diverged).append(r)
         courses = [training_course(_files(r, records, row["name"]), metric) for r in runs]
         stops = Counter(c["stop"] for c in courses) + Counter("diverged" for _ in diverged)
         seconds = [r["train_seconds"] for r in runs if r.get("train_seconds")]

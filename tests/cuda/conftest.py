@@ -1,8 +1,8 @@
 """The CUDA correctness tier: float32 and bf16-autocast outputs and gradients on a GPU against float64 references.
 
-Tests that need a GPU carry the marker ``cuda`` (registered here) and skip cleanly where CUDA is absent, so CI
-(CPU-only) runs only their CPU variants, which check the same references on the CPU. Select the GPU part with
-``pytest tests/cuda -m cuda``; ``benchmarks/gpu/check.sh`` runs the whole folder on a lent GPU.
+Tests that need a GPU carry the marker ``cuda`` (registered in pyproject.toml) and skip cleanly where CUDA is
+absent, so CI (CPU-only) runs only their CPU variants, which check the same references on the CPU. Select the GPU
+part with ``pytest tests/cuda -m cuda``; ``benchmarks/gpu/check.sh`` runs the whole folder on a lent GPU.
 """
 
 from __future__ import annotations
@@ -14,10 +14,6 @@ import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped cleanly without one); select with -m cuda")
 
 
 #: The devices a test runs on: the CPU always, CUDA where present (id ``cuda``, marker ``cuda``).

@@ -197,7 +197,8 @@ def row_courses(results: dict, records: Path | None, metric: str = "bleu") -> li
     for row in results["rows"]:
         if row.get("models_from"):
             continue
-        runs, diverged = [], []  # diverged: no score, but a stop to report
+        runs: list[dict] = []
+        diverged: list[dict] = []  # no score, but a stop to report
         for r in row["runs"]:
             if r.get("status") == "diverged":
                 diverged.append(r)

@@ -17,9 +17,11 @@ Per row: the layers matching ``*encoder.layer*`` (36 of them) are converted with
 :func:`hyperplex.compress` (``refine_steps`` 200 for ``activation``, ``als_sweeps``
 ``--als-sweeps`` for ``whitened_als``); *layer error* is the mean over layers of the relative output error
 ``‖(W − H) Xᵀ‖_F / ‖W Xᵀ‖_F`` on the held-out captions' inputs to that layer in the dense teacher;
+*weight error* is the mean over layers of ``‖W − H‖_F / ‖W‖_F`` (the conversion report's);
 *cosine* is the mean cosine between the converted model's and the teacher's normalised sentence embeddings
 of the val captions (no healing); *fit s* is the conversion's wall time (calibration pass included) on
-one thread. Prints a markdown table. ``--unpadded`` runs the calibration and held-out captions one at a
+one thread. Prints a markdown table (``--out PATH`` also writes the rows and the machine to a JSON file).
+``--unpadded`` runs the calibration and held-out captions one at a
 time, so padding positions (which mean pooling ignores) are not part of the fitted inputs.
 """
 
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="n = 4 only and 256 val captions")
     parser.add_argument("--unpadded", action="store_true",
                         help="calibrate (and measure the layer error) one sentence at a time: no padding rows")
+    harness.add_arguments(parser, device=False, threads=False)
     args = parser.parse_args(argv)
     if args.quick:
         args.n, args.eval = [4], args.eval or 256
@@ -119,20 +122,28 @@ def main(argv: list[str] | None = None) -> int:
                 errors = [relative_output_error(weights[name], converted[name].dense_weight(), held_factors[name])
                           for name in weights]
                 cosine = float((encode(student, val) * reference).sum(-1).mean())
-                rows.append((n, kind, init, report.converted[0].rank, sum(errors) / len(errors),
-                             report.mean_output_error, cosine, seconds))
-                print(f"# n={n} {kind} {init}: held-out layer error {rows[-1][4]:.4f}, cosine {cosine:.4f}, "
-                      f"{seconds:.1f} s", file=sys.stderr, flush=True)
+                rows.append({"n": n, "kind": kind, "init": init, "rank": report.converted[0].rank,
+                             "weight_error": report.mean_relative_error, "layer_error": sum(errors) / len(errors),
+                             "calibration_error": report.mean_output_error, "cosine": cosine, "fit_s": seconds})
+                print(f"# n={n} {kind} {init}: weight error {report.mean_relative_error:.4f}, held-out layer error "
+                      f"{rows[-1]['layer_error']:.4f}, cosine {cosine:.4f}, {seconds:.1f} s", file=sys.stderr,
+                      flush=True)
                 del student
 
-    print(f"all-MiniLM-L6-v2, {len(layers)} layers ({INCLUDE}) converted, no healing; calibration: the first "
-          f"{len(calibration)} Multi30k train captions{' (one at a time)' if args.unpadded else ' (one padded batch)'}"
-          f"; layer error on the next {len(held_out)}; cosine on {len(val)} val captions. "
-          f"{harness.header(harness.machine())}\n")
-    print("| n | kind | init | rank | layer error (held-out) | layer error (calibration) | cosine to teacher | fit s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for n, kind, init, rank, held, calib, cosine, seconds in rows:
-        print(f"| {n} | {kind} | {init} | {rank or ''} | {held:.4f} | {calib:.4f} | {cosine:.4f} | {seconds:.1f} |")
+    batching = " (one at a time)" if args.unpadded else " (one padded batch)"
+    title = (f"all-MiniLM-L6-v2, {len(layers)} layers ({INCLUDE}) converted, no healing; calibration: the first "
+             f"{len(calibration)} Multi30k train captions{batching}"
+             f"; layer error on the next {len(held_out)}; cosine on {len(val)} val captions.")
+    print(f"{title} {harness.header(harness.machine())}\n")
+    print("| n | kind | init | rank | weight error | layer error (held-out) | layer error (calibration) "
+          "| cosine to teacher | fit s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['n']} | {r['kind']} | {r['init']} | {r['rank'] or ''} | {r['weight_error']:.4f} "
+              f"| {r['layer_error']:.4f} | {r['calibration_error']:.4f} | {r['cosine']:.4f} | {r['fit_s']:.1f} |")
+    if args.out:
+        harness.write_json(args.out, {"title": title, "rows": rows},
+                           command=harness.command_line(argv, "benchmarks/probes/compare_inits.py"))
     return 0
 
 

@@ -4,6 +4,8 @@ student is the teacher, healing raises the dev cosine, resume is bitwise, the sa
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import yaml
@@ -94,6 +96,26 @@ def test_compress_writes_a_student_that_load_converted_reloads(tmp_path, teacher
         got = torch.nn.functional.normalize(student(dict(batch.tensors))["sentence_embedding"], dim=-1)
     assert torch.equal(got, expected)
     assert any(type(m).__name__ == "PHMLinear" for m in student.modules())
+
+
+@pytest.mark.parametrize("kind", ["phm", "lowrank"])
+def test_the_log_records_the_conversions_weight_error(tmp_path, teacher_folder, caplog, kind):
+    """The conversion's mean relative weight error ‖W − H‖_F / ‖W‖_F over the converted layers is in the log
+    (a record's train.log keeps what conversion lost before healing), equal to the error of the built layers."""
+    import re
+
+    _, task = prepared(write_config(tmp_path, teacher_folder, kind=kind, extra={"model.balance_factors": False}))
+    with caplog.at_level(logging.INFO, logger="hyperplex"):
+        model = task.build_model()
+    teacher = dict(task.teacher.named_modules())
+    weights = {name: (teacher[name].weight, m.dense_weight()) for name, m in model.encoder.named_modules()
+               if hasattr(m, "dense_weight")}
+    errors = [float(torch.linalg.norm(w - h) / torch.linalg.norm(w)) for w, h in weights.values()]
+    found = re.search(r"conversion: converted (\d+) of \d+ layers: .*, mean relative error ([0-9.]+)", caplog.text)
+    assert found, caplog.text
+    assert int(found[1]) == len(errors) > 0
+    assert float(found[2]) == pytest.approx(sum(errors) / len(errors), abs=1e-4)
+    assert 0 < float(found[2]) < 1  # a real fit: neither exact nor worse than zero
 
 
 def test_bad_inputs_are_refused_with_the_file_or_key(tmp_path, teacher_folder, capsys):

@@ -116,6 +116,11 @@ class ConversionReport:
         widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(5)]
         lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  " + header[5]]
         lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) + "  " + r[5] for r in rows]
+        return "\n".join([*lines, *self.summary()])
+
+    def summary(self) -> list[str]:
+        """The two closing lines of the table: the converted layers' parameters and mean errors, and the whole
+        model's parameters (what a training log records of a conversion)."""
 
         def ratio(before: int, after: int) -> str:
             if not after or not before:
@@ -123,12 +128,10 @@ class ConversionReport:
             return f"{before / after:.2f}x fewer" if after <= before else f"{after / before:.2f}x more"
 
         mean = self.mean_relative_error
-        lines.append(
-            f"converted {len(self.converted)} of {len(self.layers)} layers: "
-            f"{self.converted_params_before:,} -> {self.converted_params_after:,} parameters "
-            f"({ratio(self.converted_params_before, self.converted_params_after)})"
-            + (f", mean relative error {mean:.4f}" if mean is not None else "")
-            + (f", mean output error {self.mean_output_error:.4f}" if self.mean_output_error is not None else ""))
-        lines.append(f"whole model: {self.model_params_before:,} -> {self.model_params_after:,} parameters "
-                     f"({ratio(self.model_params_before, self.model_params_after)})")
-        return "\n".join(lines)
+        return [f"converted {len(self.converted)} of {len(self.layers)} layers: "
+                f"{self.converted_params_before:,} -> {self.converted_params_after:,} parameters "
+                f"({ratio(self.converted_params_before, self.converted_params_after)})"
+                + (f", mean relative error {mean:.4f}" if mean is not None else "")
+                + (f", mean output error {self.mean_output_error:.4f}" if self.mean_output_error is not None else ""),
+                f"whole model: {self.model_params_before:,} -> {self.model_params_after:,} parameters "
+                f"({ratio(self.model_params_before, self.model_params_after)})"]

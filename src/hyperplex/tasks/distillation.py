@@ -201,6 +201,9 @@ class DistillationTask(Task):
             self.log.info(f"loss per sentence: {cfg.distill_loss} on the embeddings + {cfg.distill_hidden} × "
                           f"hidden-state MSE + {cfg.distill_attention} × attention KL; "
                           f"student layer ↔ teacher layer: {pairs}")
+        if model.report is not None:  # the records keep what the conversion lost before any healing
+            for line in model.report.summary():
+                self.log.info(f"conversion: {line}")
         for layer, before, after in model.blockwise:
             self.log.info(f"blockwise: layer {layer} fitted to teacher layer {layer_map[layer]}: relative output "
                           f"error on {len(calibration)} calibration sentences {before:.4f} → {after:.4f}")

@@ -22,11 +22,9 @@ python=${HYPERPLEX_PYTHON:-$checkout/.venv/bin/python}
 
 # One list per line: COMMIT PLAN MODEL...; the two chains take about the same time.
 chain_a=(
-  "2ae24ed multi30k_lstm_converged dense:3 phm4:3 lowrank4:3 phm4:2 lowrank4:2"
   "90cdd25 stability dense_lr0.0005:1 dense_lr0.005:1 phm4_lr0.0005:1 phm4_lr0.005:1 lowrank4_lr0.0005:1 lowrank4_lr0.005:1 quaternion_lr0.0005:1 quaternion_lr0.005:1 dense_lr0.0005:2 dense_lr0.005:2 phm4_lr0.0005:2 phm4_lr0.005:2 lowrank4_lr0.0005:2 lowrank4_lr0.005:2 quaternion_lr0.0005:2 quaternion_lr0.005:2 dense_lr0.0005:3 dense_lr0.005:3 phm4_lr0.0005:3 phm4_lr0.005:3 lowrank4_lr0.0005:3 lowrank4_lr0.005:3 quaternion_lr0.0005:3 quaternion_lr0.005:3"
 )
 chain_b=(
-  "2ae24ed multi30k_lstm_converged phm4:1 dense:1 lowrank4:1 dense:2"
   "90cdd25 stability dense_lr0.0015:1 dense_lr0.015:1 phm4_lr0.0015:1 phm4_lr0.015:1 lowrank4_lr0.0015:1 lowrank4_lr0.015:1 quaternion_lr0.0015:1 quaternion_lr0.015:1 dense_lr0.0015:2 dense_lr0.015:2 phm4_lr0.0015:2 phm4_lr0.015:2 lowrank4_lr0.0015:2 lowrank4_lr0.015:2 quaternion_lr0.0015:2 quaternion_lr0.015:2 dense_lr0.0015:3 dense_lr0.015:3 phm4_lr0.0015:3 phm4_lr0.015:3 lowrank4_lr0.0015:3 lowrank4_lr0.015:3 quaternion_lr0.0015:3 quaternion_lr0.015:3"
 )
 

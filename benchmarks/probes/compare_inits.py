@@ -21,8 +21,8 @@ Per row: the layers matching ``*encoder.layer*`` (36 of them) are converted with
 *cosine* is the mean cosine between the converted model's and the teacher's normalised sentence embeddings
 of the val captions (no healing); *fit s* is the conversion's wall time (calibration pass included) on
 one thread. Prints a markdown table (``--out PATH`` also writes the rows and the machine to a JSON file).
-``--unpadded`` runs the calibration and held-out captions one at a
-time, so padding positions (which mean pooling ignores) are not part of the fitted inputs.
+``--unpadded`` runs the calibration and held-out captions one at a time, so padding positions (which mean
+pooling ignores) are not part of the fitted inputs.
 """
 
 from __future__ import annotations

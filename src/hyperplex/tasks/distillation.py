@@ -201,7 +201,9 @@ class DistillationTask(Task):
             self.log.info(f"loss per sentence: {cfg.distill_loss} on the embeddings + {cfg.distill_hidden} × "
                           f"hidden-state MSE + {cfg.distill_attention} × attention KL; "
                           f"student layer ↔ teacher layer: {pairs}")
-        if model.report is not None:  # the records keep what the conversion lost before any healing
+        # the records keep what the conversion lost before any healing; a student whose weights come from a
+        # checkpoint was converted only for its structure (an activation init falls back to svd), so says nothing
+        if model.report is not None and calibration:
             for line in model.report.summary():
                 self.log.info(f"conversion: {line}")
         for layer, before, after in model.blockwise:

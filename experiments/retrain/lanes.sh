@@ -20,12 +20,11 @@ lanes=${LANES:-/work/lanes}
 data=${HYPERPLEX_DATA:-$(cd .. && pwd)/shared/data}
 python=${HYPERPLEX_PYTHON:-$checkout/.venv/bin/python}
 
-# One list per line: COMMIT PLAN MODEL...; the two chains take about the same time.
+# One list per line, "COMMIT PLAN ROW:SEED ROW:SEED ...", balanced so that the two chains take about the same
+# time; each plan listed here has its row in README.md's table. Empty: no re-training is queued.
 chain_a=(
-  "90cdd25 stability dense_lr0.0005:1 dense_lr0.005:1 phm4_lr0.0005:1 phm4_lr0.005:1 lowrank4_lr0.0005:1 lowrank4_lr0.005:1 quaternion_lr0.0005:1 quaternion_lr0.005:1 dense_lr0.0005:2 dense_lr0.005:2 phm4_lr0.0005:2 phm4_lr0.005:2 lowrank4_lr0.0005:2 lowrank4_lr0.005:2 quaternion_lr0.0005:2 quaternion_lr0.005:2 dense_lr0.0005:3 dense_lr0.005:3 phm4_lr0.0005:3 phm4_lr0.005:3 lowrank4_lr0.0005:3 lowrank4_lr0.005:3 quaternion_lr0.0005:3 quaternion_lr0.005:3"
 )
 chain_b=(
-  "90cdd25 stability dense_lr0.0015:1 dense_lr0.015:1 phm4_lr0.0015:1 phm4_lr0.015:1 lowrank4_lr0.0015:1 lowrank4_lr0.015:1 quaternion_lr0.0015:1 quaternion_lr0.015:1 dense_lr0.0015:2 dense_lr0.015:2 phm4_lr0.0015:2 phm4_lr0.015:2 lowrank4_lr0.0015:2 lowrank4_lr0.015:2 quaternion_lr0.0015:2 quaternion_lr0.015:2 dense_lr0.0015:3 dense_lr0.015:3 phm4_lr0.0015:3 phm4_lr0.015:3 lowrank4_lr0.0015:3 lowrank4_lr0.015:3 quaternion_lr0.0015:3 quaternion_lr0.015:3"
 )
 
 export_copy() {  # COMMIT: the frozen copy, with the old records of every plan re-trained from it removed from it
@@ -54,6 +53,7 @@ case ${1:-} in
 start)
     [[ -x $python ]] || { echo "lanes.sh: no interpreter $python (set HYPERPLEX_PYTHON, or make .venv)" >&2; exit 2; }
     [[ -d $data ]] || { echo "lanes.sh: no data folder $data (set HYPERPLEX_DATA)" >&2; exit 2; }
+    (( ${#chain_a[@]} + ${#chain_b[@]} )) || { echo "lanes.sh: no re-training is queued (the chains are empty)"; exit 0; }
     if pgrep -f "experiments/lanes/lane.sh" > /dev/null; then echo "lanes.sh: lanes are running already" >&2; exit 1; fi
     mkdir -p "$lanes"
     for step in "${chain_a[@]}" "${chain_b[@]}"; do read -r commit _ <<< "$step"; export_copy "$commit"; done

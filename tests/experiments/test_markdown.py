@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from hyperplex.experiments.cli import main
-from hyperplex.experiments.markdown import replace_section
+from hyperplex.experiments.markdown import _provenance_lines, replace_section
 
 
 def test_table_has_one_row_per_plan_row(done):
@@ -63,3 +63,19 @@ def test_append_to_replaces_its_section(done):
 def test_replace_section_rejects_broken_markers():
     with pytest.raises(ValueError, match="broken"):
         replace_section("<!-- /plan:a -->\n<!-- plan:a -->\n", "a", "x")
+
+
+def test_training_commands_differing_only_in_rows_and_seeds_are_one_line():
+    def call(row, seeds):
+        return f"hyperplex experiment p.yaml --rows {row} --seeds {seeds} --resume --override=--training.num_threads=1"
+    results = {"command": "hyperplex experiment p.yaml --report-only", "machine": {}, "date": "d",
+               "training_commands": [call("dense", "1"), call("phm4", "1"), call("dense", "2 3"),
+                                     "hyperplex experiment p.yaml --rows dense --seeds 1 --out elsewhere",
+                                     "hyperplex experiment p.yaml --report-only", "a 'b"]}
+    trained = [line for line in _provenance_lines(results) if line.startswith("- Models trained by")]
+    assert trained == [
+        "- Models trained by (3 calls that differ only in ROW and K): "
+        "`hyperplex experiment p.yaml --rows ROW --seeds K --resume --override=--training.num_threads=1`",
+        "- Models trained by: `hyperplex experiment p.yaml --rows dense --seeds 1 --out elsewhere`",  # alone: verbatim
+        "- Models trained by: `a 'b`",  # not a shell line: verbatim
+    ]

@@ -9,6 +9,7 @@ so a table can be re-rendered from a saved ``results.json`` without touching a m
 from __future__ import annotations
 
 import math
+import shlex
 from pathlib import Path
 
 from hyperplex.experiments.provenance import describe_machine
@@ -95,12 +96,39 @@ def render_markdown(results: dict, provenance_link: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _grouped_commands(commands) -> list[tuple[str, int]]:
+    """Training commands that differ only in the values of ``--rows`` and ``--seeds`` as one template (those
+    values written ``ROW`` and ``K``) with the number of calls, in first-seen order: a plan trained a model per
+    call (as the CPU lanes do) would otherwise list one near-identical line per model. A command alone in its
+    group, or one that does not split as a shell line, is kept as it was."""
+    groups: dict[str, list[str]] = {}
+    for command in commands:
+        try:
+            words = shlex.split(command)
+        except ValueError:
+            groups.setdefault(command, []).append(command)
+            continue
+        template, skipping = [], False
+        for word in words:
+            if word in ("--rows", "--seeds"):
+                template += [word, "ROW" if word == "--rows" else "K"]
+                skipping = True
+            elif skipping and not word.startswith("-"):
+                continue
+            else:
+                skipping = False
+                template.append(word)
+        groups.setdefault(shlex.join(template), []).append(command)
+    return [(members[0], 1) if len(members) == 1 else (template, len(members)) for template, members in groups.items()]
+
+
 def _provenance_lines(results: dict) -> list[str]:
     """The first bullets under the title: the commands, machines and dates that produced the report."""
     lines = [f"- Command (from the repository root): `{results['command']}`"]
-    for command in results.get("training_commands", []):
-        if command != results["command"]:
-            lines.append(f"- Models trained by: `{command}`")
+    for template, count in _grouped_commands(c for c in results.get("training_commands", [])
+                                             if c != results["command"]):
+        lines.append(f"- Models trained by: `{template}`" if count == 1 else
+                     f"- Models trained by ({count} calls that differ only in ROW and K): `{template}`")
     for info in results.get("training_machines") or []:
         lines.append(f"- Training machine: {describe_machine(info)}")
     lines.append(f"- Report written on: {describe_machine(results['machine'])}, {results['date']}")

@@ -35,6 +35,9 @@ def test_sweep_records_divergence_and_plots(tmp_path, monkeypatch, capsys, sweep
     assert "(0), 1/1 diverged" in text and "diverged (non-finite loss at step 5)" in text
     png = out / "sweep-training.lr.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    records = tmp_path / "records"  # the records' results.md names the plot too: it is written beside it
+    assert main([str(plan), "--out", str(out), "--report-only", "--records", str(records)]) == 0
+    assert (records / "sweep-training.lr.png").read_bytes() == png.read_bytes()
     # a diverged model is not trained again
     assert main([str(plan), "--out", str(out), "--rows", "phm2"]) == 0
     assert "diverged already, skipped" in capsys.readouterr().err

@@ -168,7 +168,9 @@ def write_results(results: dict, out: Path, append_to: str | None, records: Path
     body = report.render_markdown(results)
     out.mkdir(parents=True, exist_ok=True)
     for key in dict.fromkeys(r["sweep_key"] for r in results["rows"] if r.get("sweep_key")):
-        report.plot_sweep(results, key, out / report.sweep_plot_name(key))
+        for folder in (out, records) if records else (out,):  # the sweep table points to the plot beside it
+            folder.mkdir(parents=True, exist_ok=True)
+            report.plot_sweep(results, key, folder / report.sweep_plot_name(key))
     text = json.dumps(results, indent=1, ensure_ascii=False) + "\n"
     name = results["plan"]["name"]
     files: dict[Path, str] = {out / "results.json": text,

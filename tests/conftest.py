@@ -34,7 +34,6 @@ INTEGRATION_MODULES = {
     "tests/experiments/test_lanes.py",  # lane.sh in bash, with a stand-in interpreter
     "tests/experiments/test_retrain.py",  # lanes.sh in bash
     "tests/layers/test_native.py",  # builds the C++ kernel
-    "tests/train/test_process.py",  # DDP under torchrun
     "tests/test_typing.py",  # mypy over the package, the scripts and torch's annotations (~2 min)
 }
 #: Single tests, in files otherwise fast (node ids without parameters).
@@ -42,6 +41,9 @@ INTEGRATION_TESTS = {
     "tests/layers/test_phm.py::test_torch_compile_fullgraph",  # inductor compiles C++ in worker processes
     "tests/train/test_trainer.py::test_compiled_training_follows_the_eager_run_and_saves_the_same_checkpoint",  # same
     "tests/scoring/test_plan_metrics.py::test_bench_compress_counts_match_the_models",  # a process per model
+    # DDP under torchrun (the file's other tests are unit tests)
+    "tests/train/test_process.py::test_shutdown_joins_gloo_threads_after_ddp",
+    "tests/train/test_process.py::test_the_group_train_made_is_destroyed_at_exit_and_a_callers_group_is_left_alone",
     # converge.sh in a child (bash, then Python for its checks and collect.py)
     "tests/experiments/test_gpu_converge.py::test_converge_refuses_bad_arguments_before_training",
     "tests/experiments/test_gpu_converge.py::test_converge_trains_no_model_that_is_already_recorded",

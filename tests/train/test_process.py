@@ -1,4 +1,5 @@
-"""Process setup: the DDP process group is torn down, worker threads joined, before the process exits."""
+"""Process setup: the DDP process group is torn down, worker threads joined, before the process exits; the
+warning for a precision the CPU runs slowly."""
 
 from pathlib import Path
 
@@ -93,3 +94,34 @@ def test_the_group_train_made_is_destroyed_at_exit_and_a_callers_group_is_left_a
         freed = True if own_group else None  # hyperplex's own group is gone before the script's handler runs
         assert (tmp_path / "m" / f"group{rank}.txt").read_text() == \
             f"after runs True, at exit {own_group}, freed {freed}", rank
+
+
+def test_bf16_is_warned_of_only_on_a_cpu_without_fast_bf16(monkeypatch):
+    import torch
+
+    from hyperplex.train import process
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(process, "cpu_has_fast_bf16", lambda: False)
+    warning = process.slow_precision_warning("bf16", cpu)
+    assert warning is not None and warning.startswith("training.precision is bf16 but this CPU has no fast bf16")
+    assert torch.backends.cpu.get_cpu_capability() in warning and "training.precision: fp32" in warning
+    assert process.slow_precision_warning("fp32", cpu) is None
+    assert process.slow_precision_warning("bf16", cuda) is None  # CUDA's bf16 is the GPU's business
+    monkeypatch.setattr(process, "cpu_has_fast_bf16", lambda: True)
+    assert process.slow_precision_warning("bf16", cpu) is None
+
+
+def test_the_fast_bf16_check_is_onednns_and_counts_unknown_as_fast(monkeypatch):
+    import torch
+
+    from hyperplex.train import process
+
+    assert process.cpu_has_fast_bf16() is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+    class NoCheck:
+        def __getattr__(self, name):
+            raise AttributeError(name)
+
+    monkeypatch.setattr(torch.ops, "mkldnn", NoCheck())
+    assert process.cpu_has_fast_bf16() is True

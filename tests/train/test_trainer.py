@@ -537,6 +537,21 @@ def _rewrite_writer(path, written_by):
     save_checkpoint(path, ckpt.model_state, ckpt.optimizer_state, extra)
 
 
+def test_bf16_on_a_cpu_without_fast_bf16_trains_and_the_log_says_fp32_is_faster(tmp_path, tiny_config, monkeypatch):
+    from hyperplex.cli import main
+    from hyperplex.train import process
+
+    monkeypatch.setattr(process, "cpu_has_fast_bf16", lambda: False)
+    config, model_dir = tiny_config(max_steps=2, validation_every=2, precision="bf16"), tmp_path / "m"
+    assert main(["train", str(config), "--model-dir", str(model_dir)]) == 0
+    warnings = [line for line in (model_dir / "train.log").read_text().splitlines() if " WARNING " in line]
+    assert any("training.precision is bf16 but this CPU has no fast bf16 kernels" in line for line in warnings)
+    monkeypatch.setattr(process, "cpu_has_fast_bf16", lambda: True)
+    config, model_dir = tiny_config(max_steps=2, validation_every=2, precision="bf16"), tmp_path / "fast"
+    assert main(["train", str(config), "--model-dir", str(model_dir)]) == 0
+    assert "no fast bf16" not in (model_dir / "train.log").read_text()
+
+
 def test_a_checkpoint_from_another_device_or_version_resumes_and_says_so(tmp_path, tiny_config):
     from hyperplex.cli import main
     from hyperplex.train.checkpoint import load_checkpoint

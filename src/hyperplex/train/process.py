@@ -17,7 +17,8 @@ if dist.is_available():
     # DDP imports it lazily, which is too late when a user's script made the group before calling train().
     import torch.distributed.nn  # noqa: F401
 
-__all__ = ["distributed", "is_main_process", "shutdown_distributed", "resolve_device", "check_writable"]
+__all__ = ["distributed", "is_main_process", "shutdown_distributed", "resolve_device", "check_writable",
+           "cpu_has_fast_bf16", "slow_precision_warning"]
 
 
 def distributed() -> tuple[int, int]:
@@ -67,6 +68,28 @@ def resolve_device(name: str, rank: int = 0) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"training.device is {name!r} but CUDA is not available on this machine")
     return device
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether oneDNN runs bf16 natively on this CPU (x86 with AVX-512, Arm with its bf16 extension).
+
+    Without it (an AVX2-only x86 CPU, say) a bf16 matrix product under CPU autocast falls back to kernels several
+    times slower than float32's (``benchmarks/probes/bench_bf16_cpu.py`` measures it). Unknown (a torch without
+    the check) counts as fast, so that nothing is said that cannot be backed."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return True
+
+
+def slow_precision_warning(precision: str, device: torch.device) -> str | None:
+    """The warning for a precision this device runs much more slowly than float32, or None."""
+    if precision != "bf16" or device.type != "cpu" or cpu_has_fast_bf16():
+        return None
+    capability = torch.backends.cpu.get_cpu_capability()
+    return (f"training.precision is bf16 but this CPU has no fast bf16 kernels (torch's CPU capability: "
+            f"{capability}; oneDNN's bf16 needs AVX-512 or Arm's bf16 extension): autocast falls back to kernels "
+            f"several times slower than float32's; training.precision: fp32 trains faster here")
 
 
 def check_writable(model_dir: Path) -> None:

@@ -43,7 +43,7 @@ from hyperplex.train.checkpoint import (
 from hyperplex.train.interrupts import InterruptFlag, TrainingInterrupted
 from hyperplex.train.logs import RUN_START, MetricsWriter, setup_logger
 from hyperplex.train.optim import Schedule, apply_lr, build_optimizer, build_schedule
-from hyperplex.train.process import check_writable, distributed, resolve_device
+from hyperplex.train.process import check_writable, distributed, resolve_device, slow_precision_warning
 from hyperplex.train.task import Task, metric_mode
 
 
@@ -138,6 +138,8 @@ class Trainer:
             check_writable(self.model_dir)
         self.log = setup_logger(self.model_dir, self.rank)
         self.log.info(f"{RUN_START}: pid {os.getpid()}, {'resuming' if resume else 'new run'} in {self.model_dir}")
+        if (slow := slow_precision_warning(self.tcfg.precision, self.device)) is not None:
+            self.log.warning(slow)
         # 0 = hyperplex.threads' rule for this model's width and batch rows (one thread for small models)
         from hyperplex.threads import TOKENS_PER_SENTENCE, model_width, set_threads
 

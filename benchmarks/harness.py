@@ -327,10 +327,13 @@ def _driver_version() -> str | None:
 
 
 def machine(device: torch.device | str = "cpu") -> dict:
-    """What ran the benchmark: CPU model, logical and usable cores, torch threads, torch and Python versions, the load
-    average; on CUDA also the card, its memory, the driver, CUDA and Triton versions."""
+    """What ran the benchmark: CPU model and the vector instructions torch's CPU kernels use (``AVX2``, ``AVX512``:
+    "AMD EPYC" alone names neither, and the CPU paths' ratios depend on them), logical and usable cores, torch
+    threads, torch and Python versions, the load average; on CUDA also the card, its memory, the driver, CUDA and
+    Triton versions."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    info: dict[str, Any] = {"cpu": cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": usable,
+    info: dict[str, Any] = {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "logical_cores": os.cpu_count(), "usable_cores": usable,
             "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
             "device": str(device),
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
@@ -350,7 +353,8 @@ def machine(device: torch.device | str = "cpu") -> dict:
 
 def header(info: dict) -> str:
     """One line of :func:`machine`'s answer."""
-    text = (f"machine: {info['cpu']}, {info['usable_cores']} of {info['logical_cores']} cores, "
+    capability = f" ({info['cpu_capability']})" if info.get("cpu_capability") else ""
+    text = (f"machine: {info['cpu']}{capability}, {info['usable_cores']} of {info['logical_cores']} cores, "
             f"{info['threads']} torch threads; torch {info['torch']}, Python {info['python']}")
     if "card" in info:
         text += (f"; {info['card']} ({info['card_memory_gib']} GiB, compute {info['capability']}), driver "

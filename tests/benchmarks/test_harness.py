@@ -111,6 +111,8 @@ def test_machine_header_and_json(tmp_path):
     assert "card" not in info  # the CPU: no card fields
     line = harness.header(info)
     assert info["cpu"] in line and torch.__version__ in line
+    assert f"{info['cpu']} ({torch.backends.cpu.get_cpu_capability()})," in line  # AVX2 / AVX512 / DEFAULT ...
+    assert f"machine: {info['cpu']}," in harness.header({**info, "cpu_capability": None})  # records written before
     card = {**info, "card": "H100", "card_memory_gib": 79.6, "capability": "9.0", "driver": None, "cuda": "12.8",
             "triton": "3.4.0"}
     assert "H100" in harness.header(card) and "Triton 3.4.0" in harness.header(card)

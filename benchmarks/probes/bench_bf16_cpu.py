@@ -1,5 +1,5 @@
 """bf16 autocast against float32 on this CPU: a linear layer's training step (forward + backward), and whether
-oneDNN runs bf16 natively here (the trainer's ``cpu_has_fast_bf16``, which decides its warning).
+this CPU has bf16 instructions (the trainer's ``cpu_has_fast_bf16``, which decides its warning).
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/probes/bench_bf16_cpu.py --threads 1
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.rows, args.d, args.k, args.rounds)
     fast = cpu_has_fast_bf16()
     print(harness.header(harness.machine()))
-    print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}; oneDNN bf16 native: {fast}")
+    print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}; bf16 instructions: {fast}")
     print(f"{args.rows} × {args.d} → {args.k}, forward + backward: fp32 {result['fp32']['median']:.1f} ms, "
           f"bf16 autocast {result['bf16']['median']:.1f} ms, bf16 / fp32 {result['bf16']['ratio']:.2f}")
     if args.out:

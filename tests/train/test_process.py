@@ -112,16 +112,34 @@ def test_bf16_is_warned_of_only_on_a_cpu_without_fast_bf16(monkeypatch):
     assert process.slow_precision_warning("bf16", cpu) is None
 
 
-def test_the_fast_bf16_check_is_onednns_and_counts_unknown_as_fast(monkeypatch):
+def test_the_fast_bf16_check_wants_bf16_instructions_on_x86_and_counts_unknown_as_fast(monkeypatch):
+    import platform
+
     import torch
 
     from hyperplex.train import process
 
-    assert process.cpu_has_fast_bf16() is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    def cpu(machine, avx512_bf16=False, amx=False, onednn=True):
+        monkeypatch.setattr(platform, "machine", lambda: machine)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: onednn)
+        return process.cpu_has_fast_bf16()
+
+    # oneDNN accepts any AVX-512 CPU, where bf16 is emulated several times slower than float32: not fast
+    assert cpu("x86_64", onednn=True) is False
+    assert cpu("AMD64", avx512_bf16=True, onednn=False) is True
+    assert cpu("x86_64", amx=True) is True
+    assert cpu("aarch64", onednn=True) is True and cpu("aarch64", avx512_bf16=True, onednn=False) is False
+    monkeypatch.undo()
 
     class NoCheck:
         def __getattr__(self, name):
             raise AttributeError(name)
 
     monkeypatch.setattr(torch.ops, "mkldnn", NoCheck())
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert process.cpu_has_fast_bf16() is True
+    monkeypatch.setattr(torch, "cpu", NoCheck())
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     assert process.cpu_has_fast_bf16() is True

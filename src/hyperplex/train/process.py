@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import platform
 from pathlib import Path
 
 import torch
@@ -71,15 +72,22 @@ def resolve_device(name: str, rank: int = 0) -> torch.device:
 
 
 def cpu_has_fast_bf16() -> bool:
-    """Whether oneDNN runs bf16 natively on this CPU (x86 with AVX-512, Arm with its bf16 extension).
+    """Whether this CPU has bf16 matrix instructions: on x86 AVX512_BF16 or AMX, elsewhere oneDNN's own check
+    (Arm's bf16 extension).
 
-    Without it (an AVX2-only x86 CPU, say) a bf16 matrix product under CPU autocast falls back to kernels several
-    times slower than float32's (``benchmarks/probes/bench_bf16_cpu.py`` measures it). Unknown (a torch without
-    the check) counts as fast, so that nothing is said that cannot be backed."""
+    oneDNN's check alone is not enough on x86: it accepts any AVX-512 CPU, and there, without AVX512_BF16, a bf16
+    matrix product under CPU autocast is emulated 3.5–3.9× slower than float32's; on an AVX2-only CPU it is 6×
+    (``benchmarks/probes/bench_bf16_cpu.py`` measures it, ``benchmarks/NOTES.md`` has both). Unknown (a torch
+    without the checks) counts as fast, so that nothing is said that cannot be backed."""
     try:
+        if platform.machine().lower() in _X86:
+            return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return True
+
+
+_X86 = frozenset({"x86_64", "amd64", "i386", "i686", "x86"})
 
 
 def slow_precision_warning(precision: str, device: torch.device) -> str | None:
@@ -88,7 +96,7 @@ def slow_precision_warning(precision: str, device: torch.device) -> str | None:
         return None
     capability = torch.backends.cpu.get_cpu_capability()
     return (f"training.precision is bf16 but this CPU has no fast bf16 kernels (torch's CPU capability: "
-            f"{capability}; oneDNN's bf16 needs AVX-512 or Arm's bf16 extension): autocast falls back to kernels "
+            f"{capability}; x86 needs AVX512_BF16 or AMX, Arm its bf16 extension): autocast falls back to kernels "
             f"several times slower than float32's; training.precision: fp32 trains faster here")
 
 

@@ -504,6 +504,27 @@ def test_cache_is_reused_and_never_stale():
     assert layer.phm_weight.grad is not None
 
 
+@pytest.mark.parametrize("rule, mode, cache", [("learned", "auto", True), ("quaternion", "materialized", False),
+                                               ("quaternion", "auto", True), ("learned", "materialized", False)])
+def test_a_layer_built_under_inference_mode_runs_and_its_cache_follows_invalidate(rule, mode, cache):
+    # Serving code often builds and loads a model inside torch.inference_mode(): the parameters are then
+    # inference tensors, which have no version counter for the cache and the fixed rule's permutation to read.
+    torch.manual_seed(0)
+    x = torch.randn(300, 32)
+    with torch.inference_mode():
+        layer = PHMLinear(32, 16, 4, rule=rule, forward_mode=mode, cache_dense=cache).eval()
+        assert layer.phm_weight.is_inference()
+        expected = phm_linear_reference(x, layer.phm_rule, layer.phm_weight, layer.bias)
+        torch.testing.assert_close(layer(x), expected)
+        torch.testing.assert_close(layer(x[:1]), expected[:1])
+        layer.phm_weight.mul_(2)  # in place: no counter moves, so the layer must be told
+        layer.invalidate_cache()
+        torch.testing.assert_close(layer(x), phm_linear_reference(x, layer.phm_rule, layer.phm_weight, layer.bias))
+        assert not torch.allclose(layer(x), expected)
+        layer.phm_weight = torch.nn.Parameter(layer.phm_weight * 0.5)  # a new tensor: a new data_ptr
+        torch.testing.assert_close(layer(x), expected)
+
+
 def test_frozen_layer_uses_cache_and_passes_input_gradients():
     layer = PHMLinear(32, 16, 4, forward_mode="materialized", cache_dense=True).requires_grad_(False)
     x = torch.randn(5, 32, requires_grad=True)

@@ -67,6 +67,12 @@ def check_features(in_features, out_features) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _version_of(tensor: Tensor) -> int | None:
+    """``tensor``'s version counter, which an in-place change advances; ``None`` for an inference tensor (made under
+    ``torch.inference_mode()``), which has none: there only a new ``data_ptr`` or ``invalidate_cache`` tells."""
+    return None if tensor.is_inference() else tensor._version
+
+
 def _check_sizes(in_features: int, out_features: int, n: int) -> None:
     check_features(in_features, out_features)
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -186,7 +192,7 @@ class PHMLinear(nn.Module):
     """
 
     path_settings: PathSettings = DEFAULT_PATH_SETTINGS
-    _perm_key: tuple[int, int] | None  # the rule's (data_ptr, version) the signed permutation was read from
+    _perm_key: tuple[int | None, int] | None  # the rule's (version, data_ptr) the signed permutation was read from
 
     def __init__(
         self,
@@ -362,7 +368,7 @@ class PHMLinear(nn.Module):
     def _permutation(self):
         if self.rule_is_learned or self.n == 1 or torch.compiler.is_compiling():
             return None
-        key = (self.phm_rule._version, self.phm_rule.data_ptr())
+        key = (_version_of(self.phm_rule), self.phm_rule.data_ptr())
         if getattr(self, "_perm_key", None) != key:
             self._perm, self._perm_key = signed_permutation(self.phm_rule), key
         return self._perm
@@ -371,8 +377,9 @@ class PHMLinear(nn.Module):
     _shared_weight: Tensor | None = None
 
     def invalidate_cache(self) -> None:
-        """Drop the cached ``H``. Needed only after changing parameters through ``.data``,
-        which bypasses the version counters the cache checks."""
+        """Drop the cached ``H``. Needed only after changing parameters through ``.data``, which bypasses the
+        version counters the cache checks, or in place on a layer built under ``torch.inference_mode()``, whose
+        parameters are inference tensors and have no version counter."""
         self._cache = None
 
     @property
@@ -382,7 +389,7 @@ class PHMLinear(nn.Module):
 
     def _cached_dense_weight(self) -> Tensor:
         factor = self._factor_tensors()[0]
-        key = (tuple((t.data_ptr(), t._version) for t in (self.phm_rule, *self._factor_tensors())),
+        key = (tuple((t.data_ptr(), _version_of(t)) for t in (self.phm_rule, *self._factor_tensors())),
                factor.dtype, factor.device, torch.is_inference_mode_enabled())
         if self._cache is None or self._cache[0] != key:
             with torch.no_grad():

@@ -99,6 +99,26 @@ def test_both_structured_orientations_equal_the_kron_sum_with_gradients(orientat
         torch.testing.assert_close(g, e)
 
 
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_one_row_mixes_in_one_product_with_the_bias_inside_in_every_precision(with_bias):
+    # a decoding step's row takes a 2-D product with the bias added in it; the result must be the batched form's
+    torch.manual_seed(2)
+    rule, weight, x = torch.randn(4, 4, 4), torch.randn(4, 3, 5), torch.randn(1, 20)
+    bias = torch.randn(12) if with_bias else None
+    want = phm_linear_reference(x, rule, weight, bias)
+    for lead in ((), (1,), (1, 1)):
+        got = phm_linear_structured(x.view(*lead, 20), rule, weight, bias, weight_first=False)
+        assert got.shape == (*lead, 12)
+        torch.testing.assert_close(got.reshape(1, 12), want, rtol=1e-5, atol=1e-5)
+    low = phm_linear_structured(x.bfloat16(), rule, weight.bfloat16(), bias, weight_first=False)
+    assert low.dtype == torch.bfloat16  # a float32 bias follows the product's dtype
+    torch.testing.assert_close(low.float(), want, rtol=0.05, atol=0.1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto = phm_linear_structured(x, rule, weight, bias, weight_first=False)
+    assert auto.dtype == torch.bfloat16
+    torch.testing.assert_close(auto.float(), want, rtol=0.05, atol=0.1)
+
+
 def test_structured_orientations_on_strided_input_and_a_float32_rule_with_bfloat16_factors(orientation):
     torch.manual_seed(1)
     rule, weight = torch.randn(4, 4, 4), torch.randn(4, 3, 2)

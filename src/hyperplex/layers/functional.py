@@ -284,19 +284,27 @@ def phm_linear_structured(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor 
         out = (partial @ mix).view(rows, k_n, n).transpose(1, 2).reshape(*lead, n * k_n)  # (B, a, q) → (..., k)
     else:
         partial = F.linear(blocks, weight.reshape(n * k_n, d_n))  # [(b, c), (i, q)]
-        out = mix_partial_products(partial, rule, rows).reshape(*lead, n * k_n)  # (B, a, q) → (..., k)
+        return mix_partial_products(partial, rule, rows, bias).reshape(*lead, n * k_n)  # (B, a, q) → (..., k)
     if bias is not None:
         out = out + bias.to(out.dtype)
     return out
 
 
-def mix_partial_products(partial: Tensor, rule: Tensor, rows: int) -> Tensor:
+def mix_partial_products(partial: Tensor, rule: Tensor, rows: int, bias: Tensor | None = None) -> Tensor:
     """``y`` as ``(rows, n, k/n)`` from the partial products ``P[(b, c), (i, q)] = (X_c Sᵢᵀ)[b, q]`` (``partial``:
     ``(rows·n, k)``, contiguous): ``y[b, a, :] = Σ_{c,i} rule[i, a, c] P[b, (c, i), :]``, one batched
-    ``(n, n²) @ (n², k/n)`` matmul on a view of ``P`` whose output is already ``y``'s layout (no permute copy)."""
+    ``(n, n²) @ (n², k/n)`` matmul on a view of ``P`` whose output is already ``y``'s layout (no permute copy);
+    ``bias`` ``(k,)``, if given, added. One row (a decoding step) takes one 2-D product with the bias inside it:
+    at that size a call's fixed cost is most of its time, and the batched form with a separate addition is three."""
     n = rule.shape[0]
+    k_n = partial.shape[-1] // n
     mix = rule.permute(1, 2, 0).reshape(n, n * n).to(partial.dtype)  # [a, (c, i)] = rule[i, a, c]
-    return torch.matmul(mix, partial.view(rows, n * n, partial.shape[-1] // n))
+    if rows == 1:
+        flat = partial.view(n * n, k_n)
+        out = torch.mm(mix, flat) if bias is None else torch.addmm(bias.to(partial.dtype).view(n, k_n), mix, flat)
+        return out.view(1, n, k_n)
+    out = torch.matmul(mix, partial.view(rows, n * n, k_n))
+    return out if bias is None else out + bias.to(out.dtype).view(n, k_n)
 
 
 def phm_linear_premixed(x: Tensor, rule: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -265,7 +265,9 @@ def decode(model, src: Tensor, src_lengths: Tensor, beam_size: int = 1, beam_alp
     (:func:`hyperplex.layers.shared_weights` with ``always=True``) instead of each step taking the layer's
     per-call path. ``None`` (the default): on CUDA, where an eager decoding step is bound by its kernel launches
     and one ``F.linear`` a layer is the fewest (docs/performance.md, "On a GPU"), and not on the CPU, where a
-    step reads the weights and the paths that read ``1/n`` of them are faster. The same results to rounding; on
+    step reads the weights and the paths that read ``1/n`` of them are faster on large layers (on small ones, a
+    d_model 512 model's, a call's fixed cost is most of its time, and the PHM model decodes slower than the dense one:
+    docs/performance.md, "Transformer family"). The same results to rounding; on
     CUDA the formed ``H`` are held during the search (the dense model's weight memory)."""
     if share_weights is None:
         share_weights = _on_cuda(model)
